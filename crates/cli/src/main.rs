@@ -1,0 +1,54 @@
+//! The `fatpipe` binary: argument parsing, rendering, progress and exit codes.
+//!
+//! This crate is glue. Each subcommand lives in `cmd/<name>.rs`, which owns
+//! its clap arguments, turns them into a plan for a library crate, and renders
+//! what comes back. No protocol, socket or file-transfer logic lives here.
+//!
+//! Exit codes are mapped in one place ([`exit`]): 0 ok, 1 the measured thing
+//! failed, 2 usage, configuration or authentication errors.
+
+mod cmd;
+mod exit;
+
+use clap::{Parser, Subcommand};
+
+/// Measure, tune and fill long fat networks.
+#[derive(Debug, Parser)]
+#[command(name = "fatpipe", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve tests and transfers to many clients at once.
+    Server(cmd::server::Args),
+    /// Memory-to-memory TCP/UDP throughput test against a fatpipe server.
+    Test(cmd::test::Args),
+    /// Copy files to or from a fatpipe server (scp-style HOST:EXPORT/PATH).
+    Copy(cmd::copy::Args),
+    /// Probe a path: RTT, MTU, bottleneck rate, BDP.
+    Path(cmd::path::Args),
+    /// Audit this host for a target rate and RTT; emit, apply or revert sysctls.
+    Tune(cmd::tune::Args),
+    /// Emulate a long fat network between two namespaces on this machine.
+    Lab(cmd::lab::Args),
+    /// Bring up an emulated CERN–New York link and show test, copy and report.
+    Demo(cmd::demo::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    // clap prints usage errors itself and exits 2, as we want.
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Server(a) => cmd::server::run(a),
+        Command::Test(a) => cmd::test::run(a),
+        Command::Copy(a) => cmd::copy::run(a),
+        Command::Path(a) => cmd::path::run(a),
+        Command::Tune(a) => cmd::tune::run(a),
+        Command::Lab(a) => cmd::lab::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+    };
+    exit::report(result)
+}

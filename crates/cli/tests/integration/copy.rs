@@ -1,0 +1,1 @@
+//! Integration tests for this subcommand; its owner fills this module.

@@ -1,0 +1,14 @@
+//! One integration-test binary that runs the real `fatpipe` executable.
+//!
+//! Each module covers one subcommand; `util` holds the shared harness.
+//! Tests that need root (namespaces, TUN) call [`util::need_root`] first: they
+//! skip with a message outside CI and fail loudly in CI if root is missing.
+//! Regression tests are named after the issue they pin (`issue_12_...`).
+
+mod util;
+
+mod copy;
+mod demo;
+mod lab;
+mod server_test;
+mod tune;

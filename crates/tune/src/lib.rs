@@ -1,0 +1,1 @@
+//! fatpipe-tune: see ARCHITECTURE.md. This crate is being built; its owner replaces this line.
