@@ -1,1 +1,2 @@
-//! fatpipe-lab: see ARCHITECTURE.md. This crate is being built; its owner replaces this line.
+//! fatpipe-lab (being built)
+pub mod model;
