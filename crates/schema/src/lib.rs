@@ -9,4 +9,5 @@
 //!   archive and the reports. It is documented in `docs/json-schema.md`;
 //!   changing a type here is changing a public interface.
 
+pub mod tune;
 pub mod units;

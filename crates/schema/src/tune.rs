@@ -1,0 +1,187 @@
+//! Result types of auto-tuning and of the host audit (`fatpipe tune`).
+//!
+//! The planners in `fatpipe-tune` compute these; `test` and `copy` embed the
+//! [`Plan`] and the in-flight [`Decision`]s in their JSON results, and
+//! `fatpipe tune --json` prints an [`Audit`]. They live here, not in the tune
+//! crate, so the engine's result types and the control protocol (which must
+//! carry each end's [`HostLimits`] to the other) can name them without
+//! depending on the planner.
+//!
+//! Rates are bits per second and sizes bytes, as plain integers, so machines
+//! never parse "941 Mbit/s"; durations are seconds as `f64`.
+
+use serde::{Deserialize, Serialize};
+
+/// What is known about the network path before data flows (from `fatpipe
+/// path` or the probe that precedes an auto-tuned test or copy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathFacts {
+    /// Round-trip time (seconds): the minimum seen, which excludes queueing.
+    pub rtt_secs: f64,
+    /// Bottleneck rate in bit/s; `None` when the probe could not estimate it.
+    pub bottleneck_rate: Option<u64>,
+    /// Packet loss probability in [0, 1] seen while probing.
+    pub loss_rate: f64,
+    /// Path MTU in bytes (IP packet size); 0 when unknown (1500 is assumed).
+    pub mtu: u32,
+}
+
+/// One end's limits on what a TCP socket may buffer and which congestion
+/// controls it may pick; read from `/proc/sys` on Linux.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLimits {
+    /// `net.core.rmem_max`: the cap on `SO_RCVBUF` (bytes).
+    pub rmem_max: u64,
+    /// `net.core.wmem_max`: the cap on `SO_SNDBUF` (bytes).
+    pub wmem_max: u64,
+    /// `net.ipv4.tcp_rmem`: receive autotuning min, default, max (bytes).
+    pub tcp_rmem: [u64; 3],
+    /// `net.ipv4.tcp_wmem`: send autotuning min, default, max (bytes).
+    pub tcp_wmem: [u64; 3],
+    /// Congestion controls this process may select with `TCP_CONGESTION`
+    /// (the allowed list, or every loaded one when privileged).
+    pub congestion: Vec<String>,
+    /// True when the process may use `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`
+    /// (CAP_NET_ADMIN) and so exceed `rmem_max`/`wmem_max`.
+    pub privileged: bool,
+}
+
+/// What auto-tuning chose before data flows, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Number of parallel TCP streams.
+    pub streams: u32,
+    /// Bytes each stream's window should reach at both ends: the value for
+    /// `SO_SNDBUF`/`SO_RCVBUF` when `set_buffers` is true (the kernel doubles
+    /// it to cover its own overhead).
+    pub per_stream_buffer: u64,
+    /// False when kernel autotuning at both ends already reaches
+    /// `per_stream_buffer`; autotuning is then better than a fixed buffer
+    /// because it starts small and grows only as needed.
+    pub set_buffers: bool,
+    /// True when the buffers exceed the host caps and must be set with
+    /// `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE` (both ends privileged).
+    pub forced_buffers: bool,
+    /// Congestion control for every stream (`TCP_CONGESTION`).
+    pub congestion: String,
+    /// Per-stream pacing in bit/s (`SO_MAX_PACING_RATE` takes bytes/s);
+    /// `None` leaves pacing to the congestion control.
+    pub pacing_rate: Option<u64>,
+    /// Bandwidth-delay product the plan was sized for (bytes); `None` when
+    /// the rate was unknown.
+    pub bdp: Option<u64>,
+    /// One line saying what was chosen and why, for people.
+    pub reason: String,
+}
+
+/// What the in-flight adjuster decided at one interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Action {
+    /// Keep the current streams and congestion control.
+    Hold,
+    /// Open `n` more streams.
+    AddStreams {
+        /// How many streams to add.
+        n: u32,
+    },
+    /// Switch every stream to another congestion control.
+    SwitchCongestion {
+        /// The congestion control to switch to (e.g. "bbr").
+        to: String,
+    },
+}
+
+/// One decision of the in-flight adjuster, as recorded in the JSON output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Seconds since data started flowing.
+    pub at_secs: f64,
+    /// What to do.
+    #[serde(flatten)]
+    pub action: Action,
+    /// Streams after the action is carried out.
+    pub streams: u32,
+    /// Why, in one line.
+    pub reason: String,
+}
+
+impl Decision {
+    /// True for decisions that change something; results record only these
+    /// (a hold every interval would drown them).
+    pub fn is_change(&self) -> bool {
+        self.action != Action::Hold
+    }
+}
+
+/// How much a finding of the host audit matters for the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// As recommended.
+    Ok,
+    /// Worth knowing; unlikely to limit the target.
+    Info,
+    /// Likely to cost throughput at the target rate × RTT.
+    Warn,
+    /// Will keep the host well below the target.
+    Critical,
+}
+
+/// A value the audit read from the host, or why it could not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Observed {
+    /// The value as read (normalised text, e.g. "4096 131072 33554432").
+    Known(String),
+    /// Why it could not be read; never replaced by a guess.
+    Unknown(String),
+}
+
+/// One line of the host audit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Area: "buffers", "tcp", "nic", "cpu", "disk".
+    pub area: String,
+    /// What was checked, e.g. "net.core.rmem_max" or "eth0 mtu".
+    pub item: String,
+    /// The current value, or why it is unknown.
+    pub current: Observed,
+    /// The recommended value; `None` when nothing better can be said.
+    pub recommended: Option<String>,
+    /// Why, in one line.
+    pub why: String,
+    /// How much it matters.
+    pub severity: Severity,
+}
+
+/// Sequential throughput of a directory's file system (`tune --disk DIR`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskResult {
+    /// The directory measured.
+    pub dir: String,
+    /// Bytes written and then read.
+    pub bytes: u64,
+    /// Write throughput in bit/s.
+    pub write_rate: u64,
+    /// Read throughput in bit/s.
+    pub read_rate: u64,
+    /// True when O_DIRECT bypassed the page cache; false when the file system
+    /// refused it and the cache was flushed and dropped instead.
+    pub direct_io: bool,
+}
+
+/// The whole report of `fatpipe tune --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Audit {
+    /// Target rate in bit/s.
+    pub target_rate: u64,
+    /// Target round-trip time in seconds.
+    pub target_rtt_secs: f64,
+    /// Their bandwidth-delay product in bytes.
+    pub bdp: u64,
+    /// Every check, in a stable order.
+    pub findings: Vec<Finding>,
+    /// The disk measurement when `--disk` was given.
+    pub disk: Option<DiskResult>,
+}

@@ -1,0 +1,440 @@
+//! The in-flight adjuster: a state machine fed one sample per interval while
+//! data flows, deciding whether to add streams or switch to BBR.
+//!
+//! It is sans-IO like the protocol: the engine passes `now` (time since data
+//! started) and the interval's throughput, retransmits and RTT, and carries
+//! out the [`Decision`] it gets back. So its tests drive it with a virtual
+//! clock, and a run's decisions can be replayed from its JSON.
+//!
+//! It acts only when all of these hold, because each rules out a cause that
+//! more streams would not cure (and could make worse):
+//!
+//! * the transfer is past its warm-up (slow start takes ~15 RTTs to fill a
+//!   long fat pipe) and past the settling time of its last change;
+//! * throughput is below what the path carries (when its rate is known);
+//! * the streams retransmit — a clean path that is slow is limited by
+//!   windows, CPU or disk, not by loss;
+//! * RTT is near its minimum — a rising RTT means the bottleneck queue is
+//!   full, so the losses are congestion the transfer causes itself;
+//! * the last change helped (≥ 5 % more throughput), so a path that stopped
+//!   responding is never pushed further;
+//! * the stream count is below its bound.
+//!
+//! Its first remedy, for a loss-based congestion control when BBR is
+//! available, is to switch to BBR; after that it adds streams in proportion
+//! to the shortfall, at most doubling them per step.
+
+use std::time::Duration;
+
+use fatpipe_schema::tune::{Action, Decision, PathFacts, Plan};
+use fatpipe_schema::units::{format_duration, format_rate};
+
+/// What the adjuster knows about the path and its bounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdjustConfig {
+    /// The path's bottleneck rate in bit/s, if known.
+    pub path_rate: Option<u64>,
+    /// The RTT measured before data flowed (the floor later samples are
+    /// compared with); updated by lower samples.
+    pub min_rtt: Duration,
+    /// Streams the transfer started with.
+    pub streams: u32,
+    /// The most streams it may reach.
+    pub max_streams: u32,
+    /// The congestion control the streams use.
+    pub congestion: String,
+    /// Whether the sender may switch to BBR.
+    pub bbr_available: bool,
+    /// Fraction of `path_rate` counted as "at the path rate" (goodput at
+    /// MTU 1500 peaks near 94 % of the link rate).
+    pub near_rate: f64,
+    /// Samples averaged for each decision.
+    pub samples_per_decision: u32,
+}
+
+impl AdjustConfig {
+    /// The configuration for a transfer started from `plan` over `path`.
+    pub fn for_plan(plan: &Plan, path: &PathFacts, max_streams: u32, bbr_available: bool) -> Self {
+        AdjustConfig {
+            path_rate: path.bottleneck_rate.filter(|&r| r > 0),
+            min_rtt: Duration::try_from_secs_f64(path.rtt_secs).unwrap_or(Duration::ZERO),
+            streams: plan.streams.max(1),
+            max_streams: max_streams.max(plan.streams).max(1),
+            congestion: plan.congestion.clone(),
+            bbr_available,
+            near_rate: 0.88,
+            samples_per_decision: 3,
+        }
+    }
+}
+
+/// One interval's measurements, summed or averaged over all streams.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// End of the interval, since data started flowing.
+    pub now: Duration,
+    /// Goodput over the interval, bit/s.
+    pub throughput: u64,
+    /// Segments retransmitted during the interval.
+    pub retransmits: u64,
+    /// Smoothed RTT averaged over the streams.
+    pub rtt: Duration,
+}
+
+/// The adjuster's state; see the module docs for its rules.
+#[derive(Debug, Clone)]
+pub struct Adjuster {
+    cfg: AdjustConfig,
+    streams: u32,
+    congestion: String,
+    /// No decision before this time (warm-up, then settling after a change).
+    quiet_until: Duration,
+    /// Throughput before the last change, to see whether it helped.
+    before_change: Option<u64>,
+    /// Set once a change did not help: the adjuster then only holds.
+    saturated: bool,
+    acc: Accumulator,
+}
+
+impl Adjuster {
+    /// Starts an adjuster for a transfer that begins now (time zero).
+    pub fn new(cfg: AdjustConfig) -> Self {
+        let streams = cfg.streams.max(1);
+        let congestion = cfg.congestion.clone();
+        let quiet_until = settle_time(cfg.min_rtt);
+        Adjuster {
+            cfg,
+            streams,
+            congestion,
+            quiet_until,
+            before_change: None,
+            saturated: false,
+            acc: Accumulator::default(),
+        }
+    }
+
+    /// Streams the transfer should have now.
+    pub fn streams(&self) -> u32 {
+        self.streams
+    }
+
+    /// Congestion control the streams should use now.
+    pub fn congestion(&self) -> &str {
+        &self.congestion
+    }
+
+    /// Takes one interval's sample and decides. The caller carries out the
+    /// action before the next sample; the adjuster assumes it did.
+    pub fn handle_sample(&mut self, s: Sample) -> Decision {
+        if s.rtt > Duration::ZERO && (self.cfg.min_rtt.is_zero() || s.rtt < self.cfg.min_rtt) {
+            self.cfg.min_rtt = s.rtt;
+        }
+        if s.now < self.quiet_until {
+            let why = format!(
+                "settling until {} (slow start and new streams take ~20 RTTs)",
+                format_duration(self.quiet_until)
+            );
+            return self.hold(s.now, why);
+        }
+        self.acc.add(&s);
+        if self.acc.count < self.cfg.samples_per_decision.max(1) {
+            return self.hold(s.now, "measuring".to_string());
+        }
+        let avg = self.acc.take();
+        self.decide(s.now, avg)
+    }
+
+    fn decide(&mut self, now: Duration, avg: Average) -> Decision {
+        let thr = format_rate(avg.throughput as f64);
+        if self.saturated {
+            return self.hold(now, "the last change gained under 5%; holding".to_string());
+        }
+        if let Some(rate) = self.cfg.path_rate {
+            if avg.throughput as f64 >= self.cfg.near_rate * rate as f64 {
+                let why = format!("{thr} is at the path rate {}", format_rate(rate as f64));
+                return self.hold(now, why);
+            }
+        }
+        if avg.retransmits == 0 {
+            let why =
+                format!("{thr} with no retransmits: not loss-limited, more streams would not help");
+            return self.hold(now, why);
+        }
+        let min_rtt = self.cfg.min_rtt;
+        if !min_rtt.is_zero() && avg.rtt.as_secs_f64() > 1.5 * min_rtt.as_secs_f64() {
+            let why = format!(
+                "RTT {} against {} minimum: the bottleneck queue is full, losses are congestion",
+                format_duration(avg.rtt),
+                format_duration(min_rtt)
+            );
+            return self.hold(now, why);
+        }
+        if let Some(before) = self.before_change {
+            if (avg.throughput as f64) < before as f64 * 1.05 {
+                self.saturated = true;
+                let why = format!(
+                    "{thr} after the last change against {} before: under 5% gained; holding",
+                    format_rate(before as f64)
+                );
+                return self.hold(now, why);
+            }
+        }
+        if self.streams >= self.cfg.max_streams {
+            let why = format!(
+                "{thr} with {} retransmits, but at the cap of {} streams",
+                avg.retransmits, self.cfg.max_streams
+            );
+            return self.hold(now, why);
+        }
+        if self.congestion != "bbr" && self.cfg.bbr_available {
+            let why = format!(
+                "{thr} with {} retransmits at minimum RTT: random loss holds {} back; bbr ignores it",
+                avg.retransmits, self.congestion
+            );
+            self.congestion = "bbr".to_string();
+            return self.changed(
+                now,
+                avg.throughput,
+                Action::SwitchCongestion {
+                    to: "bbr".to_string(),
+                },
+                why,
+            );
+        }
+        // Scale streams with the shortfall; double at most, so one bad
+        // sample cannot open dozens of streams.
+        let target = self
+            .cfg
+            .path_rate
+            .map_or(avg.throughput.saturating_mul(2) as f64, |r| {
+                self.cfg.near_rate * r as f64
+            });
+        let wanted = (f64::from(self.streams) * target / (avg.throughput.max(1) as f64)).ceil();
+        let room = self.cfg.max_streams - self.streams;
+        let n = (wanted as u64)
+            .saturating_sub(u64::from(self.streams))
+            .clamp(1, u64::from(self.streams)) as u32;
+        let n = n.min(room);
+        let why = format!(
+            "{thr} with {} retransmits at minimum RTT: loss holds each stream back, adding {n}",
+            avg.retransmits
+        );
+        self.streams += n;
+        self.changed(now, avg.throughput, Action::AddStreams { n }, why)
+    }
+
+    fn hold(&self, now: Duration, reason: String) -> Decision {
+        Decision {
+            at_secs: now.as_secs_f64(),
+            action: Action::Hold,
+            streams: self.streams,
+            reason,
+        }
+    }
+
+    fn changed(
+        &mut self,
+        now: Duration,
+        throughput: u64,
+        action: Action,
+        reason: String,
+    ) -> Decision {
+        self.before_change = Some(throughput);
+        self.quiet_until = now + settle_time(self.cfg.min_rtt);
+        self.acc = Accumulator::default();
+        Decision {
+            at_secs: now.as_secs_f64(),
+            action,
+            streams: self.streams,
+            reason,
+        }
+    }
+}
+
+/// Time for slow start (or new streams) to fill the pipe: 20 RTTs, within
+/// 2–10 s so short RTTs still average a few intervals and long ones act.
+fn settle_time(rtt: Duration) -> Duration {
+    (rtt * 20).clamp(Duration::from_secs(2), Duration::from_secs(10))
+}
+
+#[derive(Debug, Clone, Default)]
+struct Accumulator {
+    count: u32,
+    throughput: u128,
+    retransmits: u64,
+    rtt: Duration,
+}
+
+struct Average {
+    throughput: u64,
+    retransmits: u64,
+    rtt: Duration,
+}
+
+impl Accumulator {
+    fn add(&mut self, s: &Sample) {
+        self.count += 1;
+        self.throughput += u128::from(s.throughput);
+        self.retransmits = self.retransmits.saturating_add(s.retransmits);
+        self.rtt = self.rtt.saturating_add(s.rtt);
+    }
+
+    fn take(&mut self) -> Average {
+        let n = self.count.max(1);
+        let avg = Average {
+            throughput: (self.throughput / u128::from(n)) as u64,
+            retransmits: self.retransmits,
+            rtt: self.rtt / n,
+        };
+        *self = Accumulator::default();
+        avg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1_000_000_000;
+    const RTT: Duration = Duration::from_millis(93);
+
+    fn cfg(rate: Option<u64>, streams: u32, cc: &str, bbr: bool) -> AdjustConfig {
+        AdjustConfig {
+            path_rate: rate,
+            min_rtt: RTT,
+            streams,
+            max_streams: 64,
+            congestion: cc.to_string(),
+            bbr_available: bbr,
+            near_rate: 0.88,
+            samples_per_decision: 3,
+        }
+    }
+
+    /// Drives the adjuster over `secs` one-second intervals; `link` gives
+    /// (throughput, retransmits, rtt) for the current streams and congestion.
+    fn drive(
+        a: &mut Adjuster,
+        secs: u64,
+        link: impl Fn(u32, &str) -> (u64, u64, Duration),
+    ) -> Vec<Decision> {
+        let mut changes = Vec::new();
+        for t in 1..=secs {
+            let (throughput, retransmits, rtt) = link(a.streams(), a.congestion());
+            let d = a.handle_sample(Sample {
+                now: Duration::from_secs(t),
+                throughput,
+                retransmits,
+                rtt,
+            });
+            if d.is_change() {
+                changes.push(d);
+            }
+        }
+        changes
+    }
+
+    #[test]
+    fn clean_slow_path_is_never_parallelised() {
+        let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
+        let changes = drive(&mut a, 60, |_, _| (400_000_000, 0, RTT));
+        assert!(changes.is_empty(), "{changes:?}");
+        assert_eq!(a.streams(), 4);
+    }
+
+    #[test]
+    fn loss_below_path_rate_adds_streams_until_the_rate_is_reached() {
+        // Each stream gets 50 Mbit/s under loss; the link carries 940.
+        let mut a = Adjuster::new(cfg(Some(G), 2, "bbr", true));
+        let link = |n: u32, _: &str| ((u64::from(n) * 50_000_000).min(940_000_000), 30, RTT);
+        let changes = drive(&mut a, 120, link);
+        assert!(!changes.is_empty());
+        assert!(changes
+            .iter()
+            .all(|d| matches!(d.action, Action::AddStreams { .. })));
+        // Doubling at most per step: 2 → 4 → 8 → 16 → 18 (near rate = 880 Mbit/s).
+        let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
+        assert_eq!(counts, [4, 8, 16, 18], "{changes:?}");
+        // Decisions wait for warm-up and settling (93 ms × 20 < 2 s floor + 3 samples).
+        assert!(changes[0].at_secs >= 4.0, "{changes:?}");
+        for w in changes.windows(2) {
+            assert!(w[1].at_secs - w[0].at_secs >= 4.0, "{changes:?}");
+        }
+    }
+
+    #[test]
+    fn cubic_under_loss_switches_to_bbr_first() {
+        let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
+        let link = |n: u32, cc: &str| {
+            let per = if cc == "bbr" { 200_000_000 } else { 20_000_000 };
+            ((u64::from(n) * per).min(940_000_000), 50, RTT)
+        };
+        let changes = drive(&mut a, 60, link);
+        assert_eq!(
+            changes[0].action,
+            Action::SwitchCongestion {
+                to: "bbr".to_string()
+            }
+        );
+        assert_eq!(a.congestion(), "bbr");
+        assert_eq!(changes[1].action, Action::AddStreams { n: 1 });
+        assert_eq!(a.streams(), 5, "{changes:?}");
+    }
+
+    #[test]
+    fn without_bbr_cubic_gets_more_streams() {
+        let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", false));
+        let link = |n: u32, _: &str| ((u64::from(n) * 20_000_000).min(940_000_000), 50, RTT);
+        let changes = drive(&mut a, 30, link);
+        assert!(matches!(changes[0].action, Action::AddStreams { n: 4 }));
+    }
+
+    #[test]
+    fn holds_when_rtt_shows_a_full_queue() {
+        let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
+        let changes = drive(&mut a, 60, |_, _| (500_000_000, 100, RTT * 2));
+        assert!(changes.is_empty(), "{changes:?}");
+        let d = a.handle_sample(Sample {
+            now: Duration::from_secs(61),
+            throughput: 500_000_000,
+            retransmits: 100,
+            rtt: RTT * 2,
+        });
+        assert_eq!(d.action, Action::Hold);
+    }
+
+    #[test]
+    fn holds_at_path_rate_and_at_the_cap() {
+        let mut a = Adjuster::new(cfg(Some(G), 8, "bbr", true));
+        assert!(drive(&mut a, 60, |_, _| (900_000_000, 100, RTT)).is_empty());
+        let mut c = cfg(Some(G), 8, "bbr", true);
+        c.max_streams = 10;
+        let mut a = Adjuster::new(c);
+        let changes = drive(&mut a, 60, |n, _| (u64::from(n) * 10_000_000, 100, RTT));
+        assert_eq!(a.streams(), 10, "{changes:?}");
+        assert_eq!(changes.len(), 1);
+    }
+
+    #[test]
+    fn unknown_rate_stops_when_streams_stop_helping() {
+        let mut a = Adjuster::new(cfg(None, 4, "bbr", true));
+        // More streams help up to 16, then the link is full.
+        let link = |n: u32, _: &str| ((u64::from(n) * 60_000_000).min(960_000_000), 10, RTT);
+        let changes = drive(&mut a, 120, link);
+        let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
+        assert_eq!(counts, [8, 16, 32], "{changes:?}");
+        // 32 gained nothing over 16: it holds for good.
+        assert_eq!(a.streams(), 32);
+    }
+
+    #[test]
+    fn decisions_serialise_for_the_json_output() {
+        let mut a = Adjuster::new(cfg(Some(G), 2, "bbr", true));
+        let changes = drive(&mut a, 10, |n, _| (u64::from(n) * 50_000_000, 30, RTT));
+        let json = serde_json::to_string(&changes[0]).unwrap_or_default();
+        assert!(json.contains("\"kind\":\"add_streams\""), "{json}");
+        assert!(json.contains("\"n\":2"), "{json}");
+        let back: Decision = serde_json::from_str(&json).expect("round trip");
+        assert_eq!(back, changes[0]);
+    }
+}

@@ -1,0 +1,633 @@
+//! The auto-tuning planner: path facts and both ends' limits in, a [`Plan`]
+//! (streams, per-stream buffer, congestion control, pacing) out.
+//!
+//! It is a pure function so that every rule can be pinned by a table of
+//! cases, and so `test`, `copy` and `fatpipe path` can call it with facts
+//! from wherever they came (a probe, the peer's hello, a flag).
+//!
+//! How it decides, in order:
+//!
+//! 1. **Window.** The streams together must keep `BDP × headroom` in flight;
+//!    the headroom (50 % by default) lets a stream recovering from a loss, or
+//!    BBR probing with its cwnd gain of 2, keep the pipe full.
+//! 2. **Per-stream cap.** Each end limits one socket's buffer in two ways:
+//!    `SO_SNDBUF`/`SO_RCVBUF` may not exceed `wmem_max`/`rmem_max` (and the
+//!    kernel doubles the value to cover its own overhead, so the window gets
+//!    about the value asked for), while kernel autotuning grows a socket to
+//!    `tcp_wmem[2]`/`tcp_rmem[2]` of which roughly half is window. The larger
+//!    of the two is used; autotuning wins ties because it starts small. Only
+//!    when even the stream cap cannot cover the window this way, and both
+//!    ends are privileged, are buffers forced past the caps.
+//! 3. **Loss.** Under loss a loss-based congestion control (CUBIC, Reno,
+//!    H-TCP) gets per stream about the Mathis rate `MSS/RTT × 1.22/√p`, so
+//!    the stream count is the path rate over that. BBR is preferred whenever
+//!    it is available and the path loses packets (or its loss is unknown,
+//!    because the rate is): its model ignores random loss, and a small floor
+//!    of streams keeps the pipe full while one of them is in recovery.
+//! 4. **Bounds.** A clean path gets exactly the streams its window needs —
+//!    never more, because extra streams there only add queueing and CPU.
+//!    Everything is capped at `max_streams` (64): beyond that streams cost
+//!    memory, CPU and fairness to other users of a shared research link for
+//!    little gain, and the reason line says when the cap bit.
+//! 5. **Pacing.** With a known rate and a congestion control other than BBR,
+//!    each stream is paced at rate/streams, so the streams do not burst into
+//!    the bottleneck's queue together. `SO_MAX_PACING_RATE` works through
+//!    TCP's internal pacing even without the `fq` qdisc.
+
+use std::time::Duration;
+
+use fatpipe_schema::tune::{HostLimits, PathFacts, Plan};
+use fatpipe_schema::units::{
+    bdp_bytes, format_bytes, format_bytes_iec, format_duration, format_rate,
+};
+
+/// Bounds and assumptions of the planner. `Default` is what `test` and
+/// `copy` use; flags such as `--max-streams` override single fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// The most streams any plan may use.
+    pub max_streams: u32,
+    /// The largest buffer forced past the host caps (bytes per socket).
+    pub max_forced_buffer: u64,
+    /// In-flight window as a multiple of the BDP.
+    pub headroom: f64,
+    /// Streams used when the bottleneck rate is unknown; the in-flight
+    /// adjuster adds more if loss turns out to limit them.
+    pub unknown_rate_streams: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            max_streams: 64,
+            // The kernel clamps SO_*BUFFORCE at INT_MAX/2 before doubling;
+            // 512 MiB per socket is already 8 GB of kernel memory at 16 streams.
+            max_forced_buffer: 512 << 20,
+            headroom: 1.5,
+            unknown_rate_streams: 4,
+        }
+    }
+}
+
+/// MSS assumed for an IP MTU: IPv4 and TCP headers plus timestamps (52 B).
+pub fn mss_for(mtu: u32) -> u32 {
+    let mtu = if mtu == 0 { 1500 } else { mtu.max(576) };
+    mtu - 52
+}
+
+/// The Mathis et al. estimate of one loss-based TCP stream's rate in bit/s:
+/// `MSS/RTT × 1.22/√p`; `None` for a loss-free path, where it does not bind.
+pub fn mathis_rate(mss: u32, rtt: Duration, loss: f64) -> Option<f64> {
+    if loss.is_nan() || loss <= 0.0 {
+        return None;
+    }
+    let rtt = rtt.as_secs_f64().max(1e-6);
+    Some(f64::from(mss) * 8.0 / rtt * 1.22 / loss.sqrt())
+}
+
+/// The window one stream gets at both ends without forcing: through kernel
+/// autotuning (about half of `tcp_*mem[2]`) and through a fixed buffer
+/// (`*mem_max`, which the kernel doubles for its overhead), in that order.
+pub fn stream_windows(sender: &HostLimits, receiver: &HostLimits) -> (u64, u64) {
+    let autotune = sender.tcp_wmem[2].min(receiver.tcp_rmem[2]) / 2;
+    let fixed = sender.wmem_max.min(receiver.rmem_max);
+    (autotune, fixed)
+}
+
+/// Chooses streams, buffers, congestion control and pacing for a path.
+///
+/// `sender` is the end that sends data (the server for a reverse test);
+/// only its congestion controls matter, while buffers bind at both ends.
+pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy: &Policy) -> Plan {
+    let rtt_secs = if path.rtt_secs.is_finite() {
+        path.rtt_secs.max(0.0)
+    } else {
+        0.0
+    };
+    // An hour bounds any real round trip and keeps Duration from panicking.
+    let rtt = Duration::from_secs_f64(rtt_secs.min(3600.0));
+    let loss = if path.loss_rate.is_finite() {
+        path.loss_rate.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let max_streams = policy.max_streams.max(1);
+    let mss = mss_for(path.mtu);
+    let congestion = choose_congestion(&sender.congestion, loss, path.bottleneck_rate.is_some());
+    let (autotune_window, fixed_window) = stream_windows(sender, receiver);
+    let cap = autotune_window.max(fixed_window).max(64 << 10);
+    let may_force = sender.privileged && receiver.privileged;
+
+    let mut head = format!("auto: RTT {}", format_duration(rtt));
+    let Some(rate) = path.bottleneck_rate.filter(|&r| r > 0) else {
+        head.push_str(", rate unknown");
+        push_loss(&mut head, loss);
+        let streams = policy.unknown_rate_streams.clamp(1, max_streams);
+        let reason = format!(
+            "{head}; host allows {} per stream → {streams} streams × {}, {congestion}; \
+             streams are added if loss holds them back",
+            format_bytes_iec(cap),
+            format_bytes_iec(cap)
+        );
+        return Plan {
+            streams,
+            per_stream_buffer: cap,
+            set_buffers: cap > autotune_window,
+            forced_buffers: false,
+            congestion,
+            pacing_rate: None,
+            bdp: None,
+            reason,
+        };
+    };
+
+    let bdp = bdp_bytes(rate, rtt);
+    let need = ((bdp as f64 * policy.headroom.max(1.0)).ceil() as u64).max(1);
+    head.push_str(&format!(", ~{}", format_rate(rate as f64)));
+    push_loss(&mut head, loss);
+    head.push_str(&format!(" → BDP {}", format_bytes(bdp)));
+
+    let loss_streams = loss_streams(&congestion, mss, rtt, loss, rate);
+    let buffer_streams = need.div_ceil(cap);
+    let mut notes = Vec::new();
+    let (per_stream_cap, forced, limit) = if buffer_streams > u64::from(max_streams) && may_force {
+        (
+            policy.max_forced_buffer.max(cap),
+            true,
+            format!(
+                "host caps buffers at {}, {max_streams} streams are not enough",
+                format_bytes_iec(cap)
+            ),
+        )
+    } else if buffer_streams > 1 {
+        (
+            cap,
+            false,
+            format!("host caps buffers at {}", format_bytes_iec(cap)),
+        )
+    } else {
+        (
+            cap,
+            false,
+            format!("one window of {} covers it", format_bytes(need)),
+        )
+    };
+    let buffer_streams = need.div_ceil(per_stream_cap);
+    let wanted = buffer_streams.max(loss_streams.count).max(1);
+    let streams = wanted.min(u64::from(max_streams)) as u32;
+    if wanted > u64::from(max_streams) {
+        notes.push(format!(
+            "capped at {max_streams} streams (more cost CPU and memory and crowd other traffic)"
+        ));
+        if buffer_streams > u64::from(max_streams) {
+            notes.push(format!(
+                "window short of the BDP: raise the host caps (fatpipe tune --rate {} --rtt {})",
+                format_rate(rate as f64).replace(' ', "").replace("/s", ""),
+                format_duration(rtt).replace(' ', "")
+            ));
+        }
+    }
+    let per_stream = round_up(need.div_ceil(u64::from(streams)), 64 << 10).min(per_stream_cap);
+    let forced = forced && per_stream > cap;
+    let set_buffers = forced || per_stream > autotune_window;
+    if forced {
+        notes.push("buffers forced past the host caps (privileged)".to_string());
+    }
+    let pacing_rate = (congestion != "bbr").then(|| rate / u64::from(streams));
+
+    let why = match &loss_streams.why {
+        Some(w) if loss_streams.count > buffer_streams => w.clone(),
+        _ => limit,
+    };
+    let mut reason = format!(
+        "{head}; {why} → {streams} {} × {}, {congestion}",
+        if streams == 1 { "stream" } else { "streams" },
+        format_bytes_iec(per_stream)
+    );
+    if let Some(p) = pacing_rate {
+        reason.push_str(&format!(", paced at {} each", format_rate(p as f64)));
+    }
+    for n in notes {
+        reason.push_str("; ");
+        reason.push_str(&n);
+    }
+    Plan {
+        streams,
+        per_stream_buffer: per_stream,
+        set_buffers,
+        forced_buffers: forced,
+        congestion,
+        pacing_rate,
+        bdp: Some(bdp),
+        reason,
+    }
+}
+
+/// Prints a loss probability as a percentage with the digits it needs.
+/// (The units module parses probabilities but has no printer for them.)
+pub fn format_loss(p: f64) -> String {
+    let pct = p * 100.0;
+    let s = if pct >= 1.0 {
+        format!("{pct:.1}")
+    } else {
+        // Enough decimals to show two significant digits.
+        let decimals = (-pct.log10()).ceil().max(0.0) as usize + 1;
+        format!("{pct:.decimals$}")
+    };
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    format!("{s}%")
+}
+
+/// How many streams loss alone calls for, and why (for the reason line).
+struct LossStreams {
+    count: u64,
+    why: Option<String>,
+}
+
+/// BBR's floor of streams by loss: (at least this loss, streams).
+const BBR_LOSS_STREAMS: [(f64, u64); 3] = [(1e-2, 8), (1e-3, 4), (0.0, 2)];
+
+fn loss_streams(congestion: &str, mss: u32, rtt: Duration, loss: f64, rate: u64) -> LossStreams {
+    if loss.is_nan() || loss <= 0.0 {
+        return LossStreams {
+            count: 1,
+            why: None,
+        };
+    }
+    if congestion == "bbr" {
+        let count = BBR_LOSS_STREAMS
+            .iter()
+            .find(|(p, _)| loss >= *p)
+            .map_or(2, |&(_, n)| n);
+        return LossStreams {
+            count,
+            why: Some(format!(
+                "bbr ignores random loss but recovers one stream at a time, so {count} streams share the window"
+            )),
+        };
+    }
+    let Some(per_stream) = mathis_rate(mss, rtt, loss) else {
+        return LossStreams {
+            count: 1,
+            why: None,
+        };
+    };
+    let count = ((rate as f64 / per_stream).ceil() as u64).max(1);
+    LossStreams {
+        count,
+        why: Some(format!(
+            "{congestion} gets ~{} per stream at this loss (Mathis)",
+            format_rate(per_stream)
+        )),
+    }
+}
+
+/// BBR under loss or when the path is unknown; CUBIC on a clean path, where
+/// it fills a BDP window and shares fairly. H-TCP is the loss-based fallback
+/// built for long fat networks.
+fn choose_congestion(available: &[String], loss: f64, rate_known: bool) -> String {
+    let has = |name: &str| available.iter().any(|c| c == name);
+    let order: &[&str] = if loss > 0.0 || !rate_known {
+        &["bbr", "htcp", "cubic"]
+    } else {
+        &["cubic", "bbr", "htcp"]
+    };
+    order
+        .iter()
+        .find(|c| has(c))
+        .map(|c| c.to_string())
+        .or_else(|| available.first().cloned())
+        .unwrap_or_else(|| "cubic".to_string())
+}
+
+fn push_loss(s: &mut String, loss: f64) {
+    if loss > 0.0 {
+        s.push_str(&format!(", loss {}", format_loss(loss)));
+    }
+}
+
+fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to).saturating_mul(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn host(core_max: u64, tcp_max: u64, cc: &[&str], privileged: bool) -> HostLimits {
+        HostLimits {
+            rmem_max: core_max,
+            wmem_max: core_max,
+            tcp_rmem: [4096, 131072, tcp_max],
+            tcp_wmem: [4096, 16384, tcp_max],
+            congestion: cc.iter().map(|s| s.to_string()).collect(),
+            privileged,
+        }
+    }
+
+    fn path(rtt_ms: u64, rate: Option<u64>, loss: f64) -> PathFacts {
+        PathFacts {
+            rtt_secs: rtt_ms as f64 / 1e3,
+            bottleneck_rate: rate,
+            loss_rate: loss,
+            mtu: 1500,
+        }
+    }
+
+    const G: u64 = 1_000_000_000;
+
+    #[test]
+    fn table_of_paths_and_hosts() {
+        // (rtt ms, rate, loss, host core max, host tcp max, cc, privileged,
+        //  streams, per-stream buffer, congestion, set, forced, paced)
+        #[allow(clippy::type_complexity)]
+        let cases: [(
+            u64,
+            Option<u64>,
+            f64,
+            u64,
+            u64,
+            &[&str],
+            bool,
+            u32,
+            u64,
+            &str,
+            bool,
+            bool,
+            bool,
+        ); 9] = [
+            // Clean 1G × 93 ms, host capped at 4 MiB: 17.4 MB window over 4 MiB = 5 streams,
+            // fixed buffers (autotuning would reach only 2 MiB of window).
+            (
+                93,
+                Some(G),
+                0.0,
+                4 * MIB,
+                4 * MIB,
+                &["cubic", "bbr"],
+                false,
+                5,
+                3456 << 10,
+                "cubic",
+                true,
+                false,
+                true,
+            ),
+            // Same path, well-tuned host: autotuning reaches 128 MiB, one stream, no setsockopt.
+            (
+                93,
+                Some(G),
+                0.0,
+                256 * MIB,
+                256 * MIB,
+                &["cubic", "bbr"],
+                false,
+                1,
+                17088 << 10,
+                "cubic",
+                false,
+                false,
+                true,
+            ),
+            // rmem_max 64 MiB but autotuning only to 8 MiB: one stream with a fixed buffer.
+            (
+                93,
+                Some(G),
+                0.0,
+                64 * MIB,
+                8 * MIB,
+                &["cubic", "bbr"],
+                false,
+                1,
+                17088 << 10,
+                "cubic",
+                true,
+                false,
+                true,
+            ),
+            // 0.1 % loss with BBR: BBR, floor of 4 streams, no pacing.
+            (
+                228,
+                Some(G),
+                1e-3,
+                256 * MIB,
+                256 * MIB,
+                &["cubic", "bbr"],
+                false,
+                4,
+                10496 << 10,
+                "bbr",
+                false,
+                false,
+                false,
+            ),
+            // 0.1 % loss without BBR: Mathis gives ~2 Mbit/s per CUBIC stream; capped at 64.
+            (
+                228,
+                Some(G),
+                1e-3,
+                256 * MIB,
+                256 * MIB,
+                &["reno", "cubic"],
+                false,
+                64,
+                704 << 10,
+                "cubic",
+                false,
+                false,
+                true,
+            ),
+            // 0.01 % loss at 93 ms: ~15 Mbit/s per stream wants 66 streams; capped at 64.
+            (
+                93,
+                Some(G),
+                1e-4,
+                256 * MIB,
+                256 * MIB,
+                &["cubic"],
+                false,
+                64,
+                320 << 10,
+                "cubic",
+                false,
+                false,
+                true,
+            ),
+            // 100G × 230 ms on a 4 MiB host, privileged: 64 streams cannot cover
+            // 4.3 GB, so buffers are forced (512 MiB at most → 9 streams).
+            (
+                230,
+                Some(100 * G),
+                0.0,
+                4 * MIB,
+                4 * MIB,
+                &["cubic", "bbr"],
+                true,
+                9,
+                479_199_232,
+                "cubic",
+                true,
+                true,
+                true,
+            ),
+            // Same, unprivileged: capped at 64 streams of 4 MiB, window short.
+            (
+                230,
+                Some(100 * G),
+                0.0,
+                4 * MIB,
+                4 * MIB,
+                &["cubic", "bbr"],
+                false,
+                64,
+                4 * MIB,
+                "cubic",
+                true,
+                false,
+                true,
+            ),
+            // Rate unknown: 4 streams at the host's largest window (autotuning), BBR.
+            (
+                93,
+                None,
+                0.0,
+                4 * MIB,
+                32 * MIB,
+                &["cubic", "bbr"],
+                false,
+                4,
+                16 * MIB,
+                "bbr",
+                false,
+                false,
+                false,
+            ),
+        ];
+        for (
+            i,
+            (
+                rtt,
+                rate,
+                loss,
+                core,
+                tcp,
+                cc,
+                privileged,
+                streams,
+                buf,
+                congestion,
+                set,
+                forced,
+                paced,
+            ),
+        ) in cases.into_iter().enumerate()
+        {
+            let h = host(core, tcp, cc, privileged);
+            let p = plan(&path(rtt, rate, loss), &h, &h, &Policy::default());
+            let ctx = format!("case {i}: {p:?}");
+            assert_eq!(p.streams, streams, "{ctx}");
+            assert_eq!(p.per_stream_buffer, buf, "{ctx}");
+            assert_eq!(p.congestion, congestion, "{ctx}");
+            assert_eq!(p.set_buffers, set, "{ctx}");
+            assert_eq!(p.forced_buffers, forced, "{ctx}");
+            assert_eq!(p.pacing_rate.is_some(), paced, "{ctx}");
+            if let (Some(rate), Some(pace)) = (rate, p.pacing_rate) {
+                assert_eq!(pace, rate / u64::from(streams), "{ctx}");
+            }
+        }
+    }
+
+    #[test]
+    fn windows_cover_the_bdp_with_headroom_unless_capped() {
+        for rtt in [1, 20, 93, 228] {
+            for rate in [100_000_000, G, 10 * G] {
+                for core in [212_992, 4 * MIB, 64 * MIB, 1 << 30] {
+                    let h = host(core, core, &["cubic", "bbr"], false);
+                    let p = plan(&path(rtt, Some(rate), 0.0), &h, &h, &Policy::default());
+                    let bdp = p.bdp.unwrap_or(0);
+                    let total = p.per_stream_buffer * u64::from(p.streams);
+                    if p.streams < 64 {
+                        assert!(
+                            total as f64 >= bdp as f64 * 1.5,
+                            "{rtt} {rate} {core}: {p:?}"
+                        );
+                    }
+                    // Never over-parallelise a clean path: one stream fewer
+                    // would no longer cover the window.
+                    if p.streams > 1 {
+                        let fewer = p.per_stream_buffer.max(core) * u64::from(p.streams - 1);
+                        assert!(
+                            (fewer as f64) < bdp as f64 * 1.5,
+                            "{rtt} {rate} {core}: {p:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reason_reads_like_the_issue() {
+        let h = host(4 * MIB, 4 * MIB, &["reno", "bbr"], false);
+        let p = plan(&path(93, Some(G), 1e-4), &h, &h, &Policy::default());
+        assert_eq!(
+            p.reason,
+            "auto: RTT 93.0 ms, ~1.00 Gbit/s, loss 0.01% → BDP 11.6 MB; \
+             host caps buffers at 4 MiB → 5 streams × 3.4 MiB, bbr"
+        );
+        let p = plan(
+            &path(93, Some(G), 1e-4),
+            &h,
+            &h,
+            &Policy {
+                max_streams: 3,
+                ..Policy::default()
+            },
+        );
+        assert!(p.reason.ends_with("; capped at 3 streams (more cost CPU and memory and crowd other traffic); window short of the BDP: raise the host caps (fatpipe tune --rate 1.00Gbit --rtt 93.0ms)"), "{}", p.reason);
+    }
+
+    #[test]
+    fn mathis_and_mss() {
+        assert_eq!(mss_for(1500), 1448);
+        assert_eq!(mss_for(9000), 8948);
+        assert_eq!(mss_for(0), 1448);
+        assert_eq!(mathis_rate(1448, Duration::from_millis(93), 0.0), None);
+        let r = mathis_rate(1448, Duration::from_millis(93), 1e-4).unwrap_or(0.0);
+        assert!((r - 15.2e6).abs() < 0.1e6, "{r}");
+    }
+
+    #[test]
+    fn loss_formatting() {
+        assert_eq!(format_loss(1e-4), "0.01%");
+        assert_eq!(format_loss(1e-3), "0.1%");
+        assert_eq!(format_loss(0.01), "1%");
+        assert_eq!(format_loss(0.025), "2.5%");
+        assert_eq!(format_loss(1.5e-5), "0.0015%");
+    }
+
+    #[test]
+    fn odd_inputs_do_not_panic() {
+        let h = host(0, 0, &[], false);
+        for f in [
+            path(0, Some(G), 0.0),
+            path(0, Some(0), f64::NAN),
+            PathFacts {
+                rtt_secs: f64::INFINITY,
+                bottleneck_rate: Some(u64::MAX),
+                loss_rate: 2.0,
+                mtu: 1,
+            },
+        ] {
+            let p = plan(&f, &h, &h, &Policy::default());
+            assert!(p.streams >= 1 && p.streams <= 64, "{p:?}");
+            assert_eq!(p.congestion, "cubic");
+        }
+    }
+}
