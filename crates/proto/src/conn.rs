@@ -1,0 +1,752 @@
+//! The client and server session state machines.
+//!
+//! Both are sans-IO in the quinn-proto style: bytes from the socket go in
+//! through `handle_input`, the passage of time through `handle_timeout`, and
+//! the caller drains `poll_transmit` (bytes to write), `poll_event` (what
+//! happened) and `poll_timeout` (when to call back). Nothing here opens a
+//! socket, reads a clock or draws a random number: nonces and cookies are
+//! passed in, so the tests in `crate::tests` drive both ends in memory on a
+//! virtual clock.
+//!
+//! The handshake (docs/protocol.md has the diagram):
+//!
+//! ```text
+//! client                                   server
+//!   ClientHello{versions, nonce_c}  ──▶
+//!                                   ◀──    ServerHello{version, auth?, nonce_s}
+//!   [ClientAuth{mac_c}] Open{svc,params} ──▶      (pipelined: one round trip)
+//!                                   ◀──    [ServerAuth{mac_s}] Accept{cookie} | Reject
+//! ```
+//!
+//! Every server step before `Open` runs under one deadline (the pre-auth
+//! timeout), so a client that stalls mid-handshake costs the server at most
+//! that long. A connection whose first frame is `DataHello` is a data
+//! connection: the server machine reports its cookie and stops there once the
+//! caller attaches it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::auth::Key;
+use crate::coding::DecodeError;
+use crate::frame::FrameDecoder;
+use crate::message::{ErrorCode, Message, Nonce, VERSION};
+use crate::Cookie;
+
+/// How a session ended, or why it could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// The peer ended the session with `Close`; the reason may be empty.
+    #[error("peer closed the session{}", if .0.is_empty() { String::new() } else { format!(": {}", .0) })]
+    Closed(String),
+    /// The connection ended (EOF) without a `Close`.
+    #[error("connection closed by peer")]
+    Eof,
+    /// The peer refused the request.
+    #[error("{}", reject_text(*.code, .reason))]
+    Rejected {
+        /// Machine-readable reason.
+        code: ErrorCode,
+        /// The peer's words.
+        reason: String,
+    },
+    /// The peer's bytes did not decode.
+    #[error("malformed control data: {0}")]
+    Decode(#[from] DecodeError),
+    /// A well-formed message arrived where the protocol does not allow it.
+    #[error("unexpected {got} while {state}")]
+    Unexpected {
+        /// What arrived.
+        got: &'static str,
+        /// What this side was waiting for.
+        state: &'static str,
+    },
+    /// A handshake step did not finish in time.
+    #[error("timed out while {0}")]
+    Timeout(&'static str),
+    /// No protocol version both sides speak.
+    #[error("no common protocol version (we speak {ours}, peer offered {min}..={max})")]
+    BadVersion {
+        /// Our version.
+        ours: u16,
+        /// Lowest the peer accepts.
+        min: u16,
+        /// Highest the peer speaks.
+        max: u16,
+    },
+    /// The server requires a key and this client has none.
+    #[error("the server requires a key: pass --key-file")]
+    AuthRequired,
+    /// The client's proof was wrong (server side: the client has the wrong key).
+    #[error("authentication failed: the client's key does not match")]
+    AuthFailed,
+    /// This client has a key but the server did not prove it has it too.
+    #[error("the server did not authenticate (it has no key, or is not the server you meant); drop --key-file only if you trust this path")]
+    ServerUnauthenticated,
+    /// The server's proof was wrong: it has a different key or is an impostor.
+    #[error("the server's proof of the key is wrong (different key, or not the server you meant)")]
+    ServerProofFailed,
+    /// A payload larger than one frame allows.
+    #[error("payload of {0} bytes exceeds the frame cap")]
+    PayloadTooLarge(usize),
+    /// The session is not established (or already closed).
+    #[error("the session is not established")]
+    NotEstablished,
+}
+
+impl ConnError {
+    /// True if this error means the keys do not match or are missing: the
+    /// user's configuration to fix (exit code 2 in the binary).
+    pub fn is_auth(&self) -> bool {
+        matches!(
+            self,
+            ConnError::AuthRequired
+                | ConnError::AuthFailed
+                | ConnError::ServerUnauthenticated
+                | ConnError::ServerProofFailed
+                | ConnError::Rejected {
+                    code: ErrorCode::AuthFailed | ErrorCode::AuthRequired,
+                    ..
+                }
+        )
+    }
+}
+
+fn reject_text(code: ErrorCode, reason: &str) -> String {
+    let what = match code {
+        ErrorCode::AuthFailed => "authentication failed: wrong key (check --key-file on both ends)",
+        ErrorCode::AuthRequired => "the server requires a key: pass --key-file",
+        ErrorCode::BadVersion => "no common protocol version",
+        ErrorCode::UnknownService => "the server does not offer this service",
+        ErrorCode::Busy => "the server is busy",
+        ErrorCode::Protocol => "protocol error",
+        ErrorCode::Timeout => "timed out",
+        ErrorCode::BadCookie => "unknown session cookie",
+        ErrorCode::Service => "the service refused",
+        ErrorCode::Other(_) => "refused",
+    };
+    if reason.is_empty() {
+        format!("server refused: {what}")
+    } else {
+        format!("server refused: {what}: {reason}")
+    }
+}
+
+/// What a client session reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The server accepted the service request.
+    Established {
+        /// Present this on every data connection.
+        cookie: Cookie,
+        /// The negotiated protocol version.
+        version: u16,
+    },
+    /// A service message from the server.
+    Payload(Vec<u8>),
+    /// The session is over; nothing more will be reported.
+    Closed(ConnError),
+}
+
+/// What a server connection reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// An authenticated client asks for a service; answer with
+    /// [`ServerConn::accept`] or [`ServerConn::reject`].
+    Open {
+        /// The service name.
+        service: String,
+        /// Its opaque parameters.
+        params: Vec<u8>,
+    },
+    /// This is a data connection; answer with [`ServerConn::attach`] or
+    /// [`ServerConn::reject`]. After `attach` the machine is done and the
+    /// socket carries raw service bytes.
+    DataHello {
+        /// The cookie it presented.
+        cookie: Cookie,
+        /// The service-defined stream label.
+        tag: u32,
+    },
+    /// A service message from the client.
+    Payload(Vec<u8>),
+    /// The connection is over; nothing more will be reported.
+    Closed(ConnError),
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Pre-shared key, if the user gave one.
+    pub key: Option<Key>,
+    /// Service to open.
+    pub service: String,
+    /// Its parameters.
+    pub params: Vec<u8>,
+    /// Deadline for the whole handshake.
+    pub handshake_timeout: Duration,
+}
+
+/// Server settings shared by all its connections.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Pre-shared key; `None` admits every client.
+    pub key: Option<Key>,
+    /// Deadline for everything before `Open` (and for a data hello).
+    pub preauth_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientState {
+    AwaitServerHello,
+    AwaitServerAuth { server_nonce: Nonce },
+    AwaitAccept,
+    Established,
+    Closed,
+}
+
+/// The client end of a control connection.
+#[derive(Debug)]
+pub struct ClientConn {
+    config: ClientConfig,
+    nonce: Nonce,
+    state: ClientState,
+    deadline: Option<Instant>,
+    decoder: FrameDecoder,
+    out: Vec<u8>,
+    events: VecDeque<ClientEvent>,
+}
+
+impl ClientConn {
+    /// Starts a session: queues the `ClientHello`. `nonce` must be fresh
+    /// random bytes.
+    pub fn new(config: ClientConfig, now: Instant, nonce: Nonce) -> Self {
+        let mut c = ClientConn {
+            deadline: Some(now + config.handshake_timeout),
+            config,
+            nonce,
+            state: ClientState::AwaitServerHello,
+            decoder: FrameDecoder::new(),
+            out: Vec::new(),
+            events: VecDeque::new(),
+        };
+        c.send(&Message::ClientHello {
+            version_min: VERSION,
+            version_max: VERSION,
+            nonce,
+        });
+        c
+    }
+
+    /// Feeds bytes read from the control socket.
+    pub fn handle_input(&mut self, _now: Instant, data: &[u8]) {
+        if self.state == ClientState::Closed {
+            return;
+        }
+        self.decoder.push(data);
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(body)) => match Message::decode(&body) {
+                    Ok(msg) => self.on_message(msg),
+                    Err(e) => self.fail(ConnError::Decode(e), true),
+                },
+                Ok(None) => break,
+                Err(e) => self.fail(ConnError::Decode(e), true),
+            }
+            if self.state == ClientState::Closed {
+                break;
+            }
+        }
+    }
+
+    /// The socket reached end of file.
+    pub fn handle_eof(&mut self, _now: Instant) {
+        if self.state != ClientState::Closed {
+            self.fail(ConnError::Eof, false);
+        }
+    }
+
+    /// Time passed; call at or after [`poll_timeout`](Self::poll_timeout).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(d) = self.deadline {
+            if now >= d && self.state != ClientState::Closed {
+                let step = match self.state {
+                    ClientState::AwaitServerHello => "waiting for the server's hello",
+                    ClientState::AwaitServerAuth { .. } => "waiting for the server's proof",
+                    _ => "waiting for the server to accept",
+                };
+                self.fail(ConnError::Timeout(step), true);
+            }
+        }
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout), if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Bytes to write to the socket, if any.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        (!self.out.is_empty()).then(|| std::mem::take(&mut self.out))
+    }
+
+    /// The next thing that happened.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// Queues one service message.
+    pub fn send_payload(&mut self, data: &[u8]) -> Result<(), ConnError> {
+        if self.state != ClientState::Established {
+            return Err(ConnError::NotEstablished);
+        }
+        Message::Payload(data.to_vec())
+            .encode(&mut self.out)
+            .map_err(|_| ConnError::PayloadTooLarge(data.len()))
+    }
+
+    /// Ends the session, queueing a `Close` for the peer.
+    pub fn close(&mut self, reason: &str) {
+        if self.state != ClientState::Closed {
+            self.send(&Message::Close {
+                reason: reason.into(),
+            });
+            self.state = ClientState::Closed;
+            self.deadline = None;
+        }
+    }
+
+    /// True once established and not closed.
+    pub fn is_established(&self) -> bool {
+        self.state == ClientState::Established
+    }
+
+    /// True once closed, for whatever reason.
+    pub fn is_closed(&self) -> bool {
+        self.state == ClientState::Closed
+    }
+
+    /// Bytes received after the last complete frame (the caller takes over
+    /// the framing when it splits reading and writing across threads).
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        self.decoder.take_buffered()
+    }
+
+    fn on_message(&mut self, msg: Message) {
+        match (self.state, msg) {
+            (_, Message::Reject { code, reason }) => {
+                self.fail_quiet(ConnError::Rejected { code, reason });
+            }
+            (ClientState::Established, Message::Payload(p)) => {
+                self.events.push_back(ClientEvent::Payload(p));
+            }
+            (ClientState::Established, Message::Close { reason }) => {
+                self.fail_quiet(ConnError::Closed(reason));
+            }
+            (
+                ClientState::AwaitServerHello,
+                Message::ServerHello {
+                    version,
+                    auth_required,
+                    nonce: server_nonce,
+                },
+            ) => {
+                if version != VERSION {
+                    return self.fail(
+                        ConnError::BadVersion {
+                            ours: VERSION,
+                            min: version,
+                            max: version,
+                        },
+                        true,
+                    );
+                }
+                match (auth_required, self.config.key.clone()) {
+                    (true, Some(key)) => {
+                        let mac = key.client_proof(&server_nonce, &self.nonce);
+                        self.send(&Message::ClientAuth { mac });
+                        self.send_open();
+                        self.state = ClientState::AwaitServerAuth { server_nonce };
+                    }
+                    (true, None) => self.fail(ConnError::AuthRequired, true),
+                    (false, Some(_)) => self.fail(ConnError::ServerUnauthenticated, true),
+                    (false, None) => {
+                        self.send_open();
+                        self.state = ClientState::AwaitAccept;
+                    }
+                }
+            }
+            (ClientState::AwaitServerAuth { server_nonce }, Message::ServerAuth { mac }) => {
+                let ok = self
+                    .config
+                    .key
+                    .as_ref()
+                    .is_some_and(|k| k.verify_server(&self.nonce, &server_nonce, &mac));
+                if ok {
+                    self.state = ClientState::AwaitAccept;
+                } else {
+                    self.fail(ConnError::ServerProofFailed, true);
+                }
+            }
+            (ClientState::AwaitAccept, Message::Accept { cookie }) => {
+                self.state = ClientState::Established;
+                self.deadline = None;
+                self.events.push_back(ClientEvent::Established {
+                    cookie,
+                    version: VERSION,
+                });
+            }
+            (state, msg) => {
+                let err = ConnError::Unexpected {
+                    got: msg_name(&msg),
+                    state: client_state_name(state),
+                };
+                self.fail(err, true);
+            }
+        }
+    }
+
+    fn send_open(&mut self) {
+        let open = Message::Open {
+            service: self.config.service.clone(),
+            params: self.config.params.clone(),
+        };
+        if open.encode(&mut self.out).is_err() {
+            let n = self.config.params.len();
+            self.fail(ConnError::PayloadTooLarge(n), true);
+        }
+    }
+
+    fn send(&mut self, msg: &Message) {
+        // Only handshake messages and reasons go through here; they are far
+        // below the frame cap, so encoding cannot fail.
+        let _ = msg.encode(&mut self.out);
+    }
+
+    fn fail(&mut self, err: ConnError, tell_peer: bool) {
+        if tell_peer {
+            self.send(&Message::Close {
+                reason: err.to_string(),
+            });
+        }
+        self.fail_quiet(err);
+    }
+
+    fn fail_quiet(&mut self, err: ConnError) {
+        self.state = ClientState::Closed;
+        self.deadline = None;
+        self.events.push_back(ClientEvent::Closed(err));
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerState {
+    AwaitHello,
+    AwaitAuth { client_nonce: Nonce },
+    AwaitOpen,
+    AwaitDecision,
+    Established,
+    DataPending,
+    DataAttached,
+    Closed,
+}
+
+/// The server end of a connection: control or data, decided by its first
+/// frame.
+#[derive(Debug)]
+pub struct ServerConn {
+    key: Option<Key>,
+    nonce: Nonce,
+    state: ServerState,
+    deadline: Option<Instant>,
+    decoder: FrameDecoder,
+    out: Vec<u8>,
+    events: VecDeque<ServerEvent>,
+}
+
+impl ServerConn {
+    /// A freshly accepted connection. `nonce` must be fresh random bytes.
+    pub fn new(config: &ServerConfig, now: Instant, nonce: Nonce) -> Self {
+        ServerConn {
+            key: config.key.clone(),
+            nonce,
+            state: ServerState::AwaitHello,
+            deadline: Some(now + config.preauth_timeout),
+            decoder: FrameDecoder::new(),
+            out: Vec::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Feeds bytes read from the socket.
+    pub fn handle_input(&mut self, _now: Instant, data: &[u8]) {
+        if matches!(self.state, ServerState::Closed | ServerState::DataAttached) {
+            return;
+        }
+        self.decoder.push(data);
+        loop {
+            // A data connection stops framing after its hello: what follows
+            // belongs to the service once the caller attaches it.
+            if self.state == ServerState::DataPending {
+                break;
+            }
+            match self.decoder.next_frame() {
+                Ok(Some(body)) => match Message::decode(&body) {
+                    Ok(msg) => self.on_message(msg),
+                    Err(e) => self.fail(ConnError::Decode(e), ErrorCode::Protocol),
+                },
+                Ok(None) => break,
+                Err(e) => self.fail(ConnError::Decode(e), ErrorCode::Protocol),
+            }
+            if self.state == ServerState::Closed {
+                break;
+            }
+        }
+    }
+
+    /// The socket reached end of file.
+    pub fn handle_eof(&mut self, _now: Instant) {
+        if !matches!(self.state, ServerState::Closed | ServerState::DataAttached) {
+            self.fail_quiet(ConnError::Eof);
+        }
+    }
+
+    /// Time passed; call at or after [`poll_timeout`](Self::poll_timeout).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(d) = self.deadline {
+            if now >= d {
+                let step = match self.state {
+                    ServerState::AwaitHello => "waiting for the client's hello",
+                    ServerState::AwaitAuth { .. } => "waiting for the client's proof",
+                    _ => "waiting for the client's request",
+                };
+                self.fail(ConnError::Timeout(step), ErrorCode::Timeout);
+            }
+        }
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout), if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Bytes to write to the socket, if any.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        (!self.out.is_empty()).then(|| std::mem::take(&mut self.out))
+    }
+
+    /// The next thing that happened.
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    /// Accepts the service request reported by [`ServerEvent::Open`].
+    pub fn accept(&mut self, cookie: Cookie) {
+        if self.state == ServerState::AwaitDecision {
+            self.send(&Message::Accept { cookie });
+            self.state = ServerState::Established;
+        }
+    }
+
+    /// Attaches the data connection reported by [`ServerEvent::DataHello`].
+    pub fn attach(&mut self) {
+        if self.state == ServerState::DataPending {
+            self.send(&Message::DataAck);
+            self.state = ServerState::DataAttached;
+        }
+    }
+
+    /// Refuses an `Open` or `DataHello` (or ends an established session)
+    /// with a reason the client will show.
+    pub fn reject(&mut self, code: ErrorCode, reason: &str) {
+        if self.state != ServerState::Closed {
+            self.send(&Message::Reject {
+                code,
+                reason: reason.into(),
+            });
+            self.state = ServerState::Closed;
+            self.deadline = None;
+        }
+    }
+
+    /// Queues one service message.
+    pub fn send_payload(&mut self, data: &[u8]) -> Result<(), ConnError> {
+        if self.state != ServerState::Established {
+            return Err(ConnError::NotEstablished);
+        }
+        Message::Payload(data.to_vec())
+            .encode(&mut self.out)
+            .map_err(|_| ConnError::PayloadTooLarge(data.len()))
+    }
+
+    /// Ends the session with a `Close`.
+    pub fn close(&mut self, reason: &str) {
+        if self.state != ServerState::Closed {
+            self.send(&Message::Close {
+                reason: reason.into(),
+            });
+            self.state = ServerState::Closed;
+            self.deadline = None;
+        }
+    }
+
+    /// True once the service request was accepted and the session not closed.
+    pub fn is_established(&self) -> bool {
+        self.state == ServerState::Established
+    }
+
+    /// True once closed, for whatever reason.
+    pub fn is_closed(&self) -> bool {
+        self.state == ServerState::Closed
+    }
+
+    /// Bytes received after the last complete frame.
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        self.decoder.take_buffered()
+    }
+
+    fn on_message(&mut self, msg: Message) {
+        match (self.state, msg) {
+            (ServerState::Established, Message::Payload(p)) => {
+                self.events.push_back(ServerEvent::Payload(p));
+            }
+            (_, Message::Close { reason }) => self.fail_quiet(ConnError::Closed(reason)),
+            (
+                ServerState::AwaitHello,
+                Message::ClientHello {
+                    version_min,
+                    version_max,
+                    nonce,
+                },
+            ) => {
+                if !(version_min..=version_max).contains(&VERSION) {
+                    let err = ConnError::BadVersion {
+                        ours: VERSION,
+                        min: version_min,
+                        max: version_max,
+                    };
+                    return self.fail(err, ErrorCode::BadVersion);
+                }
+                self.send(&Message::ServerHello {
+                    version: VERSION,
+                    auth_required: self.key.is_some(),
+                    nonce: self.nonce,
+                });
+                self.state = match self.key {
+                    Some(_) => ServerState::AwaitAuth {
+                        client_nonce: nonce,
+                    },
+                    None => ServerState::AwaitOpen,
+                };
+            }
+            (
+                ServerState::AwaitHello,
+                Message::DataHello {
+                    version,
+                    cookie,
+                    tag,
+                },
+            ) => {
+                if version != VERSION {
+                    let err = ConnError::BadVersion {
+                        ours: VERSION,
+                        min: version,
+                        max: version,
+                    };
+                    return self.fail(err, ErrorCode::BadVersion);
+                }
+                self.state = ServerState::DataPending;
+                self.deadline = None;
+                self.events
+                    .push_back(ServerEvent::DataHello { cookie, tag });
+            }
+            (ServerState::AwaitAuth { client_nonce }, Message::ClientAuth { mac }) => {
+                let ok = self
+                    .key
+                    .as_ref()
+                    .is_some_and(|k| k.verify_client(&self.nonce, &client_nonce, &mac));
+                if !ok {
+                    return self.fail(ConnError::AuthFailed, ErrorCode::AuthFailed);
+                }
+                if let Some(k) = &self.key {
+                    let mac = k.server_proof(&client_nonce, &self.nonce);
+                    self.send(&Message::ServerAuth { mac });
+                }
+                self.state = ServerState::AwaitOpen;
+            }
+            (ServerState::AwaitAuth { .. }, Message::Open { .. }) => {
+                self.fail(ConnError::AuthRequired, ErrorCode::AuthRequired);
+            }
+            (ServerState::AwaitOpen, Message::Open { service, params }) => {
+                self.state = ServerState::AwaitDecision;
+                self.deadline = None;
+                self.events.push_back(ServerEvent::Open { service, params });
+            }
+            (state, msg) => {
+                let err = ConnError::Unexpected {
+                    got: msg_name(&msg),
+                    state: server_state_name(state),
+                };
+                self.fail(err, ErrorCode::Protocol);
+            }
+        }
+    }
+
+    fn send(&mut self, msg: &Message) {
+        // Handshake messages are far below the frame cap.
+        let _ = msg.encode(&mut self.out);
+    }
+
+    fn fail(&mut self, err: ConnError, code: ErrorCode) {
+        self.send(&Message::Reject {
+            code,
+            reason: err.to_string(),
+        });
+        self.fail_quiet(err);
+    }
+
+    fn fail_quiet(&mut self, err: ConnError) {
+        self.state = ServerState::Closed;
+        self.deadline = None;
+        self.events.push_back(ServerEvent::Closed(err));
+    }
+}
+
+fn msg_name(m: &Message) -> &'static str {
+    match m {
+        Message::ClientHello { .. } => "ClientHello",
+        Message::ServerHello { .. } => "ServerHello",
+        Message::ClientAuth { .. } => "ClientAuth",
+        Message::ServerAuth { .. } => "ServerAuth",
+        Message::Open { .. } => "Open",
+        Message::Accept { .. } => "Accept",
+        Message::Reject { .. } => "Reject",
+        Message::DataHello { .. } => "DataHello",
+        Message::DataAck => "DataAck",
+        Message::Payload(_) => "Payload",
+        Message::Close { .. } => "Close",
+    }
+}
+
+fn client_state_name(s: ClientState) -> &'static str {
+    match s {
+        ClientState::AwaitServerHello => "waiting for ServerHello",
+        ClientState::AwaitServerAuth { .. } => "waiting for ServerAuth",
+        ClientState::AwaitAccept => "waiting for Accept",
+        ClientState::Established => "established",
+        ClientState::Closed => "closed",
+    }
+}
+
+fn server_state_name(s: ServerState) -> &'static str {
+    match s {
+        ServerState::AwaitHello => "waiting for a hello",
+        ServerState::AwaitAuth { .. } => "waiting for ClientAuth",
+        ServerState::AwaitOpen => "waiting for Open",
+        ServerState::AwaitDecision => "deciding on Open",
+        ServerState::Established => "established",
+        ServerState::DataPending => "attaching a data connection",
+        ServerState::DataAttached => "attached",
+        ServerState::Closed => "closed",
+    }
+}

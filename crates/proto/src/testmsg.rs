@@ -1,0 +1,499 @@
+//! Messages of the built-in `test` service (memory-to-memory throughput).
+//!
+//! They travel as [`Message::Payload`](crate::Message::Payload)s of an
+//! established session, encoded as JSON: the service protocol is young and
+//! changes faster than the handshake, JSON keeps it readable in a packet
+//! capture, and the frame cap already bounds what `serde_json` must parse
+//! (its own recursion limit bounds nesting). [`TestMsg::decode`] is fuzzed.
+//!
+//! A message that would exceed one frame (per-stream lists with `-P 1024`)
+//! is sent as several with `more: true` on all but the last; see
+//! [`TestMsg::split`].
+//!
+//! The flow (docs/protocol.md has it in full): the client opens `test` with
+//! [`TestParams`]; the server answers [`TestMsg::Ready`]; the client dials
+//! the data streams (tag = stream id); the server answers
+//! [`TestMsg::Attached`]; the client sends [`TestMsg::Start`]; both sides
+//! run, the server reporting [`TestMsg::Interval`]s; each side says
+//! [`TestMsg::SendDone`] when its senders finish; the server ends with
+//! [`TestMsg::Final`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::coding::DecodeError;
+use crate::message::MAX_PAYLOAD;
+
+/// Most parallel streams a test may ask for.
+pub const MAX_STREAMS: u32 = 1024;
+/// Smallest UDP datagram (it carries a 24-byte header) and write size.
+pub const MIN_LENGTH: u32 = 64;
+/// Largest UDP datagram payload.
+pub const MAX_UDP_LENGTH: u32 = 65_507;
+/// Largest TCP write size.
+pub const MAX_TCP_LENGTH: u32 = 16 << 20;
+
+/// Transport under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// One TCP connection per stream.
+    Tcp,
+    /// One UDP flow per stream, paced at a bitrate.
+    Udp,
+}
+
+/// Who sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Client sends, server receives (the default).
+    Up,
+    /// Server sends (`-R`).
+    Down,
+    /// Both at once (`--bidir`): streams `0..n` up, `n..2n` down.
+    Both,
+}
+
+/// What the client asks for, carried in `Open`'s params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestParams {
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// Streams per direction (1..=1024).
+    pub streams: u32,
+    /// Who sends.
+    pub direction: Direction,
+    /// Measured time, after the omitted warm-up; ignored when `bytes` is set.
+    pub duration_ms: u64,
+    /// Total bytes to send per direction (`-n`), instead of a time.
+    pub bytes: Option<u64>,
+    /// Warm-up excluded from the summary.
+    pub omit_ms: u64,
+    /// Report interval.
+    pub interval_ms: u64,
+    /// Socket buffer size to request (`-w`), both ends.
+    pub window: Option<u64>,
+    /// TCP maximum segment size to request.
+    pub mss: Option<u32>,
+    /// TCP congestion control to request.
+    pub congestion: Option<String>,
+    /// Pacing cap per stream in bit/s (`SO_MAX_PACING_RATE`).
+    pub fq_rate: Option<u64>,
+    /// Send without copying (sendfile / MSG_ZEROCOPY).
+    pub zerocopy: bool,
+    /// Write size (TCP) or datagram size (UDP), bytes.
+    pub length: u32,
+    /// UDP target bitrate per stream, bit/s.
+    pub bitrate: u64,
+}
+
+impl TestParams {
+    /// Checks ranges both ends rely on; the server calls this on what a
+    /// client sent before allocating anything.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.streams == 0 || self.streams > MAX_STREAMS {
+            return Err(format!("streams must be 1..={MAX_STREAMS}"));
+        }
+        let max_len = match self.protocol {
+            Protocol::Tcp => MAX_TCP_LENGTH,
+            Protocol::Udp => MAX_UDP_LENGTH,
+        };
+        if self.length < MIN_LENGTH || self.length > max_len {
+            return Err(format!("length must be {MIN_LENGTH}..={max_len} bytes"));
+        }
+        if self.interval_ms < 10 {
+            return Err("interval must be at least 10 ms".into());
+        }
+        if self.bytes.is_none() && self.duration_ms == 0 {
+            return Err("give a duration or a byte count".into());
+        }
+        if self.duration_ms > 7 * 24 * 3600 * 1000 || self.omit_ms > 3600 * 1000 {
+            return Err("duration too long".into());
+        }
+        if self.protocol == Protocol::Udp && self.bitrate == 0 {
+            return Err("UDP needs a bitrate above 0".into());
+        }
+        if let Some(cc) = &self.congestion {
+            if cc.is_empty() || cc.len() > 15 || !cc.bytes().all(|c| c.is_ascii_graphic()) {
+                return Err("congestion control name must be 1..15 printable bytes".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of data streams in total (twice `streams` for `Both`).
+    pub fn total_streams(&self) -> u32 {
+        match self.direction {
+            Direction::Both => self.streams * 2,
+            _ => self.streams,
+        }
+    }
+
+    /// True if the client sends on stream `id`.
+    pub fn client_sends(&self, id: u32) -> bool {
+        match self.direction {
+            Direction::Up => true,
+            Direction::Down => false,
+            Direction::Both => id < self.streams,
+        }
+    }
+
+    /// Encodes for `Open`.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain data to JSON cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes and validates `Open` params from a client.
+    pub fn decode(bytes: &[u8]) -> Result<TestParams, DecodeError> {
+        if bytes.len() > MAX_PAYLOAD {
+            return Err(DecodeError::TooLarge {
+                len: bytes.len(),
+                max: MAX_PAYLOAD,
+            });
+        }
+        let p: TestParams =
+            serde_json::from_slice(bytes).map_err(|_| DecodeError::Invalid("test params"))?;
+        p.validate()
+            .map_err(|_| DecodeError::Invalid("test params"))?;
+        Ok(p)
+    }
+}
+
+/// Which way a stream carries data, seen from the end that reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// This end writes.
+    Send,
+    /// This end reads.
+    Recv,
+}
+
+/// The socket settings one end actually got for a stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketSetup {
+    /// Stream id (the data connection's tag).
+    pub id: u32,
+    /// Send buffer the kernel granted, bytes.
+    pub sndbuf: u64,
+    /// Receive buffer the kernel granted, bytes.
+    pub rcvbuf: u64,
+    /// MSS in use (TCP), bytes.
+    pub mss: u32,
+    /// Congestion control in use (TCP).
+    pub congestion: String,
+    /// How data is sent: "write", "sendfile", "zerocopy", "sendmmsg"...
+    pub send_path: String,
+    /// How data is received: "read", "trunc", ...
+    pub recv_path: String,
+}
+
+/// One stream's numbers for an interval or for the whole test, as measured
+/// by one end.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamSample {
+    /// Stream id.
+    pub id: u32,
+    /// Whether this end sent or received on it.
+    pub role: Option<Role>,
+    /// Bytes sent (sender) or received (receiver).
+    pub bytes: u64,
+    /// UDP datagrams sent or received.
+    pub packets: u64,
+    /// UDP: datagrams missing at the receiver.
+    pub lost: u64,
+    /// UDP: datagrams that arrived after a later one.
+    pub out_of_order: u64,
+    /// UDP: interarrival jitter (RFC 3550), microseconds.
+    pub jitter_us: f64,
+    /// TCP sender: retransmitted segments.
+    pub retransmits: u64,
+    /// TCP: smoothed RTT, microseconds (0 if unknown).
+    pub rtt_us: u32,
+    /// TCP: RTT variance, microseconds.
+    pub rttvar_us: u32,
+    /// TCP: congestion window, bytes.
+    pub cwnd: u64,
+}
+
+/// CPU time one end spent, for a utilisation figure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuSample {
+    /// User CPU seconds.
+    pub user_s: f64,
+    /// System CPU seconds.
+    pub system_s: f64,
+    /// Wall-clock seconds over which they were spent.
+    pub wall_s: f64,
+}
+
+/// The `test` service's messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TestMsg {
+    /// Server → client: parameters accepted; dial the data streams. For UDP,
+    /// the server's port for each stream, in stream order.
+    Ready {
+        /// UDP ports, one per stream; empty for TCP.
+        udp_ports: Vec<u16>,
+    },
+    /// Server → client: all streams attached, with the server's settings.
+    Attached {
+        /// Per stream.
+        streams: Vec<SocketSetup>,
+        /// More `Attached` messages follow.
+        more: bool,
+    },
+    /// Client → server: go.
+    Start,
+    /// Server → client: the server's view of one interval.
+    Interval {
+        /// Interval number from 0.
+        index: u32,
+        /// Start, ms after Start.
+        start_ms: u64,
+        /// End, ms after Start.
+        end_ms: u64,
+        /// Part of the omitted warm-up.
+        omitted: bool,
+        /// Per stream.
+        streams: Vec<StreamSample>,
+        /// More parts of this interval follow.
+        more: bool,
+    },
+    /// Either way: this end's senders have finished.
+    SendDone,
+    /// Client → server: stop now (the user interrupted, or the client failed).
+    Stop,
+    /// Server → client: the server's totals (after the omitted warm-up).
+    Final {
+        /// Measured time at the server, ms.
+        elapsed_ms: u64,
+        /// Per stream.
+        streams: Vec<StreamSample>,
+        /// The server process's CPU over the test.
+        cpu: CpuSample,
+        /// More `Final` messages follow.
+        more: bool,
+    },
+    /// Either way: the test failed at this end.
+    Error {
+        /// One line for people.
+        message: String,
+    },
+}
+
+impl TestMsg {
+    /// Encodes as one payload. Messages from [`split`](Self::split) always fit.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes one payload. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<TestMsg, DecodeError> {
+        if bytes.len() > MAX_PAYLOAD {
+            return Err(DecodeError::TooLarge {
+                len: bytes.len(),
+                max: MAX_PAYLOAD,
+            });
+        }
+        serde_json::from_slice(bytes).map_err(|_| DecodeError::Invalid("test message"))
+    }
+
+    /// Splits a message whose per-stream list makes it larger than one
+    /// payload into parts that each fit, `more` set on all but the last.
+    pub fn split(self) -> Vec<TestMsg> {
+        if self.encode().len() <= MAX_PAYLOAD {
+            return vec![self];
+        }
+        let halves = match self {
+            TestMsg::Attached { streams, more } if streams.len() > 1 => {
+                let (a, b) = halve(streams);
+                (
+                    TestMsg::Attached {
+                        streams: a,
+                        more: true,
+                    },
+                    TestMsg::Attached { streams: b, more },
+                )
+            }
+            TestMsg::Interval {
+                index,
+                start_ms,
+                end_ms,
+                omitted,
+                streams,
+                more,
+            } if streams.len() > 1 => {
+                let (a, b) = halve(streams);
+                let part = |streams, more| TestMsg::Interval {
+                    index,
+                    start_ms,
+                    end_ms,
+                    omitted,
+                    streams,
+                    more,
+                };
+                (part(a, true), part(b, more))
+            }
+            TestMsg::Final {
+                elapsed_ms,
+                streams,
+                cpu,
+                more,
+            } if streams.len() > 1 => {
+                let (a, b) = halve(streams);
+                (
+                    TestMsg::Final {
+                        elapsed_ms,
+                        streams: a,
+                        cpu,
+                        more: true,
+                    },
+                    TestMsg::Final {
+                        elapsed_ms,
+                        streams: b,
+                        cpu,
+                        more,
+                    },
+                )
+            }
+            other => return vec![other],
+        };
+        let mut out = halves.0.split();
+        out.extend(halves.1.split());
+        out
+    }
+}
+
+fn halve<T>(mut v: Vec<T>) -> (Vec<T>, Vec<T>) {
+    let b = v.split_off(v.len() / 2);
+    (v, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> TestParams {
+        TestParams {
+            protocol: Protocol::Tcp,
+            streams: 4,
+            direction: Direction::Both,
+            duration_ms: 10_000,
+            bytes: None,
+            omit_ms: 0,
+            interval_ms: 1000,
+            window: Some(4 << 20),
+            mss: None,
+            congestion: Some("bbr".into()),
+            fq_rate: None,
+            zerocopy: false,
+            length: 128 * 1024,
+            bitrate: 0,
+        }
+    }
+
+    #[test]
+    fn params_round_trip_and_validate() {
+        let p = params();
+        assert_eq!(TestParams::decode(&p.encode()), Ok(p.clone()));
+        assert_eq!(p.total_streams(), 8);
+        assert!(p.client_sends(3) && !p.client_sends(4));
+        let bad = [
+            TestParams {
+                streams: 0,
+                ..p.clone()
+            },
+            TestParams {
+                streams: MAX_STREAMS + 1,
+                ..p.clone()
+            },
+            TestParams {
+                length: 63,
+                ..p.clone()
+            },
+            TestParams {
+                protocol: Protocol::Udp,
+                length: 65_508,
+                bitrate: 1,
+                ..p.clone()
+            },
+            TestParams {
+                protocol: Protocol::Udp,
+                bitrate: 0,
+                length: 1000,
+                ..p.clone()
+            },
+            TestParams {
+                congestion: Some("a b".into()),
+                ..p.clone()
+            },
+        ];
+        for b in bad {
+            assert!(b.validate().is_err(), "{b:?}");
+            assert!(TestParams::decode(&b.encode()).is_err());
+        }
+        assert!(TestParams::decode(b"{not json").is_err());
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let msgs = [
+            TestMsg::Ready {
+                udp_ports: vec![1, 2],
+            },
+            TestMsg::Start,
+            TestMsg::SendDone,
+            TestMsg::Stop,
+            TestMsg::Error {
+                message: "no".into(),
+            },
+            TestMsg::Final {
+                elapsed_ms: 10,
+                streams: vec![StreamSample::default()],
+                cpu: CpuSample::default(),
+                more: false,
+            },
+        ];
+        for m in msgs {
+            assert_eq!(TestMsg::decode(&m.encode()), Ok(m));
+        }
+        assert!(TestMsg::decode(b"{\"type\":\"nope\"}").is_err());
+    }
+
+    #[test]
+    fn big_messages_split_into_fitting_parts() {
+        let streams: Vec<StreamSample> = (0..2048)
+            .map(|id| StreamSample {
+                id,
+                role: Some(Role::Recv),
+                bytes: u64::MAX,
+                jitter_us: 1.0 / 3.0,
+                ..Default::default()
+            })
+            .collect();
+        let msg = TestMsg::Interval {
+            index: 1,
+            start_ms: 0,
+            end_ms: 1000,
+            omitted: false,
+            streams,
+            more: false,
+        };
+        assert!(msg.encode().len() > MAX_PAYLOAD);
+        let parts = msg.split();
+        assert!(parts.len() > 1);
+        let mut ids = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            assert!(part.encode().len() <= MAX_PAYLOAD);
+            let TestMsg::Interval { streams, more, .. } = part else {
+                panic!("wrong kind")
+            };
+            assert_eq!(*more, i + 1 < parts.len());
+            ids.extend(streams.iter().map(|s| s.id));
+        }
+        assert_eq!(ids, (0..2048).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,492 @@
+//! Both state machines wired together in memory on a virtual clock.
+//!
+//! [`Pair`] plays the network: bytes a side transmits arrive at the other
+//! after a one-way latency, cut into `mtu`-sized pieces, and time advances
+//! only when nothing is left to do now (to the next arrival or deadline).
+//! The server side answers `Open` with a policy closure, as the engine would.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const LATENCY: Duration = Duration::from_millis(50);
+const TIMEOUT: Duration = Duration::from_secs(5);
+const COOKIE: Cookie = [0xc0; 32];
+
+type Policy = Box<dyn FnMut(&str, &[u8]) -> Result<Cookie, (ErrorCode, String)>>;
+
+struct Pair {
+    now: Instant,
+    start: Instant,
+    mtu: usize,
+    client: ClientConn,
+    server: ServerConn,
+    /// In flight towards the server / the client: (arrival time, bytes).
+    to_server: VecDeque<(Instant, Vec<u8>)>,
+    to_client: VecDeque<(Instant, Vec<u8>)>,
+    client_events: Vec<ClientEvent>,
+    server_events: Vec<ServerEvent>,
+    policy: Policy,
+    /// When false, the client's bytes are dropped (a stalled client).
+    client_talks: bool,
+    /// When false, the server's bytes are dropped (a stalled server).
+    server_talks: bool,
+}
+
+impl Pair {
+    fn new(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> Pair {
+        let start = Instant::now();
+        let client = ClientConn::new(
+            ClientConfig {
+                key: client_key.map(|k| Key::new(k).unwrap()),
+                service: "test".into(),
+                params: b"params".to_vec(),
+                handshake_timeout: TIMEOUT * 2,
+            },
+            start,
+            [0x11; 32],
+        );
+        let server = ServerConn::new(
+            &ServerConfig {
+                key: server_key.map(|k| Key::new(k).unwrap()),
+                preauth_timeout: TIMEOUT,
+            },
+            start,
+            [0x22; 32],
+        );
+        Pair {
+            now: start,
+            start,
+            mtu: 1500,
+            client,
+            server,
+            to_server: VecDeque::new(),
+            to_client: VecDeque::new(),
+            client_events: Vec::new(),
+            server_events: Vec::new(),
+            policy: Box::new(|svc, _| {
+                if svc == "test" {
+                    Ok(COOKIE)
+                } else {
+                    Err((ErrorCode::UnknownService, svc.to_string()))
+                }
+            }),
+            client_talks: true,
+            server_talks: true,
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.now - self.start
+    }
+
+    /// Moves bytes and events until nothing is in flight and no deadline
+    /// is pending, or `limit` of virtual time has passed.
+    fn drive(&mut self, limit: Duration) {
+        let end = self.now + limit;
+        loop {
+            self.step_now();
+            let next = [
+                self.to_server.front().map(|x| x.0),
+                self.to_client.front().map(|x| x.0),
+                self.client.poll_timeout(),
+                self.server.poll_timeout(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            match next {
+                Some(t) if t <= end => {
+                    self.now = self.now.max(t);
+                    self.client.handle_timeout(self.now);
+                    self.server.handle_timeout(self.now);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Does everything due at `now`.
+    fn step_now(&mut self) {
+        loop {
+            let mut progressed = false;
+            while self.to_server.front().is_some_and(|x| x.0 <= self.now) {
+                let (_, bytes) = self.to_server.pop_front().unwrap();
+                self.server.handle_input(self.now, &bytes);
+                progressed = true;
+            }
+            while self.to_client.front().is_some_and(|x| x.0 <= self.now) {
+                let (_, bytes) = self.to_client.pop_front().unwrap();
+                self.client.handle_input(self.now, &bytes);
+                progressed = true;
+            }
+            while let Some(bytes) = self.client.poll_transmit() {
+                if self.client_talks {
+                    for piece in bytes.chunks(self.mtu) {
+                        self.to_server
+                            .push_back((self.now + LATENCY, piece.to_vec()));
+                    }
+                }
+                progressed = true;
+            }
+            while let Some(bytes) = self.server.poll_transmit() {
+                if self.server_talks {
+                    for piece in bytes.chunks(self.mtu) {
+                        self.to_client
+                            .push_back((self.now + LATENCY, piece.to_vec()));
+                    }
+                }
+                progressed = true;
+            }
+            while let Some(ev) = self.client.poll_event() {
+                self.client_events.push(ev);
+                progressed = true;
+            }
+            while let Some(ev) = self.server.poll_event() {
+                if let ServerEvent::Open { service, params } = &ev {
+                    match (self.policy)(service, params) {
+                        Ok(cookie) => self.server.accept(cookie),
+                        Err((code, reason)) => self.server.reject(code, &reason),
+                    }
+                }
+                self.server_events.push(ev);
+                progressed = true;
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    fn client_closed(&self) -> Option<&ConnError> {
+        self.client_events.iter().find_map(|e| match e {
+            ClientEvent::Closed(err) => Some(err),
+            _ => None,
+        })
+    }
+
+    fn server_closed(&self) -> Option<&ConnError> {
+        self.server_events.iter().find_map(|e| match e {
+            ServerEvent::Closed(err) => Some(err),
+            _ => None,
+        })
+    }
+}
+
+#[test]
+fn open_without_key_takes_two_round_trips() {
+    let mut p = Pair::new(None, None);
+    p.drive(Duration::from_secs(1));
+    assert_eq!(
+        p.client_events,
+        vec![ClientEvent::Established {
+            cookie: COOKIE,
+            version: VERSION
+        }]
+    );
+    assert_eq!(
+        p.server_events,
+        vec![ServerEvent::Open {
+            service: "test".into(),
+            params: b"params".to_vec()
+        }]
+    );
+    // hello, server hello, open, accept: four one-way trips.
+    assert!(p.client.is_established() && p.server.is_established());
+    assert_eq!(p.elapsed(), LATENCY * 4);
+}
+
+#[test]
+fn payloads_flow_both_ways_after_accept() {
+    let mut p = Pair::new(None, None);
+    p.drive(Duration::from_secs(1));
+    p.client.send_payload(b"ping").unwrap();
+    p.server.send_payload(b"pong").unwrap();
+    p.server.send_payload(&[]).unwrap();
+    p.drive(Duration::from_secs(1));
+    assert!(p
+        .server_events
+        .contains(&ServerEvent::Payload(b"ping".to_vec())));
+    assert_eq!(
+        p.client_events[1..],
+        [
+            ClientEvent::Payload(b"pong".to_vec()),
+            ClientEvent::Payload(Vec::new())
+        ]
+    );
+    p.client.close("bye");
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.server_closed(), Some(&ConnError::Closed("bye".into())));
+    assert!(p
+        .client
+        .send_payload(b"late")
+        .is_err_and(|e| e == ConnError::NotEstablished));
+}
+
+#[test]
+fn mutual_auth_with_the_same_key_is_still_two_round_trips() {
+    let mut p = Pair::new(Some(b"sesame-sesame"), Some(b"sesame-sesame"));
+    p.mtu = 1; // and survives any segmentation
+    p.drive(Duration::from_secs(1));
+    assert!(matches!(
+        p.client_events[..],
+        [ClientEvent::Established { cookie: COOKIE, .. }]
+    ));
+    assert_eq!(p.elapsed(), LATENCY * 4);
+}
+
+#[test]
+fn wrong_key_is_refused_on_both_ends() {
+    let mut p = Pair::new(Some(b"wrong-key-here"), Some(b"sesame-sesame"));
+    p.drive(Duration::from_secs(1));
+    let err = p.client_closed().unwrap().clone();
+    assert!(
+        matches!(
+            err,
+            ConnError::Rejected {
+                code: ErrorCode::AuthFailed,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_auth());
+    assert!(err.to_string().contains("wrong key"), "{err}");
+    assert_eq!(p.server_closed(), Some(&ConnError::AuthFailed));
+    // The service was never asked.
+    assert!(!p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Open { .. })));
+}
+
+#[test]
+fn missing_key_on_either_end_is_an_auth_error() {
+    let mut p = Pair::new(None, Some(b"sesame-sesame"));
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.client_closed(), Some(&ConnError::AuthRequired));
+    assert!(p.client_closed().unwrap().is_auth());
+
+    let mut p = Pair::new(Some(b"sesame-sesame"), None);
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.client_closed(), Some(&ConnError::ServerUnauthenticated));
+    assert!(!p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Open { .. })));
+}
+
+#[test]
+fn impostor_server_fails_the_clients_check() {
+    // The impostor does not know the key: it answers the hello as a keyed
+    // server, then sends a made-up proof and an Accept.
+    let start = Instant::now();
+    let mut c = ClientConn::new(
+        ClientConfig {
+            key: Some(Key::new(*b"sesame-sesame").unwrap()),
+            service: "test".into(),
+            params: Vec::new(),
+            handshake_timeout: TIMEOUT,
+        },
+        start,
+        [1; 32],
+    );
+    let mut wire = Vec::new();
+    Message::ServerHello {
+        version: VERSION,
+        auth_required: true,
+        nonce: [2; 32],
+    }
+    .encode(&mut wire)
+    .unwrap();
+    Message::ServerAuth { mac: [0; 32] }
+        .encode(&mut wire)
+        .unwrap();
+    Message::Accept { cookie: COOKIE }
+        .encode(&mut wire)
+        .unwrap();
+    c.handle_input(start, &wire);
+    assert_eq!(
+        c.poll_event(),
+        Some(ClientEvent::Closed(ConnError::ServerProofFailed))
+    );
+    assert_eq!(c.poll_event(), None, "no Established after a bad proof");
+}
+
+#[test]
+fn stalled_client_is_dropped_at_the_preauth_deadline() {
+    let mut p = Pair::new(None, None);
+    p.client_talks = false;
+    p.drive(Duration::from_secs(60));
+    assert_eq!(
+        p.server_closed(),
+        Some(&ConnError::Timeout("waiting for the client's hello"))
+    );
+    // The Reject the server sends at the deadline is the last thing moving.
+    assert_eq!(p.elapsed(), TIMEOUT + LATENCY);
+    assert_eq!(p.server.poll_timeout(), None);
+}
+
+#[test]
+fn client_stalling_after_hello_hits_the_same_deadline() {
+    let mut p = Pair::new(None, Some(b"sesame-sesame"));
+    p.drive(LATENCY); // the hello reaches the server
+    p.client_talks = false;
+    p.drive(Duration::from_secs(60));
+    assert_eq!(
+        p.server_closed(),
+        Some(&ConnError::Timeout("waiting for the client's proof"))
+    );
+    // The deadline counts from the accept, not from the last byte.
+    assert_eq!(p.server_events.len(), 1);
+}
+
+#[test]
+fn silent_server_times_the_client_out() {
+    let mut p = Pair::new(None, None);
+    p.server_talks = false;
+    p.drive(Duration::from_secs(60));
+    assert_eq!(
+        p.client_closed(),
+        Some(&ConnError::Timeout("waiting for the server's hello"))
+    );
+    // Its Close reaches the (long since timed out) server one trip later.
+    assert_eq!(p.elapsed(), TIMEOUT * 2 + LATENCY);
+}
+
+#[test]
+fn unknown_service_is_rejected_with_its_name() {
+    let mut p = Pair::new(None, None);
+    p.policy = Box::new(|_, _| Err((ErrorCode::UnknownService, "no 'test' here".into())));
+    p.drive(Duration::from_secs(1));
+    let err = p.client_closed().unwrap();
+    assert!(
+        err.to_string().contains("does not offer") && err.to_string().contains("no 'test' here"),
+        "{err}"
+    );
+    assert!(!err.is_auth());
+}
+
+#[test]
+fn garbage_and_oversized_frames_close_only_that_connection() {
+    let now = Instant::now();
+    let cfg = ServerConfig {
+        key: None,
+        preauth_timeout: TIMEOUT,
+    };
+    let mut s = ServerConn::new(&cfg, now, [0; 32]);
+    s.handle_input(now, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(matches!(
+        s.poll_event(),
+        Some(ServerEvent::Closed(ConnError::Decode(
+            DecodeError::TooLarge { .. }
+        )))
+    ));
+    // The peer is told why, in a Reject frame.
+    let reply = s.poll_transmit().unwrap();
+    let mut d = FrameDecoder::new();
+    d.push(&reply);
+    let msg = Message::decode(&d.next_frame().unwrap().unwrap()).unwrap();
+    assert!(matches!(
+        msg,
+        Message::Reject {
+            code: ErrorCode::Protocol,
+            ..
+        }
+    ));
+    // Further input is ignored.
+    s.handle_input(now, &[0, 0, 0, 1, 1]);
+    assert_eq!(s.poll_event(), None);
+
+    let mut s = ServerConn::new(&cfg, now, [0; 32]);
+    let mut wire = Vec::new();
+    Message::Payload(b"too early".to_vec())
+        .encode(&mut wire)
+        .unwrap();
+    s.handle_input(now, &wire);
+    assert!(matches!(
+        s.poll_event(),
+        Some(ServerEvent::Closed(ConnError::Unexpected {
+            got: "Payload",
+            ..
+        }))
+    ));
+}
+
+#[test]
+fn version_mismatch_is_refused() {
+    let now = Instant::now();
+    let cfg = ServerConfig {
+        key: None,
+        preauth_timeout: TIMEOUT,
+    };
+    let mut s = ServerConn::new(&cfg, now, [0; 32]);
+    let mut wire = Vec::new();
+    Message::ClientHello {
+        version_min: VERSION + 1,
+        version_max: VERSION + 5,
+        nonce: [0; 32],
+    }
+    .encode(&mut wire)
+    .unwrap();
+    s.handle_input(now, &wire);
+    assert!(matches!(
+        s.poll_event(),
+        Some(ServerEvent::Closed(ConnError::BadVersion { .. }))
+    ));
+}
+
+#[test]
+fn data_hello_reports_cookie_and_stops_framing() {
+    let now = Instant::now();
+    let cfg = ServerConfig {
+        key: Some(Key::new(*b"sesame-sesame").unwrap()),
+        preauth_timeout: TIMEOUT,
+    };
+    let mut s = ServerConn::new(&cfg, now, [0; 32]);
+    let mut wire = Vec::new();
+    Message::DataHello {
+        version: VERSION,
+        cookie: COOKIE,
+        tag: 3,
+    }
+    .encode(&mut wire)
+    .unwrap();
+    // Bytes after the hello belong to the service, not to the framer.
+    wire.extend_from_slice(&[0xff; 10]);
+    s.handle_input(now, &wire);
+    assert_eq!(
+        s.poll_event(),
+        Some(ServerEvent::DataHello {
+            cookie: COOKIE,
+            tag: 3
+        })
+    );
+    assert_eq!(s.poll_event(), None);
+    assert_eq!(s.poll_timeout(), None);
+    s.attach();
+    let mut d = FrameDecoder::new();
+    d.push(&s.poll_transmit().unwrap());
+    assert_eq!(
+        Message::decode(&d.next_frame().unwrap().unwrap()),
+        Ok(Message::DataAck)
+    );
+    assert_eq!(s.take_buffered(), vec![0xff; 10]);
+}
+
+#[test]
+fn oversized_payloads_are_refused_locally() {
+    let mut p = Pair::new(None, None);
+    p.drive(Duration::from_secs(1));
+    assert_eq!(
+        p.client.send_payload(&vec![0; MAX_PAYLOAD + 1]),
+        Err(ConnError::PayloadTooLarge(MAX_PAYLOAD + 1))
+    );
+    assert!(p.client.send_payload(&vec![0; MAX_PAYLOAD]).is_ok());
+    p.drive(Duration::from_secs(1));
+    assert!(p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Payload(v) if v.len() == MAX_PAYLOAD)));
+}
