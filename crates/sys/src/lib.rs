@@ -1,1 +1,157 @@
-//! fatpipe-sys: see ARCHITECTURE.md. This crate is being built; its owner replaces this line.
+//! fatpipe-sys: the one place where fatpipe talks to the kernel.
+//!
+//! Everything above this crate (engine, transfer, lab, tune) is plain safe
+//! Rust over blocking sockets and files; everything that needs `libc`, an
+//! `unsafe` block or a platform `#[cfg]` lives here. The crate is shaped by
+//! three rules:
+//!
+//! 1. **Every fast path says which path it took.** Zero-copy calls return a
+//!    [`Transfer`] carrying an [`IoPath`], so the engine can print
+//!    "sendfile" or "copy (kernel refused MSG_ZEROCOPY)" instead of guessing.
+//! 2. **Fallbacks are clean.** When the kernel refuses a fast path (old
+//!    kernel, wrong file type, missing capability) the call falls back to
+//!    the plain path and reports it; it only fails when the plain path fails.
+//! 3. **One platform module, chosen in one place.** `platform/mod.rs` picks
+//!    `platform/linux.rs` or the portable `platform/unix.rs`; the public
+//!    modules hold types, fallback logic and tests, and never `#[cfg]` on
+//!    the OS themselves.
+//!
+//! Functions take `impl AsFd` (so `&TcpStream`, `&File`, `BorrowedFd` all
+//! work) and return `io::Result`; an operation a platform cannot do at all
+//! fails with [`std::io::ErrorKind::Unsupported`].
+//!
+//! # What each platform must provide
+//!
+//! | capability | Linux | other unix (fallback) |
+//! |---|---|---|
+//! | `SO_SNDBUF`/`SO_RCVBUF` | yes; kernel doubles the value, reported halved | yes, as reported |
+//! | `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE` | yes (CAP_NET_ADMIN) | plain option only |
+//! | `TCP_NODELAY`, `TCP_MAXSEG` | yes | yes |
+//! | `TCP_CONGESTION` | yes | `Unsupported` |
+//! | `SO_MAX_PACING_RATE` | yes | `Unsupported` |
+//! | `TCP_INFO` | yes, length-checked | `Unsupported` |
+//! | host limits (`/proc/sys`) | yes | every field unavailable, with reason |
+//! | `sendfile` | yes | `pread` + `write` copy |
+//! | `splice` through a pipe | yes, pipe sized by `F_SETPIPE_SZ` | read/write copy |
+//! | `MSG_ZEROCOPY` | yes (`SO_ZEROCOPY`, error-queue completions) | plain `send` |
+//! | `MSG_TRUNC` discard on TCP | yes (verified on first use) | scratch-buffer read |
+//! | `memfd_create` | yes | unlinked temporary file |
+//! | `sendmmsg`/`recvmmsg` | yes | one `send`/`recv` per datagram |
+//! | UDP GSO/GRO | yes (`UDP_SEGMENT`, `UDP_GRO`) | per-segment sends, no GRO |
+//! | `openat2(RESOLVE_BENEATH)` | yes, walk on `ENOSYS` | component walk with `O_NOFOLLOW` |
+//! | `fallocate`, `posix_fadvise`, `O_DIRECT`, `copy_file_range` | yes | size-only / no-op / buffered / copy |
+//! | `getrusage`, monotonic clock, `fstatvfs` | yes | yes |
+//! | CPU count | `sched_getaffinity` | `sysconf(_SC_NPROCESSORS_ONLN)` |
+//!
+//! Building with `RUSTFLAGS="--cfg fatpipe_sys_fallback"` selects the
+//! fallback platform on Linux too, so its paths compile and its tests run
+//! on a Linux machine.
+
+#[allow(dead_code)] // temporary: fast paths land in the next commit
+mod platform;
+
+pub mod buffers;
+pub mod cpu;
+pub mod files;
+pub mod host;
+pub mod tcp;
+
+pub use buffers::{
+    get_recv_buffer, get_send_buffer, set_recv_buffer, set_send_buffer, BufferGrant,
+};
+pub use cpu::{num_cpus, CpuSample, CpuUsage};
+pub use host::{host_limits, HostLimits, Unavailable};
+pub use tcp::{
+    get_congestion, get_mss, set_congestion, set_max_pacing_rate, set_mss, set_nodelay, tcp_info,
+    TcpInfo,
+};
+
+/// Which kernel path actually moved the bytes of an I/O call.
+///
+/// Reported by every fast-path function so the engine and the CLI can say
+/// what happened rather than what was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoPath {
+    /// Plain `read`/`write`/`send`/`recv` through a user-space buffer.
+    Copy,
+    /// `sendfile(2)`: page-cache pages handed to the socket without a user copy.
+    Sendfile,
+    /// `splice(2)` through a pipe pair.
+    Splice,
+    /// `send(MSG_ZEROCOPY)`: user pages pinned and sent, completions reaped
+    /// from the error queue.
+    MsgZerocopy,
+    /// `recv(MSG_TRUNC)` on TCP: the kernel drops the data without copying.
+    RecvTrunc,
+    /// `sendmmsg`/`recvmmsg`: many datagrams per system call.
+    Mmsg,
+    /// UDP generic segmentation offload (`UDP_SEGMENT`) on send, or generic
+    /// receive offload (`UDP_GRO`) coalescing on receive.
+    Gso,
+    /// `copy_file_range(2)`: in-kernel file-to-file copy (may reflink).
+    CopyFileRange,
+    /// File opened with `O_DIRECT`, bypassing the page cache.
+    Direct,
+}
+
+impl IoPath {
+    /// A short lower-case name for tables and JSON (`"sendfile"`, `"copy"`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            IoPath::Copy => "copy",
+            IoPath::Sendfile => "sendfile",
+            IoPath::Splice => "splice",
+            IoPath::MsgZerocopy => "msg_zerocopy",
+            IoPath::RecvTrunc => "recv_trunc",
+            IoPath::Mmsg => "mmsg",
+            IoPath::Gso => "gso",
+            IoPath::CopyFileRange => "copy_file_range",
+            IoPath::Direct => "direct",
+        }
+    }
+}
+
+impl std::fmt::Display for IoPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The outcome of one fast-path I/O call: how much moved and by which path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes moved (or, for batch calls, see the call's documentation).
+    pub bytes: usize,
+    /// The path the kernel actually used.
+    pub path: IoPath,
+}
+
+impl Transfer {
+    #[allow(dead_code)] // temporary: used by the fast paths in the next commit
+    pub(crate) fn new(bytes: usize, path: IoPath) -> Self {
+        Transfer { bytes, path }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_path_names_are_distinct() {
+        let all = [
+            IoPath::Copy,
+            IoPath::Sendfile,
+            IoPath::Splice,
+            IoPath::MsgZerocopy,
+            IoPath::RecvTrunc,
+            IoPath::Mmsg,
+            IoPath::Gso,
+            IoPath::CopyFileRange,
+            IoPath::Direct,
+        ];
+        let names: std::collections::HashSet<_> = all.iter().map(|p| p.name()).collect();
+        assert_eq!(names.len(), all.len());
+        assert_eq!(IoPath::Sendfile.to_string(), "sendfile");
+    }
+}

@@ -1,0 +1,539 @@
+//! Linux system calls behind the public modules.
+//!
+//! Thin, individually `unsafe`-wrapped calls: no policy and no fallback
+//! logic lives here (that is in the public modules, where it is shared with
+//! the portable platform and tested). Constants that some libc targets do
+//! not export are defined locally with their uapi values, which are the same
+//! on every architecture fatpipe builds for (x86_64, aarch64).
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use super::{cvt, cvt_retry, getsockopt_bytes, raw, setsockopt, setsockopt_bytes};
+use crate::files::Advice;
+use crate::IoPath;
+
+/// Linux doubles `SO_SNDBUF`/`SO_RCVBUF` requests to leave room for its own
+/// bookkeeping and reports the doubled value; dividing by this gives the
+/// size the caller asked for.
+pub(crate) const BUFFER_SCALE: u64 = 2;
+
+/// The `send` flag for `MSG_ZEROCOPY`.
+pub(crate) const MSG_ZEROCOPY_FLAG: libc::c_int = libc::MSG_ZEROCOPY;
+
+/// The `open` flag for `O_DIRECT`.
+pub(crate) const O_DIRECT_FLAG: libc::c_int = libc::O_DIRECT;
+
+const SO_SNDBUFFORCE: libc::c_int = 32;
+const SO_RCVBUFFORCE: libc::c_int = 33;
+const SO_MAX_PACING_RATE: libc::c_int = 47;
+const SO_ZEROCOPY: libc::c_int = 60;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
+/// Kernel `TCP_CA_NAME_MAX`.
+const TCP_CA_NAME_MAX: usize = 16;
+
+/// Sets a socket buffer with the privileged `SO_*BUFFORCE` option, which
+/// ignores `net.core.[rw]mem_max` (needs `CAP_NET_ADMIN`).
+pub(crate) fn set_buffer_force(fd: &impl AsFd, send: bool, bytes: libc::c_int) -> io::Result<()> {
+    let name = if send { SO_SNDBUFFORCE } else { SO_RCVBUFFORCE };
+    setsockopt(fd, libc::SOL_SOCKET, name, bytes)
+}
+
+/// Sets `TCP_CONGESTION` by name.
+pub(crate) fn set_congestion(fd: &impl AsFd, name: &str) -> io::Result<()> {
+    setsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_bytes())
+}
+
+/// Reads `TCP_CONGESTION`.
+pub(crate) fn get_congestion(fd: &impl AsFd) -> io::Result<String> {
+    let mut buf = [0u8; TCP_CA_NAME_MAX];
+    let len = getsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, &mut buf)?;
+    let name = &buf[..len];
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// Sets `SO_MAX_PACING_RATE` in bytes per second (64-bit form, Linux 4.20+;
+/// older kernels take the 32-bit form, tried when the first is refused).
+pub(crate) fn set_max_pacing_rate(fd: &impl AsFd, bytes_per_sec: u64) -> io::Result<()> {
+    match setsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE, bytes_per_sec) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let narrow = u32::try_from(bytes_per_sec).unwrap_or(u32::MAX);
+            setsockopt(fd, libc::SOL_SOCKET, SO_MAX_PACING_RATE, narrow)
+        }
+        other => other,
+    }
+}
+
+/// Reads `TCP_INFO` into `buf`; returns the length the kernel filled.
+pub(crate) fn tcp_info_raw(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    getsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_INFO, buf)
+}
+
+/// Where the host's tunables live.
+pub(crate) fn proc_sys_root() -> Option<PathBuf> {
+    Some(PathBuf::from("/proc/sys"))
+}
+
+/// One `sendfile(2)` call from `input` at `*offset`; advances `*offset`.
+pub(crate) fn sendfile(
+    out: &impl AsFd,
+    input: &impl AsFd,
+    offset: &mut u64,
+    len: usize,
+) -> io::Result<usize> {
+    let mut off = libc::off64_t::try_from(*offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    // SAFETY: both descriptors are borrowed for the call and `off` is a
+    // valid, exclusively borrowed off64_t the kernel may update.
+    let n = cvt_retry(|| unsafe { libc::sendfile64(raw(out), raw(input), &mut off, len) })?;
+    *offset = off as u64;
+    Ok(n as usize)
+}
+
+/// One `splice(2)` call; `None` offsets mean "the descriptor's position"
+/// (required for pipes and sockets).
+pub(crate) fn splice(
+    input: &impl AsFd,
+    in_off: Option<&mut u64>,
+    out: &impl AsFd,
+    out_off: Option<&mut u64>,
+    len: usize,
+    more: bool,
+) -> io::Result<usize> {
+    let to_loff = |o: &Option<&mut u64>| -> io::Result<Option<libc::loff_t>> {
+        o.as_ref()
+            .map(|v| {
+                libc::loff_t::try_from(**v)
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))
+            })
+            .transpose()
+    };
+    let mut a = to_loff(&in_off)?;
+    let mut b = to_loff(&out_off)?;
+    let flags = libc::SPLICE_F_MOVE | if more { libc::SPLICE_F_MORE } else { 0 };
+    let pa = a.as_mut().map_or(std::ptr::null_mut(), |v| v as *mut _);
+    let pb = b.as_mut().map_or(std::ptr::null_mut(), |v| v as *mut _);
+    // SAFETY: descriptors are borrowed for the call; each offset pointer is
+    // either null or points at a live local the kernel may update.
+    let n = cvt_retry(|| unsafe { libc::splice(raw(input), pa, raw(out), pb, len, flags) })?;
+    if let (Some(o), Some(v)) = (in_off, a) {
+        *o = v as u64;
+    }
+    if let (Some(o), Some(v)) = (out_off, b) {
+        *o = v as u64;
+    }
+    Ok(n as usize)
+}
+
+/// Creates a pipe pair `(read end, write end)` with `O_CLOEXEC`.
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Asks for a pipe capacity of `size` bytes; returns the capacity the
+/// kernel set (it rounds up to a power-of-two number of pages).
+pub(crate) fn set_pipe_size(fd: &impl AsFd, size: usize) -> io::Result<usize> {
+    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    // SAFETY: F_SETPIPE_SZ takes an int argument and touches no memory of ours.
+    cvt(unsafe { libc::fcntl(raw(fd), libc::F_SETPIPE_SZ, size) }).map(|n| n as usize)
+}
+
+/// Reads a pipe's current capacity.
+pub(crate) fn pipe_size(fd: &impl AsFd) -> io::Result<usize> {
+    // SAFETY: F_GETPIPE_SZ takes no argument and touches no memory of ours.
+    cvt(unsafe { libc::fcntl(raw(fd), libc::F_GETPIPE_SZ) }).map(|n| n as usize)
+}
+
+/// An anonymous memory-backed file (`memfd_create`).
+pub(crate) fn memfd(name: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string for the call.
+    let fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) })?;
+    // SAFETY: memfd_create returned a new descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Turns on `SO_ZEROCOPY` so `send(MSG_ZEROCOPY)` is honoured.
+pub(crate) fn enable_zerocopy(fd: &impl AsFd) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1 as libc::c_int)
+}
+
+/// One `MSG_ZEROCOPY` completion notification from the socket error queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZcCompletion {
+    /// First send sequence number completed (inclusive).
+    pub lo: u32,
+    /// Last send sequence number completed (inclusive).
+    pub hi: u32,
+    /// The kernel copied the data after all (e.g. loopback delivery).
+    pub copied: bool,
+}
+
+/// Reads one notification from the error queue without blocking.
+/// `Ok(None)` when the queue is empty or the message was not a zero-copy
+/// completion.
+pub(crate) fn read_zerocopy_completion(fd: &impl AsFd) -> io::Result<Option<ZcCompletion>> {
+    // u64 elements keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 16];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: `msg` points only at `control`, which outlives the call.
+    let ret = unsafe { libc::recvmsg(raw(fd), &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(err),
+        };
+    }
+    // SAFETY: the kernel filled `msg`/`control`; CMSG_* walk only within
+    // msg_controllen, and each sock_extended_err read is bounds-checked
+    // against the cmsg length and done unaligned.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            let c = &*cmsg;
+            let is_recverr = (c.cmsg_level == libc::SOL_IP && c.cmsg_type == libc::IP_RECVERR)
+                || (c.cmsg_level == libc::SOL_IPV6 && c.cmsg_type == libc::IPV6_RECVERR);
+            let need = libc::CMSG_LEN(std::mem::size_of::<libc::sock_extended_err>() as u32);
+            if is_recverr && c.cmsg_len as usize >= need as usize {
+                let ee: libc::sock_extended_err =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                if ee.ee_errno == 0 && ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY {
+                    return Ok(Some(ZcCompletion {
+                        lo: ee.ee_info,
+                        hi: ee.ee_data,
+                        copied: ee.ee_code & SO_EE_CODE_ZEROCOPY_COPIED != 0,
+                    }));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok(None)
+}
+
+/// `recv(MSG_TRUNC)` with no buffer: on TCP, Linux drops up to `len` bytes
+/// from the receive queue without copying them and returns the count.
+pub(crate) fn recv_trunc(fd: &impl AsFd, len: usize) -> io::Result<usize> {
+    // SAFETY: with MSG_TRUNC on a TCP socket the kernel never writes to the
+    // buffer, and a null pointer with a non-zero length is its documented
+    // way of asking to discard; other socket types fail with EFAULT, which
+    // the caller treats as "not supported".
+    cvt_retry(|| unsafe { libc::recv(raw(fd), std::ptr::null_mut(), len, libc::MSG_TRUNC) })
+        .map(|n| n as usize)
+}
+
+/// Reusable `mmsghdr`/`iovec` arrays for `sendmmsg`/`recvmmsg`, so batch
+/// calls do not allocate after warm-up.
+#[derive(Default)]
+pub(crate) struct MmsgScratch {
+    headers: Vec<libc::mmsghdr>,
+    iovecs: Vec<libc::iovec>,
+}
+
+// SAFETY: the raw pointers inside are rebuilt before every call and point
+// only at buffers borrowed for that call; between calls they are dead data.
+unsafe impl Send for MmsgScratch {}
+
+/// Sends each packet as one datagram on a connected socket with
+/// `sendmmsg`; returns how many datagrams the kernel accepted.
+pub(crate) fn send_batch(
+    fd: &impl AsFd,
+    packets: &[&[u8]],
+    scratch: &mut MmsgScratch,
+) -> io::Result<(usize, IoPath)> {
+    if packets.is_empty() {
+        return Ok((0, IoPath::Mmsg));
+    }
+    scratch.iovecs.clear();
+    scratch.headers.clear();
+    for p in packets {
+        scratch.iovecs.push(libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        });
+    }
+    for iov in scratch.iovecs.iter_mut() {
+        // SAFETY: mmsghdr is plain data; all-zero is a valid empty header.
+        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        h.msg_hdr.msg_iov = iov;
+        h.msg_hdr.msg_iovlen = 1;
+        scratch.headers.push(h);
+    }
+    let count = libc::c_uint::try_from(scratch.headers.len()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: each header points at one iovec in `scratch.iovecs`, each iovec
+    // at a packet borrowed for this call; the kernel only reads them.
+    let n =
+        cvt_retry(|| unsafe { libc::sendmmsg(raw(fd), scratch.headers.as_mut_ptr(), count, 0) })?;
+    Ok((n as usize, IoPath::Mmsg))
+}
+
+/// Receives up to `lens.len()` datagrams with `recvmmsg` into fixed-size
+/// slots of `storage` (`slot` bytes each). Fills `lens` with each datagram's
+/// length and `segs` with its GRO segment size (if the kernel coalesced).
+/// `control` holds `ctl_slot` bytes of ancillary space per datagram.
+/// `nonblocking` returns what is queued instead of waiting for a full batch
+/// (the first datagram is always waited for on a blocking socket).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn recv_batch(
+    fd: &impl AsFd,
+    storage: &mut [u8],
+    slot: usize,
+    control: &mut [u64],
+    ctl_slot: usize,
+    lens: &mut [usize],
+    segs: &mut [Option<usize>],
+    scratch: &mut MmsgScratch,
+) -> io::Result<(usize, IoPath)> {
+    let count = lens.len();
+    let ctl_bytes = control.len() * 8;
+    debug_assert!(storage.len() >= slot * count && ctl_bytes >= ctl_slot * count);
+    scratch.iovecs.clear();
+    scratch.headers.clear();
+    for chunk in storage.chunks_mut(slot).take(count) {
+        scratch.iovecs.push(libc::iovec {
+            iov_base: chunk.as_mut_ptr().cast(),
+            iov_len: chunk.len(),
+        });
+    }
+    let ctl_base: *mut u8 = control.as_mut_ptr().cast();
+    for (i, iov) in scratch.iovecs.iter_mut().enumerate() {
+        // SAFETY: mmsghdr is plain data; all-zero is a valid empty header.
+        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        h.msg_hdr.msg_iov = iov;
+        h.msg_hdr.msg_iovlen = 1;
+        // SAFETY: i * ctl_slot + ctl_slot <= ctl_bytes (asserted above), so
+        // the pointer stays inside `control`.
+        h.msg_hdr.msg_control = unsafe { ctl_base.add(i * ctl_slot) }.cast();
+        h.msg_hdr.msg_controllen = ctl_slot as _;
+        scratch.headers.push(h);
+    }
+    let n_hdrs = libc::c_uint::try_from(scratch.headers.len()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: every header points at an iovec over its own slot of `storage`
+    // and at its own slot of `control`, all exclusively borrowed for the
+    // call; a null timeout means "no timeout".
+    let n = cvt_retry(|| unsafe {
+        libc::recvmmsg(
+            raw(fd),
+            scratch.headers.as_mut_ptr(),
+            n_hdrs,
+            libc::MSG_WAITFORONE,
+            std::ptr::null_mut(),
+        )
+    })? as usize;
+    let mut any_gro = false;
+    for i in 0..n {
+        let h = &scratch.headers[i];
+        lens[i] = h.msg_len as usize;
+        segs[i] = None;
+        // SAFETY: the kernel wrote msg_controllen bytes of well-formed cmsgs
+        // into this header's control slot; CMSG_* stay within it and the
+        // int payload is read unaligned after a length check.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+            while !cmsg.is_null() {
+                let c = &*cmsg;
+                let need = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize;
+                if c.cmsg_level == libc::SOL_UDP
+                    && c.cmsg_type == UDP_GRO
+                    && c.cmsg_len as usize >= need
+                {
+                    let seg: libc::c_int = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                    if seg > 0 {
+                        segs[i] = Some(seg as usize);
+                        any_gro = true;
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&h.msg_hdr, cmsg);
+            }
+        }
+    }
+    Ok((n, if any_gro { IoPath::Gso } else { IoPath::Mmsg }))
+}
+
+/// Ancillary space one datagram needs for a `UDP_GRO` segment size.
+pub(crate) fn gro_control_len() -> usize {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize }
+}
+
+/// Sends `buf` as datagrams of `segment` bytes in one call with a
+/// `UDP_SEGMENT` control message.
+pub(crate) fn send_gso(fd: &impl AsFd, buf: &[u8], segment: u16) -> io::Result<usize> {
+    let mut control = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure size computation; 32 bytes of `control`
+    // exceed CMSG_SPACE(2) on every target.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+    // SAFETY: `control` is aligned (u64) and large enough for one cmsg with
+    // a u16 payload, which is what we write through CMSG_FIRSTHDR/DATA.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), segment);
+    }
+    // SAFETY: `msg` points at `iov` (over `buf`) and `control`, all live for
+    // the call; the kernel only reads them.
+    cvt_retry(|| unsafe { libc::sendmsg(raw(fd), &msg, 0) }).map(|n| n as usize)
+}
+
+/// Whether the socket accepts `UDP_SEGMENT` (UDP GSO, Linux 4.18+).
+pub(crate) fn gso_supported(fd: &impl AsFd) -> bool {
+    super::getsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT).is_ok()
+}
+
+/// Turns `UDP_GRO` receive coalescing on or off.
+pub(crate) fn set_gro(fd: &impl AsFd, on: bool) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_UDP, UDP_GRO, libc::c_int::from(on))
+}
+
+/// Whether `UDP_GRO` is on for this socket.
+pub(crate) fn gro_enabled(fd: &impl AsFd) -> io::Result<bool> {
+    super::getsockopt_int(fd, libc::SOL_UDP, UDP_GRO).map(|v| v != 0)
+}
+
+/// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`.
+pub(crate) fn openat2_beneath(
+    dirfd: &impl AsFd,
+    path: &CStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    // SAFETY: open_how is plain data; all-zero is valid and required for
+    // fields we do not set.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+        u64::from(mode)
+    } else {
+        0
+    };
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `path` is NUL-terminated, `how` is a live open_how and its
+    // exact size is passed; the kernel only reads both.
+    let fd = cvt_retry(|| unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            raw(dirfd),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    })?;
+    // SAFETY: openat2 returned a new descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `fallocate(2)`; `keep_size` leaves the file size alone.
+pub(crate) fn fallocate(fd: &impl AsFd, offset: u64, len: u64, keep_size: bool) -> io::Result<()> {
+    let off = libc::off64_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    let len = libc::off64_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
+    let mode = if keep_size {
+        libc::FALLOC_FL_KEEP_SIZE
+    } else {
+        0
+    };
+    // SAFETY: fallocate takes only integers and touches no memory of ours.
+    cvt_retry(|| unsafe { libc::fallocate64(raw(fd), mode, off, len) }).map(drop)
+}
+
+/// Direct-I/O alignment `(memory, file offset)` from `statx(STATX_DIOALIGN)`,
+/// `None` when the file system does not report it (or does not do O_DIRECT).
+pub(crate) fn dio_alignment(fd: &impl AsFd) -> io::Result<Option<(u32, u32)>> {
+    // SAFETY: statx is plain data; all-zero is a valid value to overwrite.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the empty path with AT_EMPTY_PATH names `fd` itself; `stx` is
+    // valid for writes.
+    cvt(unsafe {
+        libc::statx(
+            raw(fd),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    })?;
+    if stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
+        return Ok(None);
+    }
+    Ok(Some((stx.stx_dio_mem_align, stx.stx_dio_offset_align)))
+}
+
+/// `posix_fadvise(2)`.
+pub(crate) fn fadvise(fd: &impl AsFd, offset: u64, len: u64, advice: Advice) -> io::Result<()> {
+    let advice = match advice {
+        Advice::Normal => libc::POSIX_FADV_NORMAL,
+        Advice::Sequential => libc::POSIX_FADV_SEQUENTIAL,
+        Advice::Random => libc::POSIX_FADV_RANDOM,
+        Advice::WillNeed => libc::POSIX_FADV_WILLNEED,
+        Advice::DontNeed => libc::POSIX_FADV_DONTNEED,
+        Advice::NoReuse => libc::POSIX_FADV_NOREUSE,
+    };
+    let off = libc::off64_t::try_from(offset).unwrap_or(libc::off64_t::MAX);
+    let len = libc::off64_t::try_from(len).unwrap_or(0);
+    // SAFETY: posix_fadvise takes only integers; it returns the error number
+    // itself instead of setting errno.
+    let ret = unsafe { libc::posix_fadvise64(raw(fd), off, len, advice) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(ret))
+    }
+}
+
+/// One `copy_file_range(2)` call between explicit offsets.
+pub(crate) fn copy_file_range(
+    input: &impl AsFd,
+    in_off: &mut u64,
+    out: &impl AsFd,
+    out_off: &mut u64,
+    len: usize,
+) -> io::Result<usize> {
+    let mut a = libc::loff_t::try_from(*in_off)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    let mut b = libc::loff_t::try_from(*out_off)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    // SAFETY: descriptors are borrowed for the call, the offsets are live
+    // locals the kernel may update.
+    let n = cvt_retry(|| unsafe {
+        libc::copy_file_range(raw(input), &mut a, raw(out), &mut b, len, 0)
+    })?;
+    *in_off = a as u64;
+    *out_off = b as u64;
+    Ok(n as usize)
+}
+
+/// CPUs this process may run on (`sched_getaffinity`).
+pub(crate) fn affinity_cpus() -> io::Result<usize> {
+    // SAFETY: cpu_set_t is a plain bit set; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for writes of exactly the size passed.
+    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    // SAFETY: `set` was initialised above.
+    let n = unsafe { libc::CPU_COUNT(&set) };
+    Ok(n.max(1) as usize)
+}

@@ -1,0 +1,240 @@
+//! The portable fallback platform: POSIX calls only.
+//!
+//! Everything Linux-specific answers `Unsupported` here, and the public
+//! modules turn that into their plain path (a copy loop, a per-datagram
+//! send, a refused option reported as such). It is also built on Linux with
+//! `--cfg fatpipe_sys_fallback`, which is how its paths are tested.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use super::{cvt, raw, unsupported};
+use crate::files::Advice;
+use crate::IoPath;
+
+/// Portable systems report socket buffers as set.
+pub(crate) const BUFFER_SCALE: u64 = 1;
+
+/// No zero-copy send flag: sends through the fallback are plain sends.
+pub(crate) const MSG_ZEROCOPY_FLAG: libc::c_int = 0;
+
+/// No `O_DIRECT`: files are opened buffered.
+pub(crate) const O_DIRECT_FLAG: libc::c_int = 0;
+
+/// Forced socket buffers are Linux-only.
+pub(crate) fn set_buffer_force(_: &impl AsFd, _: bool, _: libc::c_int) -> io::Result<()> {
+    Err(unsupported("SO_SNDBUFFORCE/SO_RCVBUFFORCE"))
+}
+
+/// Congestion control by name is not portable.
+pub(crate) fn set_congestion(_: &impl AsFd, _: &str) -> io::Result<()> {
+    Err(unsupported("TCP_CONGESTION"))
+}
+
+/// Congestion control by name is not portable.
+pub(crate) fn get_congestion(_: &impl AsFd) -> io::Result<String> {
+    Err(unsupported("TCP_CONGESTION"))
+}
+
+/// Socket pacing is Linux-only.
+pub(crate) fn set_max_pacing_rate(_: &impl AsFd, _: u64) -> io::Result<()> {
+    Err(unsupported("SO_MAX_PACING_RATE"))
+}
+
+/// The Linux `tcp_info` layout is Linux-only.
+pub(crate) fn tcp_info_raw(_: &impl AsFd, _: &mut [u8]) -> io::Result<usize> {
+    Err(unsupported("TCP_INFO"))
+}
+
+/// No `/proc/sys`.
+pub(crate) fn proc_sys_root() -> Option<PathBuf> {
+    None
+}
+
+/// `sendfile` signatures differ across BSDs; the caller copies instead.
+pub(crate) fn sendfile(_: &impl AsFd, _: &impl AsFd, _: &mut u64, _: usize) -> io::Result<usize> {
+    Err(unsupported("sendfile"))
+}
+
+/// `splice` is Linux-only.
+pub(crate) fn splice(
+    _: &impl AsFd,
+    _: Option<&mut u64>,
+    _: &impl AsFd,
+    _: Option<&mut u64>,
+    _: usize,
+    _: bool,
+) -> io::Result<usize> {
+    Err(unsupported("splice"))
+}
+
+/// A plain pipe pair `(read end, write end)` with close-on-exec.
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    cvt(unsafe { libc::pipe(fds.as_mut_ptr()) })?;
+    // SAFETY: pipe succeeded, so both descriptors are open and owned by us.
+    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    for fd in [&pair.0, &pair.1] {
+        // SAFETY: F_SETFD with FD_CLOEXEC touches no memory of ours.
+        cvt(unsafe { libc::fcntl(raw(fd), libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    }
+    Ok(pair)
+}
+
+/// Pipe sizes are fixed here.
+pub(crate) fn set_pipe_size(_: &impl AsFd, _: usize) -> io::Result<usize> {
+    Err(unsupported("F_SETPIPE_SZ"))
+}
+
+/// Pipe sizes are not queryable here.
+pub(crate) fn pipe_size(_: &impl AsFd) -> io::Result<usize> {
+    Err(unsupported("F_GETPIPE_SZ"))
+}
+
+/// No `memfd_create`; the caller uses an unlinked temporary file.
+pub(crate) fn memfd(_: &CStr) -> io::Result<OwnedFd> {
+    Err(unsupported("memfd_create"))
+}
+
+/// `SO_ZEROCOPY` is Linux-only.
+pub(crate) fn enable_zerocopy(_: &impl AsFd) -> io::Result<()> {
+    Err(unsupported("SO_ZEROCOPY"))
+}
+
+/// A `MSG_ZEROCOPY` completion; never produced here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZcCompletion {
+    /// First send sequence number completed (inclusive).
+    pub lo: u32,
+    /// Last send sequence number completed (inclusive).
+    pub hi: u32,
+    /// The kernel copied the data after all.
+    pub copied: bool,
+}
+
+/// No error-queue completions exist here.
+pub(crate) fn read_zerocopy_completion(_: &impl AsFd) -> io::Result<Option<ZcCompletion>> {
+    Ok(None)
+}
+
+/// `MSG_TRUNC` on TCP is a Linux extension.
+pub(crate) fn recv_trunc(_: &impl AsFd, _: usize) -> io::Result<usize> {
+    Err(unsupported("MSG_TRUNC on TCP"))
+}
+
+/// Nothing to keep between batch calls here.
+#[derive(Default)]
+pub(crate) struct MmsgScratch;
+
+/// One `send` per datagram.
+pub(crate) fn send_batch(
+    fd: &impl AsFd,
+    packets: &[&[u8]],
+    _: &mut MmsgScratch,
+) -> io::Result<(usize, IoPath)> {
+    let mut sent = 0;
+    for p in packets {
+        match super::send(fd, p, 0) {
+            Ok(_) => sent += 1,
+            Err(e) if sent > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((sent, IoPath::Copy))
+}
+
+/// One `recv` per call: a batch of one datagram.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn recv_batch(
+    fd: &impl AsFd,
+    storage: &mut [u8],
+    slot: usize,
+    _: &mut [u64],
+    _: usize,
+    lens: &mut [usize],
+    segs: &mut [Option<usize>],
+    _: &mut MmsgScratch,
+) -> io::Result<(usize, IoPath)> {
+    if lens.is_empty() {
+        return Ok((0, IoPath::Copy));
+    }
+    let n = super::recv(fd, &mut storage[..slot], 0)?;
+    lens[0] = n;
+    segs[0] = None;
+    Ok((1, IoPath::Copy))
+}
+
+/// No ancillary data is requested here.
+pub(crate) fn gro_control_len() -> usize {
+    8
+}
+
+/// UDP GSO is Linux-only.
+pub(crate) fn send_gso(_: &impl AsFd, _: &[u8], _: u16) -> io::Result<usize> {
+    Err(unsupported("UDP_SEGMENT"))
+}
+
+/// UDP GSO is Linux-only.
+pub(crate) fn gso_supported(_: &impl AsFd) -> bool {
+    false
+}
+
+/// UDP GRO is Linux-only.
+pub(crate) fn set_gro(_: &impl AsFd, _: bool) -> io::Result<()> {
+    Err(unsupported("UDP_GRO"))
+}
+
+/// UDP GRO is Linux-only.
+pub(crate) fn gro_enabled(_: &impl AsFd) -> io::Result<bool> {
+    Ok(false)
+}
+
+/// `openat2` is Linux-only; the caller walks components instead.
+pub(crate) fn openat2_beneath(
+    _: &impl AsFd,
+    _: &CStr,
+    _: libc::c_int,
+    _: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// No portable `fallocate` that reserves blocks without writing them.
+pub(crate) fn fallocate(_: &impl AsFd, _: u64, _: u64, _: bool) -> io::Result<()> {
+    Err(unsupported("fallocate"))
+}
+
+/// Alignment for direct I/O is not reported here.
+pub(crate) fn dio_alignment(_: &impl AsFd) -> io::Result<Option<(u32, u32)>> {
+    Ok(None)
+}
+
+/// Access-pattern advice is optional; ignoring it is correct.
+pub(crate) fn fadvise(_: &impl AsFd, _: u64, _: u64, _: Advice) -> io::Result<()> {
+    Err(unsupported("posix_fadvise"))
+}
+
+/// No in-kernel file copy; the caller copies through a buffer.
+pub(crate) fn copy_file_range(
+    _: &impl AsFd,
+    _: &mut u64,
+    _: &impl AsFd,
+    _: &mut u64,
+    _: usize,
+) -> io::Result<usize> {
+    Err(unsupported("copy_file_range"))
+}
+
+/// Online CPUs; affinity masks are not portable.
+pub(crate) fn affinity_cpus() -> io::Result<usize> {
+    // SAFETY: sysconf takes an integer and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n < 1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
