@@ -1,1 +1,27 @@
-//! fatpipe-transfer: see ARCHITECTURE.md. This crate is being built; its owner replaces this line.
+//! fatpipe-transfer: bulk file copy that fills the pipe, resumes and proves
+//! every byte.
+//!
+//! The pieces, bottom up:
+//!
+//! * [`relpath`] and [`beneath`]: paths from peers are validated lexically,
+//!   then every file operation goes through a directory descriptor with
+//!   `RESOLVE_BENEATH`, so nothing escapes an export.
+//! * [`hash`]: per-chunk checksums (xxh3-128, or BLAKE3 for `--verify=strong`).
+//! * [`wire`]: the copy protocol's messages, a size-capped sans-IO codec.
+//! * [`manifest`]: walking a tree into entries (files, dirs, symlinks as links).
+//! * [`plan`]: chunk math and the work queue all data streams share; small
+//!   files are batched so thousands of them need no round trip each.
+//! * [`journal`]: the receiver's record of verified chunks, for resume.
+//! * [`source`] and [`sink`]: the sending and receiving halves of a session,
+//!   written against plain `TcpStream`s so they run the same on either side.
+//! * [`session`]: the client's reconnecting driver and the server's handler.
+//!
+//! The transport (authentication, cookies, the engine's sessions) is behind
+//! the small [`session::Link`] trait so everything here is testable over
+//! loopback without the server.
+
+pub mod beneath;
+pub mod hash;
+pub mod manifest;
+pub mod relpath;
+pub mod wire;

@@ -1,0 +1,402 @@
+//! Walking the source tree into a manifest.
+//!
+//! The sender describes everything it will send before any data moves: one
+//! [`Entry`] per directory (empty ones too), regular file and symlink, parents
+//! before children, names sorted so two walks of the same tree agree. The
+//! receiver plans from this list alone (what exists, what is partly there,
+//! what to create), which is what lets thousands of small files stream with
+//! no per-file round trip.
+//!
+//! The walk never follows a symlink: every name is `lstat`ed relative to its
+//! directory's descriptor and subdirectories are opened with `O_NOFOLLOW`, so
+//! a link is recorded as a link and the walk cannot leave the tree. Each file
+//! remembers how to open it again ([`Origin`]: the top item's directory plus
+//! the path beneath it), resolved with `RESOLVE_BENEATH` when it is sent.
+//!
+//! Problems with single objects (permission denied, vanished, a device node)
+//! do not stop the walk; they are collected in [`Manifest::problems`] so the
+//! user gets one line per object.
+
+use std::sync::Arc;
+
+use crate::beneath::{Dir, Kind, Meta, ResolveError};
+use crate::relpath::{PathError, RelPath};
+use crate::wire::{Entry, EntryKind};
+
+/// Deeper trees are refused rather than risking the stack.
+pub const MAX_DEPTH: usize = 512;
+
+/// Why a top-level source could not be walked at all.
+#[derive(Debug, thiserror::Error)]
+pub enum WalkError {
+    /// A directory was named without `-r`.
+    #[error("{0}: is a directory (use -r to copy directories)")]
+    IsDir(String),
+    /// The source does not exist.
+    #[error("{0}: no such file or directory")]
+    NotFound(String),
+    /// The source leads outside its root.
+    #[error("{0}: path leads outside the export (symlink or '..')")]
+    Escapes(String),
+    /// A special file (device, FIFO, socket) named directly.
+    #[error("{0}: not a regular file, directory or symlink")]
+    Special(String),
+    /// Any other I/O failure on the top item.
+    #[error("{path}: {err}")]
+    Io {
+        /// The source as named.
+        path: String,
+        /// What failed.
+        err: std::io::Error,
+    },
+    /// A name that cannot be sent.
+    #[error("{path}: {err}")]
+    Path {
+        /// The source as named.
+        path: String,
+        /// Why.
+        err: PathError,
+    },
+}
+
+/// Where the sender reopens a file.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    /// The directory holding the top-level item this file came from.
+    pub root: Arc<Dir>,
+    /// Path beneath `root` (starting with the top item's real name).
+    pub rel: RelPath,
+}
+
+/// The walked tree.
+#[derive(Debug, Default)]
+pub struct Manifest {
+    /// Entries in send order.
+    pub entries: Vec<Entry>,
+    /// For each entry, where to read it (files only).
+    pub origins: Vec<Option<Origin>>,
+    /// One line per object that was skipped, and why.
+    pub problems: Vec<String>,
+}
+
+impl Manifest {
+    /// Adds `name` in `parent` (and, with `recursive`, everything under it),
+    /// calling it `as_name` at the destination.
+    pub fn add(
+        &mut self,
+        parent: Arc<Dir>,
+        name: &[u8],
+        as_name: &RelPath,
+        recursive: bool,
+    ) -> Result<(), WalkError> {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        let rel = RelPath::new(name).map_err(|err| WalkError::Path {
+            path: shown.clone(),
+            err,
+        })?;
+        let meta = match parent.stat_at(name) {
+            Ok(Some(m)) => m,
+            Ok(None) => return Err(WalkError::NotFound(shown)),
+            Err(err) => return Err(WalkError::Io { path: shown, err }),
+        };
+        match meta.kind {
+            Kind::Dir if !recursive => Err(WalkError::IsDir(shown)),
+            Kind::Other => Err(WalkError::Special(shown)),
+            Kind::Dir => {
+                let dir = parent
+                    .subdir(name)
+                    .map_err(|err| WalkError::Io { path: shown, err })?;
+                self.push(&parent, &rel, as_name.clone(), meta, None);
+                self.walk_dir(&parent, &dir, &rel, as_name, 1);
+                Ok(())
+            }
+            _ => {
+                let target = self.link_target(&parent, name, meta, as_name)?;
+                self.push(&parent, &rel, as_name.clone(), meta, target);
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds the directory `dir` itself (an export root), as `as_name`.
+    pub fn add_root_dir(&mut self, dir: Arc<Dir>, as_name: &RelPath) -> Result<(), WalkError> {
+        let meta = dir.stat_self().map_err(|err| WalkError::Io {
+            path: as_name.display(),
+            err,
+        })?;
+        self.entries.push(Entry {
+            path: as_name.clone(),
+            kind: EntryKind::Dir,
+            mode: meta.mode,
+            mtime_s: meta.mtime_s,
+            mtime_ns: meta.mtime_ns,
+        });
+        self.origins.push(None);
+        // Children of the root are opened relative to the root itself.
+        let me = dir.try_clone().map_err(|err| WalkError::Io {
+            path: as_name.display(),
+            err,
+        })?;
+        self.walk_children(&dir, &me, None, as_name, 1);
+        Ok(())
+    }
+
+    /// Total bytes of regular files.
+    pub fn total_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .map(|e| match e.kind {
+                EntryKind::File { size, .. } => size,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Number of regular files.
+    pub fn file_count(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+            .count()
+    }
+
+    fn walk_dir(
+        &mut self,
+        root: &Arc<Dir>,
+        dir: &Dir,
+        rel: &RelPath,
+        as_path: &RelPath,
+        depth: usize,
+    ) {
+        self.walk_children(root, dir, Some(rel), as_path, depth);
+    }
+
+    /// Lists `dir` (which is `rel` beneath `root`, or `root` itself when
+    /// `rel` is `None`) and adds its children, depth first.
+    fn walk_children(
+        &mut self,
+        root: &Arc<Dir>,
+        dir: &Dir,
+        rel: Option<&RelPath>,
+        as_path: &RelPath,
+        depth: usize,
+    ) {
+        if depth > MAX_DEPTH {
+            self.problems.push(format!(
+                "{}: tree deeper than {MAX_DEPTH} levels, not copied",
+                as_path.display()
+            ));
+            return;
+        }
+        let mut names = match dir.read_dir() {
+            Ok(n) => n,
+            Err(e) => {
+                self.problems
+                    .push(format!("{}: cannot list: {e}", as_path.display()));
+                return;
+            }
+        };
+        names.sort();
+        for name in names {
+            let (child_rel, child_as) = match (
+                rel.map_or_else(|| RelPath::new(&name), |r| r.join(&name)),
+                as_path.join(&name),
+            ) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    self.problems.push(format!(
+                        "{}/{}: {e}, not copied",
+                        as_path.display(),
+                        String::from_utf8_lossy(&name)
+                    ));
+                    continue;
+                }
+            };
+            let meta = match dir.stat_at(&name) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue, // vanished between listing and stat
+                Err(e) => {
+                    self.problems.push(format!("{}: {e}", child_as.display()));
+                    continue;
+                }
+            };
+            match meta.kind {
+                Kind::Other => self.problems.push(format!(
+                    "{}: not a regular file, directory or symlink; skipped",
+                    child_as.display()
+                )),
+                Kind::Dir => match dir.subdir(&name) {
+                    Ok(sub) => {
+                        self.push(root, &child_rel, child_as.clone(), meta, None);
+                        self.walk_dir(root, &sub, &child_rel, &child_as, depth + 1);
+                    }
+                    Err(e) => self.problems.push(format!(
+                        "{}: cannot open directory: {e}",
+                        child_as.display()
+                    )),
+                },
+                Kind::File => self.push(root, &child_rel, child_as, meta, None),
+                Kind::Symlink => match dir.readlink_at(&name) {
+                    Ok(t) if !t.is_empty() => self.push(root, &child_rel, child_as, meta, Some(t)),
+                    Ok(_) => {}
+                    Err(e) => self
+                        .problems
+                        .push(format!("{}: cannot read link: {e}", child_as.display())),
+                },
+            }
+        }
+    }
+
+    fn link_target(
+        &self,
+        parent: &Dir,
+        name: &[u8],
+        meta: Meta,
+        as_name: &RelPath,
+    ) -> Result<Option<Vec<u8>>, WalkError> {
+        if meta.kind != Kind::Symlink {
+            return Ok(None);
+        }
+        parent
+            .readlink_at(name)
+            .map(Some)
+            .map_err(|err| WalkError::Io {
+                path: as_name.display(),
+                err,
+            })
+    }
+
+    fn push(
+        &mut self,
+        root: &Arc<Dir>,
+        rel: &RelPath,
+        path: RelPath,
+        meta: Meta,
+        target: Option<Vec<u8>>,
+    ) {
+        let (kind, origin) = match (meta.kind, target) {
+            (Kind::Symlink, Some(target)) => (EntryKind::Symlink { target }, None),
+            (Kind::Dir, _) => (EntryKind::Dir, None),
+            _ => (
+                EntryKind::File {
+                    size: meta.size,
+                    sparse: meta.size > 0 && meta.blocks.saturating_mul(512) < meta.size,
+                },
+                Some(Origin {
+                    root: Arc::clone(root),
+                    rel: rel.clone(),
+                }),
+            ),
+        };
+        self.entries.push(Entry {
+            path,
+            kind,
+            mode: meta.mode,
+            mtime_s: meta.mtime_s,
+            mtime_ns: meta.mtime_ns,
+        });
+        self.origins.push(origin);
+    }
+}
+
+/// Opens a file named by an [`Origin`] for reading.
+pub fn open_origin(o: &Origin) -> Result<std::fs::File, ResolveError> {
+    let fd = o.root.open_beneath(&o.rel, libc::O_RDONLY, 0)?;
+    Ok(std::fs::File::from(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn rp(s: &str) -> RelPath {
+        RelPath::new(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn walks_tree_without_following_links() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"s").unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("top");
+        std::fs::create_dir_all(top.join("empty")).unwrap();
+        std::fs::create_dir_all(top.join("sub dir/ünï")).unwrap();
+        std::fs::write(top.join("sub dir/ünï/f"), b"hello").unwrap();
+        std::fs::write(top.join("zero"), b"").unwrap();
+        let long = "L".repeat(250);
+        std::fs::write(top.join(&long), b"x").unwrap();
+        symlink(outside.path(), top.join("out")).unwrap();
+        let sparse = std::fs::File::create(top.join("sparse")).unwrap();
+        sparse.set_len(64 << 20).unwrap();
+
+        let parent = Arc::new(Dir::open(t.path()).unwrap());
+        let mut m = Manifest::default();
+        m.add(Arc::clone(&parent), b"top", &rp("renamed"), true)
+            .unwrap();
+        let paths: Vec<String> = m.entries.iter().map(|e| e.path.display()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "renamed".to_string(),
+                format!("renamed/{long}"),
+                "renamed/empty".into(),
+                "renamed/out".into(),
+                "renamed/sparse".into(),
+                "renamed/sub dir".into(),
+                "renamed/sub dir/ünï".into(),
+                "renamed/sub dir/ünï/f".into(),
+                "renamed/zero".into(),
+            ]
+        );
+        let out = &m.entries[3];
+        assert_eq!(
+            out.kind,
+            EntryKind::Symlink {
+                target: outside.path().as_os_str().as_encoded_bytes().to_vec()
+            }
+        );
+        assert_eq!(
+            m.entries[4].kind,
+            EntryKind::File {
+                size: 64 << 20,
+                sparse: true
+            }
+        );
+        assert_eq!(m.file_count(), 4);
+        assert_eq!(m.total_bytes(), (64 << 20) + 6);
+        // Origins reopen the file by its real name, beneath the parent.
+        let o = m.origins[7].as_ref().unwrap();
+        assert_eq!(o.rel.display(), "top/sub dir/ünï/f");
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut open_origin(o).unwrap(), &mut s).unwrap();
+        assert_eq!(s, "hello");
+        assert!(m.problems.is_empty(), "{:?}", m.problems);
+    }
+
+    #[test]
+    fn top_level_errors() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        let parent = Arc::new(Dir::open(t.path()).unwrap());
+        let mut m = Manifest::default();
+        assert!(matches!(
+            m.add(Arc::clone(&parent), b"d", &rp("d"), false),
+            Err(WalkError::IsDir(_))
+        ));
+        assert!(matches!(
+            m.add(Arc::clone(&parent), b"nope", &rp("nope"), true),
+            Err(WalkError::NotFound(_))
+        ));
+        let mut m = Manifest::default();
+        std::fs::write(t.path().join("d/f"), b"1").unwrap();
+        m.add_root_dir(
+            Arc::new(Dir::open(&t.path().join("d")).unwrap()),
+            &rp("exp"),
+        )
+        .unwrap();
+        assert_eq!(m.entries.len(), 2);
+        assert_eq!(m.entries[1].path.display(), "exp/f");
+        assert_eq!(m.origins[1].as_ref().unwrap().rel.display(), "f");
+    }
+}
