@@ -1,0 +1,418 @@
+//! Frames as the TUN devices hand them over: a virtio-net header, then an
+//! IP packet that may be a GSO super-packet of many TCP segments.
+//!
+//! With `IFF_VNET_HDR` and TSO offloads turned on, the sending kernel gives
+//! the emulator TCP super-packets of up to 64 KB instead of 1500-byte
+//! packets, which is what makes multi-gigabit forwarding possible in user
+//! space. The link model still decides per MTU-sized segment ([`Layout`]
+//! says how a super-packet segments). When every segment survives, the
+//! super-packet travels whole. When any is lost or corrupted, it is cut into
+//! its segments here, exactly as the kernel's software GSO would cut it
+//! (sequence numbers, IP IDs and lengths advance; FIN/PSH stay on the last
+//! segment, CWR on the first) and only the survivors go on. Loss rates thus
+//! mean per segment what users expect, with no statistical shortcut.
+//!
+//! Checksums: segments keep `NEEDS_CSUM` (the receiving kernel trusts a
+//! partial checksum from a TUN device, as it trusts a virtio NIC), so the
+//! common path never sums a payload. A corrupted segment is the exception:
+//! its checksum is completed first and the bit flipped after, so the
+//! receiving stack detects the error as a real one would.
+
+/// Bytes of the `virtio_net_hdr` in front of every frame.
+pub const VNET_HDR_LEN: usize = 10;
+
+/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`: the L4 checksum is partial.
+pub const F_NEEDS_CSUM: u8 = 1;
+/// `VIRTIO_NET_HDR_GSO_NONE`.
+pub const GSO_NONE: u8 = 0;
+/// `VIRTIO_NET_HDR_GSO_TCPV4`.
+pub const GSO_TCPV4: u8 = 1;
+/// `VIRTIO_NET_HDR_GSO_TCPV6`.
+pub const GSO_TCPV6: u8 = 4;
+/// `VIRTIO_NET_HDR_GSO_ECN` flag bit.
+pub const GSO_ECN: u8 = 0x80;
+
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+
+/// The virtio-net header (native little-endian on every host we run on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VnetHdr {
+    /// `F_NEEDS_CSUM` and friends.
+    pub flags: u8,
+    /// `GSO_*`.
+    pub gso_type: u8,
+    /// Length of the headers (a hint only).
+    pub hdr_len: u16,
+    /// Segment payload size (MSS) of a GSO packet.
+    pub gso_size: u16,
+    /// Where checksumming starts, from the start of the IP packet.
+    pub csum_start: u16,
+    /// Where the checksum is stored, from `csum_start`.
+    pub csum_offset: u16,
+}
+
+impl VnetHdr {
+    /// Reads the header at the start of `frame`; `None` if it is too short.
+    pub fn parse(frame: &[u8]) -> Option<VnetHdr> {
+        let b = frame.get(..VNET_HDR_LEN)?;
+        let u = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        Some(VnetHdr {
+            flags: b[0],
+            gso_type: b[1],
+            hdr_len: u(2),
+            gso_size: u(4),
+            csum_start: u(6),
+            csum_offset: u(8),
+        })
+    }
+
+    /// Writes the header into the first [`VNET_HDR_LEN`] bytes of `out`.
+    pub fn write(&self, out: &mut [u8]) {
+        out[0] = self.flags;
+        out[1] = self.gso_type;
+        out[2..4].copy_from_slice(&self.hdr_len.to_le_bytes());
+        out[4..6].copy_from_slice(&self.gso_size.to_le_bytes());
+        out[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
+        out[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
+    }
+}
+
+/// How a TCP super-packet splits into segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// IP header length (20+ for IPv4, 40 for IPv6).
+    pub ip_hdr: usize,
+    /// TCP header length including options.
+    pub tcp_hdr: usize,
+    /// IPv6 rather than IPv4.
+    pub v6: bool,
+    /// Payload bytes per segment.
+    pub mss: usize,
+    /// Payload bytes in the whole super-packet.
+    pub payload: usize,
+}
+
+impl Layout {
+    /// The layout of a GSO TCP frame's packet, or `None` if it is not one
+    /// this module can cut (then it travels as one segment).
+    pub fn of(hdr: &VnetHdr, pkt: &[u8]) -> Option<Layout> {
+        let gso = hdr.gso_type & !GSO_ECN;
+        if (gso != GSO_TCPV4 && gso != GSO_TCPV6) || hdr.gso_size == 0 {
+            return None;
+        }
+        let (ip_hdr, proto, v6) = ip_header(pkt)?;
+        if proto != PROTO_TCP || v6 != (gso == GSO_TCPV6) {
+            return None;
+        }
+        let tcp_hdr = usize::from(*pkt.get(ip_hdr + 12)? >> 4) * 4;
+        if tcp_hdr < 20 || pkt.len() < ip_hdr + tcp_hdr {
+            return None;
+        }
+        let payload = pkt.len() - ip_hdr - tcp_hdr;
+        let mss = usize::from(hdr.gso_size);
+        if payload <= mss {
+            return None;
+        }
+        Some(Layout {
+            ip_hdr,
+            tcp_hdr,
+            v6,
+            mss,
+            payload,
+        })
+    }
+
+    /// Number of segments.
+    pub fn segments(&self) -> usize {
+        self.payload.div_ceil(self.mss)
+    }
+
+    /// Bytes on the wire of segment `i` (its IP packet).
+    pub fn wire_len(&self, i: usize) -> usize {
+        let start = i * self.mss;
+        self.ip_hdr + self.tcp_hdr + self.mss.min(self.payload - start)
+    }
+
+    /// Writes segment `i` of `pkt` as a frame (virtio-net header and IP
+    /// packet) into `out`, which must hold `VNET_HDR_LEN + wire_len(i)`
+    /// bytes. Returns the frame length.
+    pub fn write_segment(&self, pkt: &[u8], i: usize, out: &mut [u8]) -> usize {
+        let hl = self.ip_hdr + self.tcp_hdr;
+        let start = hl + i * self.mss;
+        let len = self.mss.min(self.payload - i * self.mss);
+        let wire = hl + len;
+        let frame = &mut out[..VNET_HDR_LEN + wire];
+        VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_NONE,
+            hdr_len: hl as u16,
+            gso_size: 0,
+            csum_start: self.ip_hdr as u16,
+            csum_offset: 16,
+        }
+        .write(frame);
+        let p = &mut frame[VNET_HDR_LEN..];
+        p[..hl].copy_from_slice(&pkt[..hl]);
+        p[hl..].copy_from_slice(&pkt[start..start + len]);
+        let ip = self.ip_hdr;
+        if self.v6 {
+            put16(p, 4, (self.tcp_hdr + len) as u16);
+        } else {
+            put16(p, 2, wire as u16);
+            let id = get16(p, 4).wrapping_add(i as u16);
+            put16(p, 4, id);
+            put16(p, 10, 0);
+            let c = !fold(sum(&p[..ip], 0));
+            put16(p, 10, c);
+        }
+        let seq = u32::from_be_bytes([p[ip + 4], p[ip + 5], p[ip + 6], p[ip + 7]])
+            .wrapping_add((i * self.mss) as u32);
+        p[ip + 4..ip + 8].copy_from_slice(&seq.to_be_bytes());
+        let last = i + 1 == self.segments();
+        if !last {
+            p[ip + 13] &= !(0x01 | 0x08); // FIN, PSH only on the last
+        }
+        if i != 0 {
+            p[ip + 13] &= !0x80; // CWR only on the first
+        }
+        // A partial checksum holds the pseudo-header sum, not complemented.
+        let pseudo = pseudo_sum(p, self.v6, PROTO_TCP, self.tcp_hdr + len);
+        put16(p, ip + 16, fold(pseudo));
+        VNET_HDR_LEN + wire
+    }
+}
+
+/// Completes a partial L4 checksum in place (`NEEDS_CSUM` cleared) so the
+/// receiver verifies it. Frames of GSO super-packets must be cut first.
+/// Returns false if the header points outside the packet.
+pub fn complete_checksum(frame: &mut [u8]) -> bool {
+    let Some(mut hdr) = VnetHdr::parse(frame) else {
+        return false;
+    };
+    if hdr.flags & F_NEEDS_CSUM == 0 {
+        return true;
+    }
+    let pkt = &mut frame[VNET_HDR_LEN..];
+    let start = usize::from(hdr.csum_start);
+    let at = start + usize::from(hdr.csum_offset);
+    if at + 2 > pkt.len() {
+        return false;
+    }
+    // The stored field is the pseudo-header sum; summing over it and the
+    // rest is what a NIC does.
+    let mut c = !fold(sum(&pkt[start..], 0));
+    if c == 0 && ip_header(pkt).is_some_and(|(_, proto, _)| proto == PROTO_UDP) {
+        c = 0xFFFF;
+    }
+    put16(pkt, at, c);
+    hdr.flags &= !F_NEEDS_CSUM;
+    hdr.write(frame);
+    true
+}
+
+/// Flips bit `bit` (counted over the IP packet, taken modulo the bytes after
+/// the IP header) of a non-GSO frame whose checksum is complete. Headers are
+/// spared so the corrupted packet still reaches the receiver's checksum check.
+pub fn flip_bit(frame: &mut [u8], bit: u32) {
+    let pkt = &mut frame[VNET_HDR_LEN..];
+    let skip = ip_header(pkt).map_or(0, |(h, _, _)| h);
+    let room = (pkt.len().saturating_sub(skip) * 8) as u64;
+    if room == 0 {
+        return;
+    }
+    let b = skip * 8 + (u64::from(bit) % room) as usize;
+    pkt[b / 8] ^= 0x80 >> (b % 8);
+}
+
+/// The IP header length, L4 protocol and version of `pkt`.
+pub fn ip_header(pkt: &[u8]) -> Option<(usize, u8, bool)> {
+    match pkt.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(pkt[0] & 0x0F) * 4;
+            (ihl >= 20 && pkt.len() >= ihl).then(|| (ihl, pkt[9], false))
+        }
+        6 => (pkt.len() >= 40).then(|| (40, pkt[6], true)),
+        _ => None,
+    }
+}
+
+/// One's-complement sum of big-endian 16-bit words, added to `init`.
+pub fn sum(data: &[u8], init: u64) -> u64 {
+    let mut s = init;
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        s += u64::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        s += u64::from(*last) << 8;
+    }
+    s
+}
+
+/// Folds a wide one's-complement sum into 16 bits.
+pub fn fold(mut s: u64) -> u16 {
+    while s >> 16 != 0 {
+        s = (s & 0xFFFF) + (s >> 16);
+    }
+    s as u16
+}
+
+fn pseudo_sum(p: &[u8], v6: bool, proto: u8, l4_len: usize) -> u64 {
+    if v6 {
+        sum(&p[8..40], 0) + l4_len as u64 + u64::from(proto)
+    } else {
+        sum(&p[12..20], 0) + l4_len as u64 + u64::from(proto)
+    }
+}
+
+fn get16(p: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([p[at], p[at + 1]])
+}
+
+fn put16(p: &mut [u8], at: usize, v: u16) {
+    p[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A GSO TCP frame as a kernel would hand it over: `payload` bytes cut
+    /// at `mss`, partial checksum, flags PSH|ACK|FIN|CWR to check their fate.
+    pub(crate) fn gso_frame(v6: bool, payload: usize, mss: u16) -> Vec<u8> {
+        let ip_hdr = if v6 { 40 } else { 20 };
+        let tcp_hdr = 32; // with timestamps
+        let mut f = vec![0u8; VNET_HDR_LEN + ip_hdr + tcp_hdr + payload];
+        VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: if v6 { GSO_TCPV6 } else { GSO_TCPV4 },
+            hdr_len: (ip_hdr + tcp_hdr) as u16,
+            gso_size: mss,
+            csum_start: ip_hdr as u16,
+            csum_offset: 16,
+        }
+        .write(&mut f);
+        let p = &mut f[VNET_HDR_LEN..];
+        if v6 {
+            p[0] = 0x60;
+            put16(p, 4, (tcp_hdr + payload) as u16);
+            p[6] = PROTO_TCP;
+            p[7] = 64;
+            p[8..24].copy_from_slice(&[0x20, 0x01, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+            p[24..40].copy_from_slice(&[0x20, 0x01, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]);
+        } else {
+            p[0] = 0x45;
+            put16(p, 2, (ip_hdr + tcp_hdr + payload).min(65535) as u16);
+            put16(p, 4, 0xFFFE); // the ID wraps while segmenting
+            p[8] = 64;
+            p[9] = PROTO_TCP;
+            p[12..16].copy_from_slice(&[198, 18, 0, 1]);
+            p[16..20].copy_from_slice(&[198, 18, 0, 2]);
+            let c = !fold(sum(&p[..20], 0));
+            put16(p, 10, c);
+        }
+        let t = ip_hdr;
+        put16(p, t, 5201);
+        put16(p, t + 2, 40000);
+        p[t + 4..t + 8].copy_from_slice(&0xFFFF_FF00u32.to_be_bytes()); // seq wraps too
+        p[t + 12] = ((tcp_hdr / 4) as u8) << 4;
+        p[t + 13] = 0x80 | 0x10 | 0x08 | 0x01; // CWR ACK PSH FIN
+        for (i, b) in p[ip_hdr + tcp_hdr..].iter_mut().enumerate() {
+            *b = (i * 7 + i / 251) as u8;
+        }
+        f
+    }
+
+    fn l4_ok(pkt: &[u8], v6: bool) -> bool {
+        let ip = if v6 { 40 } else { 20 };
+        fold(pseudo_sum(pkt, v6, PROTO_TCP, pkt.len() - ip) + sum(&pkt[ip..], 0)) == 0xFFFF
+    }
+
+    fn split_all(frame: &[u8]) -> (Layout, Vec<Vec<u8>>) {
+        let hdr = VnetHdr::parse(frame).expect("header");
+        let pkt = &frame[VNET_HDR_LEN..];
+        let l = Layout::of(&hdr, pkt).expect("a GSO TCP frame");
+        let segs = (0..l.segments())
+            .map(|i| {
+                let mut out = vec![0u8; VNET_HDR_LEN + l.wire_len(i)];
+                let n = l.write_segment(pkt, i, &mut out);
+                assert_eq!(n, out.len());
+                out
+            })
+            .collect();
+        (l, segs)
+    }
+
+    #[test]
+    fn cuts_like_software_gso_v4_and_v6() {
+        for v6 in [false, true] {
+            let payload = 10 * 1448 + 100;
+            let frame = gso_frame(v6, payload, 1448);
+            let (l, segs) = split_all(&frame);
+            assert_eq!(l.segments(), 11);
+            let ip = l.ip_hdr;
+            let mut data = Vec::new();
+            for (i, mut s) in segs.into_iter().enumerate() {
+                let last = i == 10;
+                let p = &s[VNET_HDR_LEN..];
+                assert_eq!(p.len(), l.wire_len(i));
+                assert_eq!(p.len(), ip + 32 + if last { 100 } else { 1448 });
+                if v6 {
+                    assert_eq!(usize::from(get16(p, 4)), p.len() - 40);
+                } else {
+                    assert_eq!(usize::from(get16(p, 2)), p.len());
+                    assert_eq!(get16(p, 4), 0xFFFEu16.wrapping_add(i as u16));
+                    assert_eq!(fold(sum(&p[..20], 0)), 0xFFFF, "IPv4 header checksum");
+                }
+                let seq = u32::from_be_bytes([p[ip + 4], p[ip + 5], p[ip + 6], p[ip + 7]]);
+                assert_eq!(seq, 0xFFFF_FF00u32.wrapping_add((i * 1448) as u32));
+                let flags = p[ip + 13];
+                assert_eq!(flags & 0x01 != 0, last, "FIN on the last only");
+                assert_eq!(flags & 0x08 != 0, last, "PSH on the last only");
+                assert_eq!(flags & 0x80 != 0, i == 0, "CWR on the first only");
+                data.extend_from_slice(&p[ip + 32..]);
+                // A completed checksum verifies; after a flip it does not.
+                assert!(complete_checksum(&mut s));
+                assert_eq!(VnetHdr::parse(&s).map(|h| h.flags), Some(0));
+                assert!(l4_ok(&s[VNET_HDR_LEN..], v6), "segment {i} checksum");
+                flip_bit(&mut s, 12_345 + i as u32);
+                assert!(
+                    !l4_ok(&s[VNET_HDR_LEN..], v6),
+                    "flip must break the checksum"
+                );
+            }
+            assert_eq!(data, frame[VNET_HDR_LEN + ip + 32..].to_vec());
+        }
+    }
+
+    #[test]
+    fn plain_frames_are_not_cut() {
+        let mut f = gso_frame(false, 1000, 1448);
+        assert_eq!(
+            Layout::of(&VnetHdr::parse(&f).expect("hdr"), &f[VNET_HDR_LEN..]),
+            None
+        );
+        f[1] = GSO_NONE;
+        f[4] = 0;
+        assert_eq!(
+            Layout::of(&VnetHdr::parse(&f).expect("hdr"), &f[VNET_HDR_LEN..]),
+            None
+        );
+        // Truncated or garbage packets never panic.
+        for n in 0..80 {
+            let g = gso_frame(true, 5000, 1000);
+            let cut = &g[..n.min(g.len())];
+            if let Some(h) = VnetHdr::parse(cut) {
+                let _ = Layout::of(&h, &cut[VNET_HDR_LEN..]);
+            }
+        }
+    }
+
+    #[test]
+    fn checksum_of_a_known_packet() {
+        // RFC 1071's example words sum to 0xDDF2.
+        let data = [0x00, 0x01, 0xF2, 0x03, 0xF4, 0xF5, 0xF6, 0xF7];
+        assert_eq!(fold(sum(&data, 0)), 0xDDF2);
+    }
+}
