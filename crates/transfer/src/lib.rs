@@ -22,6 +22,8 @@
 
 pub mod beneath;
 pub mod hash;
+pub mod journal;
 pub mod manifest;
+pub mod plan;
 pub mod relpath;
 pub mod wire;
