@@ -1,1 +1,68 @@
-//! fatpipe-engine: see ARCHITECTURE.md. This crate is being built; its owner replaces this line.
+//! fatpipe-engine: drives sessions and data streams over real sockets.
+//!
+//! The protocol crate decides *what* is said; this crate says it over
+//! blocking TCP sockets, one OS thread per connection and per data stream,
+//! which is simple and fast for tens to a thousand heavy streams.
+//!
+//! # Services: how `server` serves more than tests
+//!
+//! A [`Server`] accepts connections, authenticates them (pre-shared key,
+//! deadline on every pre-auth step) and then hands each session to the
+//! [`Service`] the client named. A service is anything implementing:
+//!
+//! ```ignore
+//! pub trait Service: Send + Sync + 'static {
+//!     fn name(&self) -> &'static str;                      // e.g. "copy"
+//!     fn check(&self, params: &[u8]) -> Result<(), String> // optional: refuse early
+//!     fn serve(&self, session: ServerSession) -> ServiceResult;
+//! }
+//! ```
+//!
+//! A [`ServerSession`] gives the service its opaque, size-capped `params`,
+//! the authenticated [`Control`] channel (framed payloads of up to
+//! [`fatpipe_proto::MAX_PAYLOAD`] bytes, with timeouts), data connections
+//! that presented this session's cookie ([`ServerSession::accept_data`],
+//! already past the data hello, each with the client's `tag`), the peer
+//! address and a [`Shutdown`] flag. Registering a service is one line:
+//!
+//! ```ignore
+//! Server::builder().service(TestService).service(CopyService::new(exports)).bind(addr)?
+//! ```
+//!
+//! On the client, [`client::connect`] returns a [`ClientSession`] with the
+//! same [`Control`] channel and [`ClientSession::open_data_with`], which
+//! dials a data connection carrying the cookie and lets the caller set
+//! socket options before connecting.
+//!
+//! The memory-to-memory throughput test is itself such a service:
+//! [`memtest::TestService`] on the server, [`memtest::run_client`] on the
+//! client.
+
+pub mod client;
+pub mod control;
+pub mod error;
+pub mod memtest;
+pub mod server;
+
+pub use client::{connect, connect_with, ClientOptions, ClientSession};
+pub use control::Control;
+pub use error::{EngineError, Result};
+pub use server::{
+    DataConn, Logger, Server, ServerBuilder, ServerSession, Service, ServiceResult, Shutdown,
+};
+
+/// Reads a pre-shared key file: its contents with trailing whitespace
+/// (a final newline) removed. At least 8 bytes.
+pub fn load_key(path: &std::path::Path) -> Result<fatpipe_proto::Key> {
+    let raw = std::fs::read(path)
+        .map_err(|e| EngineError::io(format!("read key file {}", path.display()), e))?;
+    let end = raw
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    fatpipe_proto::Key::new(&raw[..end])
+        .map_err(|e| EngineError::Service(format!("key file {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests;

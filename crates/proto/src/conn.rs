@@ -486,8 +486,12 @@ impl ServerConn {
         self.decoder.push(data);
         loop {
             // A data connection stops framing after its hello: what follows
-            // belongs to the service once the caller attaches it.
-            if self.state == ServerState::DataPending {
+            // belongs to the service once the caller attaches it. A control
+            // connection pauses while the caller decides on `Open`.
+            if matches!(
+                self.state,
+                ServerState::DataPending | ServerState::AwaitDecision
+            ) {
                 break;
             }
             match self.decoder.next_frame() {
@@ -541,10 +545,12 @@ impl ServerConn {
     }
 
     /// Accepts the service request reported by [`ServerEvent::Open`].
-    pub fn accept(&mut self, cookie: Cookie) {
+    pub fn accept(&mut self, now: Instant, cookie: Cookie) {
         if self.state == ServerState::AwaitDecision {
             self.send(&Message::Accept { cookie });
             self.state = ServerState::Established;
+            // Frames that arrived while deciding.
+            self.handle_input(now, &[]);
         }
     }
 

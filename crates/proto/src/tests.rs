@@ -146,7 +146,7 @@ impl Pair {
             while let Some(ev) = self.server.poll_event() {
                 if let ServerEvent::Open { service, params } = &ev {
                     match (self.policy)(service, params) {
-                        Ok(cookie) => self.server.accept(cookie),
+                        Ok(cookie) => self.server.accept(self.now, cookie),
                         Err((code, reason)) => self.server.reject(code, &reason),
                     }
                 }

@@ -1,0 +1,556 @@
+//! The server: accept loop, handshakes, and dispatch to registered services.
+//!
+//! One thread per connection, blocking I/O. A connection's first frame says
+//! what it is: a control connection runs the handshake (under the pre-auth
+//! deadline) and, once the client opens a service, becomes that session's
+//! thread for as long as [`Service::serve`] runs; a data connection presents
+//! a cookie and is handed, already acknowledged, to the session holding it.
+//! Nothing one connection does (garbage, giant frames, stalling, vanishing)
+//! can block another: each has its own thread, deadline and buffers, and
+//! the shared state is a session counter and the cookie table.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fatpipe_proto::{Cookie, ErrorCode, Key, ServerConfig, ServerConn, ServerEvent};
+
+use crate::control::{is_timeout, lock, Control};
+use crate::error::{EngineError, Result};
+
+/// What a service returns; any error type will do, it is logged.
+pub type ServiceResult = std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Something the server offers to authenticated clients, e.g. `test` or
+/// `copy`. Register it with [`ServerBuilder::service`].
+pub trait Service: Send + Sync + 'static {
+    /// The name clients open it by (ASCII letters, digits, `-`, `_`).
+    fn name(&self) -> &'static str;
+
+    /// Looks at the client's parameters before the session is accepted; an
+    /// `Err` refuses it and the client sees the text. The default accepts.
+    fn check(&self, params: &[u8]) -> std::result::Result<(), String> {
+        let _ = params;
+        Ok(())
+    }
+
+    /// Runs one session on the calling (per-connection) thread. When it
+    /// returns, the server closes the control connection, with the error's
+    /// text as the reason if it failed.
+    fn serve(&self, session: ServerSession) -> ServiceResult;
+}
+
+/// A data connection that presented this session's cookie; the data hello
+/// is acknowledged and everything after it is the service's.
+#[derive(Debug)]
+pub struct DataConn {
+    /// The connection.
+    pub stream: TcpStream,
+    /// The label the client gave it (e.g. a stream index).
+    pub tag: u32,
+    /// Where it came from.
+    pub peer: SocketAddr,
+}
+
+/// One authenticated session, as a service sees it.
+#[derive(Debug)]
+pub struct ServerSession {
+    control: Control,
+    params: Vec<u8>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    data: Receiver<DataConn>,
+    shutdown: Shutdown,
+}
+
+impl ServerSession {
+    /// The parameters the client opened the service with.
+    pub fn params(&self) -> &[u8] {
+        &self.params
+    }
+
+    /// The control channel (send and receive framed payloads).
+    pub fn control(&self) -> &Control {
+        &self.control
+    }
+
+    /// The client's control-connection address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The server's address on the control connection (bind UDP sockets to
+    /// its IP so the client reaches them the same way).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Waits up to `timeout` for the next data connection of this session.
+    pub fn accept_data(&self, timeout: Duration) -> Result<DataConn> {
+        match self.data.recv_timeout(timeout) {
+            Ok(d) => Ok(d),
+            Err(RecvTimeoutError::Timeout) => {
+                Err(EngineError::Timeout("waiting for a data connection".into()))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(EngineError::Service("the server is shutting down".into()))
+            }
+        }
+    }
+
+    /// Set when the server is shutting down; long services should poll it.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
+    }
+}
+
+/// A flag that stops the server (and tells services to finish).
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown {
+    flag: Arc<AtomicBool>,
+    wake: Arc<Mutex<Option<SocketAddr>>>,
+}
+
+impl Shutdown {
+    /// True once shutdown was asked for.
+    pub fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    /// Asks the server to stop accepting and its services to finish.
+    pub fn trigger(&self) {
+        self.flag.store(true, Ordering::Relaxed);
+        // Wake the blocking accept with a connection of our own.
+        if let Some(addr) = *lock(&self.wake) {
+            let _ = TcpStream::connect_timeout(&wake_addr(addr), Duration::from_secs(1));
+        }
+    }
+}
+
+/// Called with one line per notable event (session start/end, refusals).
+pub type Logger = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Configures and binds a [`Server`].
+pub struct ServerBuilder {
+    services: Vec<Arc<dyn Service>>,
+    key: Option<Key>,
+    max_sessions: usize,
+    preauth_timeout: Duration,
+    max_handshakes: usize,
+    logger: Logger,
+}
+
+/// Defaults: 5 s to authenticate, 1000 concurrent sessions.
+pub const DEFAULT_PREAUTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on concurrent sessions.
+pub const DEFAULT_MAX_SESSIONS: usize = 1000;
+
+impl Default for ServerBuilder {
+    fn default() -> Self {
+        ServerBuilder {
+            services: Vec::new(),
+            key: None,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            preauth_timeout: DEFAULT_PREAUTH_TIMEOUT,
+            max_handshakes: 512,
+            logger: Arc::new(|_| {}),
+        }
+    }
+}
+
+impl ServerBuilder {
+    /// Registers a service; a later one with the same name replaces it.
+    pub fn service(mut self, service: impl Service) -> Self {
+        self.services.push(Arc::new(service));
+        self
+    }
+
+    /// Requires clients to prove this key.
+    pub fn key(mut self, key: Option<Key>) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Refuses sessions beyond `n` at once ("busy").
+    pub fn max_sessions(mut self, n: usize) -> Self {
+        self.max_sessions = n.max(1);
+        self
+    }
+
+    /// Deadline for a connection to authenticate and open a service, or to
+    /// present its data hello.
+    pub fn preauth_timeout(mut self, t: Duration) -> Self {
+        self.preauth_timeout = t;
+        self
+    }
+
+    /// Where session events are reported (default: nowhere).
+    pub fn logger(mut self, logger: Logger) -> Self {
+        self.logger = logger;
+        self
+    }
+
+    /// Binds the listening socket.
+    pub fn bind(self, addr: SocketAddr) -> Result<Server> {
+        let listener =
+            TcpListener::bind(addr).map_err(|e| EngineError::io(format!("bind {addr}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| EngineError::io("read bound address", e))?;
+        let shutdown = Shutdown::default();
+        *lock(&shutdown.wake) = Some(local);
+        let services = self
+            .services
+            .into_iter()
+            .map(|s| (s.name(), s))
+            .collect::<HashMap<_, _>>();
+        Ok(Server {
+            listener,
+            local,
+            shared: Arc::new(Shared {
+                services,
+                config: ServerConfig {
+                    key: self.key,
+                    preauth_timeout: self.preauth_timeout,
+                },
+                max_sessions: self.max_sessions,
+                max_handshakes: self.max_handshakes,
+                sessions: AtomicUsize::new(0),
+                handshakes: AtomicUsize::new(0),
+                cookies: Mutex::new(HashMap::new()),
+                shutdown,
+                logger: self.logger,
+            }),
+        })
+    }
+}
+
+/// A bound server; [`run`](Server::run) serves until shutdown.
+pub struct Server {
+    listener: TcpListener,
+    local: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    services: HashMap<&'static str, Arc<dyn Service>>,
+    config: ServerConfig,
+    max_sessions: usize,
+    max_handshakes: usize,
+    sessions: AtomicUsize,
+    handshakes: AtomicUsize,
+    cookies: Mutex<HashMap<Cookie, SyncSender<DataConn>>>,
+    shutdown: Shutdown,
+    logger: Logger,
+}
+
+/// Data connections a session may have waiting before more are refused.
+const DATA_BACKLOG: usize = 4096;
+
+impl Server {
+    /// Starts configuring a server.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    /// The bound address (the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// A handle that stops [`run`](Server::run) from another thread.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shared.shutdown.clone()
+    }
+
+    /// Sessions running right now.
+    pub fn active_sessions(&self) -> usize {
+        self.shared.sessions.load(Ordering::Relaxed)
+    }
+
+    /// Accepts connections until shutdown, one thread each.
+    pub fn run(&self) -> Result<()> {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if self.shared.shutdown.is_set() => {
+                    let _ = e;
+                    return Ok(());
+                }
+                // Out of descriptors or a connection reset before accept:
+                // keep serving the others after a breath.
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            if self.shared.shutdown.is_set() {
+                return Ok(());
+            }
+            let n = self.shared.handshakes.fetch_add(1, Ordering::AcqRel);
+            if n >= self.shared.max_handshakes {
+                // Too many connections still handshaking: a flood. Drop it.
+                self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            let shared = Arc::clone(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("conn {peer}"))
+                .spawn(move || handle_conn(&shared, stream, peer));
+            if spawned.is_err() {
+                self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Runs one connection from its first byte to its end.
+fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let mut handshaking = HandshakeSlot(shared, true);
+    let mut conn = ServerConn::new(&shared.config, Instant::now(), random_bytes());
+    let mut stream = stream;
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
+    let mut buf = [0u8; 4096];
+    loop {
+        if flush(&mut conn, &mut stream).is_err() {
+            return;
+        }
+        while let Some(ev) = conn.poll_event() {
+            match ev {
+                ServerEvent::Open { service, params } => {
+                    handshaking.release();
+                    return open_session(shared, conn, stream, peer, &service, params);
+                }
+                ServerEvent::DataHello { cookie, tag } => {
+                    return attach_data(shared, conn, stream, peer, cookie, tag);
+                }
+                ServerEvent::Closed(err) => {
+                    let _ = flush(&mut conn, &mut stream);
+                    if !matches!(err, fatpipe_proto::ConnError::Eof) {
+                        (shared.logger)(&format!("{peer}: handshake failed: {err}"));
+                    }
+                    return;
+                }
+                ServerEvent::Payload(_) => {}
+            }
+        }
+        if conn.is_closed() {
+            let _ = flush(&mut conn, &mut stream);
+            return;
+        }
+        let now = Instant::now();
+        let wait = match conn.poll_timeout() {
+            Some(d) if d <= now => {
+                conn.handle_timeout(now);
+                continue;
+            }
+            Some(d) => d - now,
+            None => shared.config.preauth_timeout,
+        };
+        if stream.set_read_timeout(Some(wait)).is_err() {
+            return;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => conn.handle_eof(Instant::now()),
+            Ok(n) => conn.handle_input(Instant::now(), &buf[..n]),
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
+                conn.handle_timeout(Instant::now())
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+fn open_session(
+    shared: &Arc<Shared>,
+    mut conn: ServerConn,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    name: &str,
+    params: Vec<u8>,
+) {
+    let Some(service) = shared.services.get(name).cloned() else {
+        let mut names: Vec<_> = shared.services.keys().copied().collect();
+        names.sort_unstable();
+        let reason = format!("no service '{name}' (offered: {})", names.join(", "));
+        conn.reject(ErrorCode::UnknownService, &reason);
+        let _ = flush(&mut conn, &mut stream);
+        return;
+    };
+    if let Err(reason) = service.check(&params) {
+        conn.reject(ErrorCode::Service, &reason);
+        let _ = flush(&mut conn, &mut stream);
+        (shared.logger)(&format!("{peer}: {name} refused: {reason}"));
+        return;
+    }
+    let Some(_slot) = SessionSlot::take(shared) else {
+        let reason = format!(
+            "at its limit of {} sessions; retry later",
+            shared.max_sessions
+        );
+        conn.reject(ErrorCode::Busy, &reason);
+        let _ = flush(&mut conn, &mut stream);
+        (shared.logger)(&format!("{peer}: {name} refused: busy"));
+        return;
+    };
+    let cookie: Cookie = random_bytes();
+    let (tx, rx) = mpsc::sync_channel(DATA_BACKLOG);
+    lock(&shared.cookies).insert(cookie, tx);
+    let _cookie_guard = CookieGuard(shared, cookie);
+    conn.accept(Instant::now(), cookie);
+    if flush(&mut conn, &mut stream).is_err() {
+        return;
+    }
+    let _ = stream.set_read_timeout(None);
+    let local = stream.local_addr().unwrap_or(peer);
+    let control = match Control::new(stream, &conn.take_buffered(), Vec::new()) {
+        Ok(c) => c,
+        Err(e) => {
+            (shared.logger)(&format!("{peer}: {name}: {e}"));
+            return;
+        }
+    };
+    let session = ServerSession {
+        control: control.clone(),
+        params,
+        peer,
+        local,
+        data: rx,
+        shutdown: shared.shutdown.clone(),
+    };
+    (shared.logger)(&format!("{peer}: {name} session started"));
+    let started = Instant::now();
+    match service.serve(session) {
+        Ok(()) => {
+            control.close("");
+            (shared.logger)(&format!(
+                "{peer}: {name} session ended after {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        Err(e) => {
+            control.close(&e.to_string());
+            (shared.logger)(&format!("{peer}: {name} session failed: {e}"));
+        }
+    }
+}
+
+fn attach_data(
+    shared: &Arc<Shared>,
+    mut conn: ServerConn,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    cookie: Cookie,
+    tag: u32,
+) {
+    let tx = lock(&shared.cookies).get(&cookie).cloned();
+    let Some(tx) = tx else {
+        conn.reject(ErrorCode::BadCookie, "no live session holds this cookie");
+        let _ = flush(&mut conn, &mut stream);
+        return;
+    };
+    if !conn.take_buffered().is_empty() {
+        conn.reject(
+            ErrorCode::Protocol,
+            "data sent before the data hello was acknowledged",
+        );
+        let _ = flush(&mut conn, &mut stream);
+        return;
+    }
+    conn.attach();
+    if flush(&mut conn, &mut stream).is_err() {
+        return;
+    }
+    let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(None);
+    let _ = stream.set_nodelay(false);
+    match tx.try_send(DataConn { stream, tag, peer }) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+            (shared.logger)(&format!(
+                "{peer}: data connection dropped: session full or gone"
+            ));
+        }
+    }
+}
+
+fn flush(conn: &mut ServerConn, stream: &mut TcpStream) -> io::Result<()> {
+    while let Some(bytes) = conn.poll_transmit() {
+        stream.write_all(&bytes)?;
+    }
+    Ok(())
+}
+
+/// Fresh random bytes from the OS. If the OS has no randomness to give,
+/// nothing about the session can be trusted, so the process stops.
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    if let Err(e) = getrandom::fill(&mut b) {
+        panic!("the operating system has no randomness to give: {e}");
+    }
+    b
+}
+
+fn wake_addr(bound: SocketAddr) -> SocketAddr {
+    let mut a = bound;
+    if a.ip().is_unspecified() {
+        a.set_ip(match a {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    a
+}
+
+/// Counts a connection as handshaking until released or dropped.
+struct HandshakeSlot<'a>(&'a Shared, bool);
+
+impl HandshakeSlot<'_> {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.1) {
+            self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for HandshakeSlot<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// One of `max_sessions` slots, freed on drop.
+struct SessionSlot<'a>(&'a Shared);
+
+impl<'a> SessionSlot<'a> {
+    fn take(shared: &'a Shared) -> Option<Self> {
+        shared
+            .sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < shared.max_sessions).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SessionSlot(shared))
+    }
+}
+
+impl Drop for SessionSlot<'_> {
+    fn drop(&mut self) {
+        self.0.sessions.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Removes a session's cookie when the session ends, so late data
+/// connections are refused.
+struct CookieGuard<'a>(&'a Shared, Cookie);
+
+impl Drop for CookieGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.cookies).remove(&self.1);
+    }
+}
