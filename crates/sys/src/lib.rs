@@ -47,24 +47,41 @@
 //! fallback platform on Linux too, so its paths compile and its tests run
 //! on a Linux machine.
 
-#[allow(dead_code)] // temporary: fast paths land in the next commit
 mod platform;
 
 pub mod buffers;
 pub mod cpu;
+pub mod discard;
 pub mod files;
 pub mod host;
+pub mod send;
+pub mod splice;
 pub mod tcp;
+pub mod udp;
+pub mod zerocopy;
 
 pub use buffers::{
     get_recv_buffer, get_send_buffer, set_recv_buffer, set_send_buffer, BufferGrant,
 };
 pub use cpu::{num_cpus, CpuSample, CpuUsage};
+pub use discard::{recv_discard, Discarder};
+pub use files::{
+    copy_file_range, create_dir_beneath, direct_io_alignment, fadvise, free_space, is_escape,
+    open_beneath, open_direct_beneath, preallocate, Advice, DirectAlignment, FsSpace,
+    Preallocation,
+};
 pub use host::{host_limits, HostLimits, Unavailable};
+pub use send::{pattern_byte, pattern_memfd, sendfile, sendfile_all, PATTERN_PERIOD};
+pub use splice::{SplicePipe, DEFAULT_PIPE_SIZE};
 pub use tcp::{
     get_congestion, get_mss, set_congestion, set_max_pacing_rate, set_mss, set_nodelay, tcp_info,
     TcpInfo,
 };
+pub use udp::{
+    gro_supported, gso_supported, send_gso, set_gro, Batch, RecvBatch, SendBatch,
+    UDP_MAX_GSO_SEGMENTS,
+};
+pub use zerocopy::{ZeroCopySender, ZeroCopyStats};
 
 /// Which kernel path actually moved the bytes of an I/O call.
 ///
@@ -127,7 +144,6 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    #[allow(dead_code)] // temporary: used by the fast paths in the next commit
     pub(crate) fn new(bytes: usize, path: IoPath) -> Self {
         Transfer { bytes, path }
     }

@@ -58,6 +58,7 @@ pub(crate) fn cvt_retry<T: Default + PartialOrd>(mut f: impl FnMut() -> T) -> io
 }
 
 /// An `Unsupported` error naming what is missing.
+#[allow(dead_code)] // only the portable platform has things it cannot do
 pub(crate) fn unsupported(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
@@ -87,6 +88,7 @@ pub(crate) fn setsockopt<T: Copy>(
 }
 
 /// `setsockopt` with a byte string value (e.g. a congestion-control name).
+#[allow(dead_code)] // unused by the portable platform
 pub(crate) fn setsockopt_bytes(
     fd: &impl AsFd,
     level: libc::c_int,
@@ -130,6 +132,7 @@ pub(crate) fn getsockopt_int(
 }
 
 /// `getsockopt` into a byte buffer; returns how many bytes the kernel wrote.
+#[allow(dead_code)] // unused by the portable platform
 pub(crate) fn getsockopt_bytes(
     fd: &impl AsFd,
     level: libc::c_int,
@@ -205,4 +208,21 @@ pub(crate) fn is_refusal(err: &io::Error) -> bool {
             | Some(libc::EXDEV)
             | Some(libc::ESPIPE)
     )
+}
+
+/// Waits up to `timeout_ms` for `events` (or an error condition) on `fd`;
+/// returns the `revents` seen, 0 on timeout.
+pub(crate) fn poll_fd(
+    fd: &impl AsFd,
+    events: libc::c_short,
+    timeout_ms: i32,
+) -> io::Result<libc::c_short> {
+    let mut p = libc::pollfd {
+        fd: raw(fd),
+        events,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd, exclusively borrowed for the call.
+    let n = cvt_retry(|| unsafe { libc::poll(&mut p, 1, timeout_ms) })?;
+    Ok(if n == 0 { 0 } else { p.revents })
 }
