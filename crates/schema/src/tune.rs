@@ -138,6 +138,16 @@ pub enum Observed {
     Unknown(String),
 }
 
+impl Observed {
+    /// The value, if it was read.
+    pub fn known(&self) -> Option<&String> {
+        match self {
+            Observed::Known(v) => Some(v),
+            Observed::Unknown(_) => None,
+        }
+    }
+}
+
 /// One line of the host audit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
