@@ -78,12 +78,16 @@ impl Pipe {
         self.ring.reserve(MAX_FRAME)
     }
 
-    /// A scratch buffer to read a frame into and drop it, counted as an
-    /// overflow, when [`Pipe::slot`] has no room.
+    /// A scratch buffer to read a frame into and drop it when
+    /// [`Pipe::slot`] has no room; call [`Pipe::overflowed`] if one came.
     pub fn overflow_slot(&mut self) -> &mut [u8] {
+        &mut self.scratch
+    }
+
+    /// Counts a frame dropped because the backlog buffer was full.
+    pub fn overflowed(&mut self) {
         self.stats.frames_in += 1;
         self.stats.overflow_drops += 1;
-        &mut self.scratch
     }
 
     /// Runs the `len`-byte frame just read into the slot through the link.
@@ -277,7 +281,7 @@ mod tests {
             delivered += segs;
             // Survivors keep their order and their own sequence numbers.
             for w in seqs.windows(2) {
-                assert!(w[1].wrapping_sub(w[0]) as usize % 1428 == 0 && w[1] != w[0]);
+                assert!((w[1].wrapping_sub(w[0]) as usize).is_multiple_of(1428) && w[1] != w[0]);
             }
         }
         let lost = total - delivered;
@@ -347,6 +351,7 @@ mod tests {
                 }
                 None => {
                     p.overflow_slot();
+                    p.overflowed();
                     refused += 1;
                 }
             }

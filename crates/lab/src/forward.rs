@@ -1,0 +1,173 @@
+//! The driver: two threads, one per direction, each moving frames from one
+//! TUN device through a [`Pipe`] to the other device when they are due.
+//!
+//! Each thread sleeps in `ppoll` on its input device with a timeout that
+//! ends when the oldest held frame is due, so an idle link costs nothing and
+//! a due frame is written within the timer's resolution (the timer slack is
+//! set to 1 ns). Reads come in batches straight into the backlog ring.
+//! Writing to a TUN device runs the receiving namespace's stack on this
+//! thread, which is why the two directions get a thread each.
+//!
+//! Live changes arrive through [`Shared`]: the control thread swaps in a new
+//! spec and bumps a generation counter that each loop checks with one
+//! relaxed load; counters go the other way every few milliseconds.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::control::LabStats;
+use crate::model::{DirConfig, Nanos};
+use crate::pipe::{DirStats, Pipe};
+use crate::spec::{Dir, LinkChange, LinkSpec};
+use crate::sys;
+
+/// Frames read per wake-up before due frames get another look.
+const READ_BATCH: usize = 32;
+/// The longest a thread sleeps without looking at the config.
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// How often counters are published.
+const PUBLISH_EVERY: Nanos = 10_000_000;
+
+/// State shared between the forwarding threads and the control thread.
+#[derive(Debug)]
+pub struct Shared {
+    name: String,
+    epoch: Instant,
+    spec: Mutex<LinkSpec>,
+    down: Mutex<Option<(Nanos, Nanos)>>,
+    generation: AtomicU64,
+    stats: [Mutex<DirStats>; 2],
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicked holder leaves plain data behind; keep going with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn index(dir: Dir) -> usize {
+    match dir {
+        Dir::AtoB => 0,
+        Dir::BtoA => 1,
+    }
+}
+
+impl Shared {
+    /// Shared state for lab `name` starting with `spec`.
+    pub fn new(name: &str, spec: LinkSpec) -> Shared {
+        Shared {
+            name: name.to_string(),
+            epoch: Instant::now(),
+            spec: Mutex::new(spec),
+            down: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            stats: Default::default(),
+        }
+    }
+
+    /// Nanoseconds on the forwarder's monotonic clock.
+    pub fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    fn dir_config(&self, dir: Dir) -> DirConfig {
+        let down = *lock(&self.down);
+        lock(&self.spec).dir_config(dir, down)
+    }
+
+    /// Applies a live change; returns the spec now in force, or why not.
+    pub fn apply(&self, change: &LinkChange) -> Result<LinkSpec, String> {
+        let mut spec = lock(&self.spec);
+        let mut next = spec.clone();
+        next.apply(change);
+        next.validate().map_err(|e| e.to_string())?;
+        *spec = next.clone();
+        if let Some(d) = change.down {
+            let now = self.now();
+            *lock(&self.down) = Some((now, now + d.as_nanos() as Nanos));
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(next)
+    }
+
+    /// A snapshot of counters and spec.
+    pub fn stats(&self) -> LabStats {
+        let now = self.now();
+        let down_left_s = lock(&self.down)
+            .filter(|&(_, end)| end > now)
+            .map(|(_, end)| (end - now) as f64 / 1e9);
+        LabStats {
+            name: self.name.clone(),
+            spec: lock(&self.spec).clone(),
+            uptime_s: now as f64 / 1e9,
+            down_left_s,
+            a_to_b: *lock(&self.stats[0]),
+            b_to_a: *lock(&self.stats[1]),
+        }
+    }
+}
+
+/// Forwards frames from `input` to `output` through direction `dir` of the
+/// link, forever. Returns only if a device fails for good.
+pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::io::Error {
+    sys::tight_timer_slack();
+    let mut generation = shared.generation.load(Ordering::Acquire);
+    let mut pipe = Pipe::new(&shared.dir_config(dir));
+    let mut published = 0;
+    loop {
+        let now = shared.now();
+        while let Some((frame, due)) = pipe.front() {
+            if due > now {
+                break;
+            }
+            let ok = sys::write(output, frame).is_ok();
+            pipe.delivered(now, ok);
+        }
+        let g = shared.generation.load(Ordering::Acquire);
+        if g != generation {
+            generation = g;
+            pipe.configure(&shared.dir_config(dir));
+        }
+        if now >= published + PUBLISH_EVERY {
+            published = now;
+            *lock(&shared.stats[index(dir)]) = pipe.stats();
+        }
+        let wait = pipe
+            .next_due()
+            .map_or(MAX_SLEEP, |due| {
+                Duration::from_nanos(due.saturating_sub(now))
+            })
+            .min(MAX_SLEEP);
+        match sys::wait_readable(input, wait) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => return e,
+        }
+        for _ in 0..READ_BATCH {
+            let got = match pipe.slot() {
+                Some(slot) => match sys::read(input, slot) {
+                    Ok(Some(n)) => {
+                        pipe.admit(shared.now(), n);
+                        true
+                    }
+                    Ok(None) => false,
+                    Err(e) => return e,
+                },
+                None => {
+                    let got = matches!(sys::read(input, pipe.overflow_slot()), Ok(Some(_)));
+                    if got {
+                        pipe.overflowed();
+                    }
+                    got
+                }
+            };
+            if !got {
+                break;
+            }
+            if pipe.next_due().is_some_and(|d| d <= shared.now()) {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! What a user asks of a lab link, before it is resolved for the model.
+//!
+//! [`LinkSpec`] is written as the user thinks of the path (a round-trip
+//! time, a rate each way, a loss rate, a queue in BDPs, milliseconds or
+//! bytes) and stored with the lab so `lab set` can change one knob and
+//! re-resolve the rest. [`LinkSpec::dir_config`] turns it into the
+//! per-direction [`DirConfig`] the model takes: half the RTT each way, the
+//! queue in bytes at that direction's rate, jitter split between the two
+//! directions so the RTT stays within `rtt ± jitter`.
+
+use std::time::Duration;
+
+use fatpipe_schema::units;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{DirConfig, Nanos};
+use crate::Error;
+
+/// Which way through the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Dir {
+    /// From end `a` to end `b` ("up").
+    AtoB,
+    /// From end `b` to end `a` ("down").
+    BtoA,
+}
+
+/// The drop-tail queue limit in front of the bottleneck.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum QueueSpec {
+    /// A multiple of the bandwidth-delay product (`1bdp`, `0.5bdp`).
+    Bdp(f64),
+    /// The bytes the rate drains in this time (`50ms`).
+    Time(Duration),
+    /// A fixed number of bytes (`16MB`, `4M`).
+    Bytes(u64),
+    /// No limit (the backlog buffer still bounds it).
+    Unlimited,
+}
+
+impl QueueSpec {
+    /// Parses `1bdp`, `0.5bdp`, `50ms`, `16MB`, `4M` or `unlimited`.
+    pub fn parse(text: &str) -> Result<QueueSpec, Error> {
+        let t = text.trim().to_ascii_lowercase();
+        if t == "unlimited" || t == "none" {
+            return Ok(QueueSpec::Unlimited);
+        }
+        if let Some(n) = t.strip_suffix("bdp") {
+            let n = if n.is_empty() { "1" } else { n };
+            return match n.parse::<f64>() {
+                Ok(f) if f.is_finite() && f > 0.0 => Ok(QueueSpec::Bdp(f)),
+                _ => Err(Error::Invalid(format!(
+                    "queue '{text}': use e.g. 1bdp, 0.5bdp, 50ms or 16MB"
+                ))),
+            };
+        }
+        if t.ends_with('s') && !t.ends_with("bs") {
+            return Ok(QueueSpec::Time(units::parse_duration(text)?));
+        }
+        Ok(QueueSpec::Bytes(units::parse_size(text)?))
+    }
+
+    /// The limit in bytes for a direction of `rate_bps` on a path of `rtt`.
+    /// Derived limits never go below ten 1500-byte packets.
+    pub fn bytes(&self, rate_bps: u64, rtt: Duration) -> u64 {
+        let floor = 15_000;
+        match *self {
+            QueueSpec::Unlimited => u64::MAX,
+            QueueSpec::Bytes(b) => b,
+            _ if rate_bps == 0 => u64::MAX,
+            QueueSpec::Bdp(f) => ((units::bdp_bytes(rate_bps, rtt) as f64 * f) as u64).max(floor),
+            QueueSpec::Time(d) => units::bdp_bytes(rate_bps, d).max(floor),
+        }
+    }
+}
+
+impl std::fmt::Display for QueueSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueSpec::Bdp(x) => write!(f, "{x}bdp"),
+            QueueSpec::Time(d) => f.write_str(&units::format_duration(*d)),
+            QueueSpec::Bytes(b) => f.write_str(&units::format_bytes(*b)),
+            QueueSpec::Unlimited => f.write_str("unlimited"),
+        }
+    }
+}
+
+/// An emulated path as the user describes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkSpec {
+    /// Round-trip propagation delay (half each way).
+    pub rtt: Duration,
+    /// Bottleneck rate from `a` to `b` in bit/s; 0 means unlimited.
+    pub rate_up: u64,
+    /// Bottleneck rate from `b` to `a` in bit/s; 0 means unlimited.
+    pub rate_down: u64,
+    /// Long-run random loss probability per segment, each direction.
+    pub loss: f64,
+    /// Mean loss burst length in segments (1 = independent losses).
+    pub loss_burst: f64,
+    /// The RTT varies within `rtt ± jitter` (half of it each way), without
+    /// reordering.
+    pub jitter: Duration,
+    /// Drop-tail queue limit in front of each bottleneck.
+    pub queue: QueueSpec,
+    /// MTU of both ends' devices.
+    pub mtu: u32,
+    /// Bit error rate (each bit flipped with this probability).
+    pub corrupt: f64,
+    /// Seed of the link's random generators.
+    pub seed: u64,
+}
+
+impl Default for LinkSpec {
+    fn default() -> LinkSpec {
+        LinkSpec {
+            rtt: Duration::ZERO,
+            rate_up: 0,
+            rate_down: 0,
+            loss: 0.0,
+            loss_burst: 1.0,
+            jitter: Duration::ZERO,
+            queue: QueueSpec::Bdp(1.0),
+            mtu: 1500,
+            corrupt: 0.0,
+            seed: 1,
+        }
+    }
+}
+
+/// A live change to a running link (`lab set`); `None` keeps a value.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkChange {
+    /// New round-trip time.
+    pub rtt: Option<Duration>,
+    /// New rate each way (a→b, b→a).
+    pub rate: Option<(u64, u64)>,
+    /// New loss probability.
+    pub loss: Option<f64>,
+    /// New mean loss burst length.
+    pub loss_burst: Option<f64>,
+    /// New jitter.
+    pub jitter: Option<Duration>,
+    /// New queue limit.
+    pub queue: Option<QueueSpec>,
+    /// New bit error rate.
+    pub corrupt: Option<f64>,
+    /// Take the link down for this long, starting now.
+    pub down: Option<Duration>,
+}
+
+impl LinkSpec {
+    /// Checks that every value is one the emulator can honour.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::Invalid(m.to_string()));
+        if self.rtt > Duration::from_secs(10) {
+            return bad("--rtt must be at most 10s");
+        }
+        if self.jitter > self.rtt {
+            return bad("--jitter must not exceed --rtt");
+        }
+        if !(0.0..=1.0).contains(&self.loss) || !(0.0..=1.0).contains(&self.corrupt) {
+            return bad("--loss and --corrupt must lie in [0, 1]");
+        }
+        if !self.loss_burst.is_finite() || self.loss_burst < 1.0 {
+            return bad("--loss-burst must be at least 1 (segments)");
+        }
+        if !(1280..=65_535).contains(&self.mtu) {
+            return bad("--mtu must lie in 1280..65535 (IPv6 needs 1280)");
+        }
+        Ok(())
+    }
+
+    /// Applies a live change (the down window is the driver's to place).
+    pub fn apply(&mut self, c: &LinkChange) {
+        if let Some(v) = c.rtt {
+            self.rtt = v;
+        }
+        if let Some((up, down)) = c.rate {
+            self.rate_up = up;
+            self.rate_down = down;
+        }
+        if let Some(v) = c.loss {
+            self.loss = v;
+        }
+        if let Some(v) = c.loss_burst {
+            self.loss_burst = v;
+        }
+        if let Some(v) = c.jitter {
+            self.jitter = v;
+        }
+        if let Some(v) = c.queue {
+            self.queue = v;
+        }
+        if let Some(v) = c.corrupt {
+            self.corrupt = v;
+        }
+    }
+
+    /// The rate of one direction in bit/s (0 = unlimited).
+    pub fn rate(&self, dir: Dir) -> u64 {
+        match dir {
+            Dir::AtoB => self.rate_up,
+            Dir::BtoA => self.rate_down,
+        }
+    }
+
+    /// The model's parameters for one direction.
+    pub fn dir_config(&self, dir: Dir, down: Option<(Nanos, Nanos)>) -> DirConfig {
+        let rate = self.rate(dir);
+        let salt = match dir {
+            Dir::AtoB => 0,
+            Dir::BtoA => 0x5EED_0000_0000_0001,
+        };
+        DirConfig {
+            rate_bps: rate,
+            delay: (self.rtt / 2).as_nanos() as Nanos,
+            jitter: (self.jitter / 2).as_nanos() as Nanos,
+            loss: self.loss,
+            loss_burst: self.loss_burst,
+            queue_bytes: self.queue.bytes(rate, self.rtt),
+            ber: self.corrupt,
+            down,
+            seed: self.seed ^ salt,
+        }
+    }
+
+    /// One line for people: "93.0 ms, 1.00 Gbit/s, loss 0.01%, queue 1bdp".
+    pub fn summary(&self) -> String {
+        let rate = |r: u64| {
+            if r == 0 {
+                "unlimited".to_string()
+            } else {
+                units::format_rate(r as f64)
+            }
+        };
+        let mut s = format!("rtt {}", units::format_duration(self.rtt));
+        if self.rate_up == self.rate_down {
+            s += &format!(", rate {}", rate(self.rate_up));
+        } else {
+            s += &format!(
+                ", rate {} up / {} down",
+                rate(self.rate_up),
+                rate(self.rate_down)
+            );
+        }
+        if self.loss > 0.0 {
+            s += &format!(", loss {}%", self.loss * 100.0);
+            if self.loss_burst > 1.0 {
+                s += &format!(" (bursts of {})", self.loss_burst);
+            }
+        }
+        if !self.jitter.is_zero() {
+            s += &format!(", jitter {}", units::format_duration(self.jitter));
+        }
+        if self.corrupt > 0.0 {
+            s += &format!(", ber {:e}", self.corrupt);
+        }
+        s += &format!(", queue {}, mtu {}", self.queue, self.mtu);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_forms() {
+        assert_eq!(QueueSpec::parse("1bdp").ok(), Some(QueueSpec::Bdp(1.0)));
+        assert_eq!(QueueSpec::parse("0.5BDP").ok(), Some(QueueSpec::Bdp(0.5)));
+        assert_eq!(
+            QueueSpec::parse("50ms").ok(),
+            Some(QueueSpec::Time(Duration::from_millis(50)))
+        );
+        assert_eq!(
+            QueueSpec::parse("16MB").ok(),
+            Some(QueueSpec::Bytes(16_000_000))
+        );
+        assert_eq!(QueueSpec::parse("4M").ok(), Some(QueueSpec::Bytes(4 << 20)));
+        assert_eq!(
+            QueueSpec::parse("unlimited").ok(),
+            Some(QueueSpec::Unlimited)
+        );
+        for bad in ["xbdp", "-1bdp", "5 parsecs", "12Q"] {
+            assert!(QueueSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn queue_bytes_follow_rate_and_rtt() {
+        let rtt = Duration::from_millis(93);
+        // 1 Gbit/s x 93 ms = 11.625 MB.
+        assert_eq!(QueueSpec::Bdp(1.0).bytes(1_000_000_000, rtt), 11_625_000);
+        assert_eq!(
+            QueueSpec::Time(Duration::from_millis(50)).bytes(1_000_000_000, rtt),
+            6_250_000
+        );
+        assert_eq!(QueueSpec::Bytes(16_000_000).bytes(1, rtt), 16_000_000);
+        assert_eq!(
+            QueueSpec::Bdp(1.0).bytes(0, rtt),
+            u64::MAX,
+            "no rate, no queue"
+        );
+        assert_eq!(
+            QueueSpec::Bdp(1.0).bytes(1_000_000, Duration::from_millis(1)),
+            15_000
+        );
+    }
+
+    #[test]
+    fn directions_split_rtt_jitter_and_rates() {
+        let spec = LinkSpec {
+            rtt: Duration::from_millis(93),
+            rate_up: 100_000_000,
+            rate_down: 1_000_000_000,
+            jitter: Duration::from_millis(2),
+            ..LinkSpec::default()
+        };
+        let up = spec.dir_config(Dir::AtoB, None);
+        let down = spec.dir_config(Dir::BtoA, None);
+        assert_eq!(up.delay, 46_500_000);
+        assert_eq!(up.jitter, 1_000_000);
+        assert_eq!((up.rate_bps, down.rate_bps), (100_000_000, 1_000_000_000));
+        assert_ne!(up.seed, down.seed);
+        assert_eq!(down.queue_bytes, 11_625_000);
+    }
+
+    #[test]
+    fn validation_and_live_changes() {
+        let mut spec = LinkSpec::default();
+        assert!(spec.validate().is_ok());
+        spec.apply(&LinkChange {
+            loss: Some(0.001),
+            rtt: Some(Duration::from_millis(200)),
+            ..LinkChange::default()
+        });
+        assert_eq!(spec.loss, 0.001);
+        assert_eq!(spec.rtt, Duration::from_millis(200));
+        assert!(spec.summary().contains("loss 0.1%"), "{}", spec.summary());
+        spec.mtu = 1000;
+        assert!(spec.validate().is_err());
+        spec.mtu = 9000;
+        spec.jitter = Duration::from_secs(1);
+        assert!(spec.validate().is_err());
+    }
+}
