@@ -194,4 +194,7 @@ pub struct Audit {
     pub findings: Vec<Finding>,
     /// The disk measurement when `--disk` was given.
     pub disk: Option<DiskResult>,
+    /// What auto-tuning would choose for the target with this host's
+    /// limits at both ends; `None` when the limits could not be read.
+    pub plan: Option<Plan>,
 }

@@ -465,6 +465,14 @@ impl Host {
     }
 }
 
+/// True when this process may force buffers past the host caps and pick
+/// any loaded congestion control. Root is the test: CAP_NET_ADMIN alone is
+/// rare on DTNs, and a false "no" only costs a smaller plan.
+pub fn is_privileged() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Collapses runs of whitespace (tabs in `tcp_rmem`) to single spaces.
 pub fn normalise(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")

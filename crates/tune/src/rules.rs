@@ -519,14 +519,13 @@ fn nic_findings(target: &Target, facts: &HostFacts, nic: &Nic, fast: bool, out: 
                 (false, true) => Severity::Warn,
                 (false, false) => Severity::Info,
             };
-            (
-                Observed::Known(text),
-                Some(format!(
+            let recommended = (!at_max).then(|| {
+                format!(
                     "rx {} tx {} (ethtool -G {n} rx {} tx {})",
                     r.rx_max, r.tx_max, r.rx_max, r.tx_max
-                )),
-                severity,
-            )
+                )
+            });
+            (Observed::Known(text), recommended, severity)
         }
         Probe::Unknown(why) => (Observed::Unknown(why.clone()), None, Severity::Info),
     };
@@ -541,6 +540,7 @@ fn nic_findings(target: &Target, facts: &HostFacts, nic: &Nic, fast: bool, out: 
 
     let multi_node = facts.numa_nodes.known().is_some_and(|&n| n > 1);
     let node_text = match (&nic.numa_node, &nic.local_cpus) {
+        (Probe::Known(-1), Probe::Known(cpus)) => Probe::Known(format!("none (-1), cpus {cpus}")),
         (Probe::Known(node), Probe::Known(cpus)) => {
             Probe::Known(format!("node {node}, cpus {cpus}"))
         }
