@@ -38,7 +38,7 @@ impl Algo {
     }
 
     /// Digest length in bytes.
-    pub fn len(self) -> usize {
+    pub fn digest_len(self) -> usize {
         match self {
             Algo::Xxh3 => 16,
             Algo::Blake3 => 32,
@@ -159,7 +159,7 @@ mod tests {
                 h.update(part);
             }
             assert_eq!(h.finish(), one);
-            assert_eq!(one.as_bytes().len(), algo.len());
+            assert_eq!(one.as_bytes().len(), algo.digest_len());
             assert_ne!(algo.digest(0, &data), one, "offset must be covered");
             let mut flipped = data.clone();
             flipped[500] ^= 1;

@@ -98,7 +98,7 @@ impl Journal {
             }
             let chunk = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
             let len = rec[4] as usize;
-            if len != id.algo.len() {
+            if len != id.algo.digest_len() {
                 break;
             }
             match Digest::from_slice(&rec[5..5 + len]) {

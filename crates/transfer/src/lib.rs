@@ -22,8 +22,37 @@
 
 pub mod beneath;
 pub mod hash;
+pub mod io;
 pub mod journal;
 pub mod manifest;
 pub mod plan;
 pub mod relpath;
+pub mod session;
+pub mod sink;
+pub mod source;
 pub mod wire;
+
+use std::sync::atomic::AtomicU64;
+
+/// Live counters for a progress display; both halves update them.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes sent (sender) or verified and written (receiver), this run
+    /// plus what an earlier run had already completed.
+    pub bytes: AtomicU64,
+    /// Files sent or completed.
+    pub files: AtomicU64,
+    /// Bytes in the manifest.
+    pub total_bytes: AtomicU64,
+    /// Files in the manifest.
+    pub total_files: AtomicU64,
+}
+
+/// One file that could not be copied, and why (one line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The file's path relative to the copy's destination.
+    pub path: String,
+    /// What went wrong and what to do.
+    pub message: String,
+}

@@ -1,0 +1,249 @@
+//! Small I/O helpers shared by the sender and the receiver: an aligned
+//! buffer (O_DIRECT needs 4 KiB alignment), positioned reads that report a
+//! shrinking file, `sendfile`, hole punching, flushing, and a shared rate
+//! limiter for `--bwlimit`.
+//!
+//! The system-call crate's `sendfile` had not landed when this was written;
+//! the few calls here are private to transfer and can move there.
+
+use std::alloc::{self, Layout};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Alignment that satisfies O_DIRECT on every common file system.
+pub const ALIGN: usize = 4096;
+
+/// A zeroed heap buffer aligned to [`ALIGN`].
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is uniquely owned heap memory.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` bytes (rounded up to the alignment, at least one page).
+    pub fn new(len: usize) -> AlignedBuf {
+        let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
+        let Ok(layout) = Layout::from_size_align(len, ALIGN) else {
+            alloc::handle_alloc_error(Layout::new::<u8>())
+        };
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, len }
+    }
+
+    /// Capacity in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if empty (never: at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole buffer.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len bytes and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Grows to at least `len` bytes (contents are not kept).
+    pub fn ensure(&mut self, len: usize) {
+        if len > self.len {
+            *self = AlignedBuf::new(len);
+        }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {
+            // SAFETY: allocated in new() with this layout.
+            unsafe { alloc::dealloc(self.ptr, layout) };
+        }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes at `off`; a file that ends early is an
+/// `UnexpectedEof` saying it shrank.
+pub fn pread_exact(file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], off + done as u64) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file shrank while being copied",
+                ))
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from `off` to socket `sock` with `sendfile(2)`.
+pub fn sendfile_all(sock: RawFd, file: &File, off: u64, len: usize) -> io::Result<()> {
+    let mut pos = off as libc::off64_t;
+    let mut left = len;
+    while left > 0 {
+        // SAFETY: valid descriptors and offset pointer.
+        let n = unsafe { libc::sendfile64(sock, file.as_raw_fd(), &mut pos, left) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shrank while being copied",
+            ));
+        }
+        left -= n as usize;
+    }
+    Ok(())
+}
+
+/// Makes `[off, off+len)` read as zeros without allocating (a hole); file
+/// systems that cannot punch holes get zeros written.
+pub fn punch_hole(file: &File, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: valid fd.
+    let rc = unsafe {
+        libc::fallocate64(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off64_t,
+            len as libc::off64_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let zeros = vec![0u8; 1 << 20];
+    let mut pos = 0;
+    while pos < len {
+        let n = (len - pos).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], off + pos)?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+/// `fdatasync(2)`.
+pub fn datasync(file: &File) -> io::Result<()> {
+    // SAFETY: valid fd.
+    if unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Enables TCP keepalive with short timers, so a peer that vanished without
+/// a reset (power loss, cable) is noticed in about half a minute even when
+/// this side is only waiting.
+pub fn keepalive(sock: RawFd) {
+    let set = |level, opt, v: libc::c_int| {
+        // SAFETY: valid fd and an int option value.
+        unsafe {
+            libc::setsockopt(
+                sock,
+                level,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 5);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4);
+}
+
+/// A rate cap shared by all streams: each asks for bytes before sending and
+/// sleeps until the average since the start is back under the rate.
+#[derive(Debug)]
+pub struct Limiter {
+    bytes_per_sec: f64,
+    state: Mutex<(Instant, u64)>,
+}
+
+impl Limiter {
+    /// A limiter for `bits_per_sec`.
+    pub fn new(bits_per_sec: u64) -> Limiter {
+        Limiter {
+            bytes_per_sec: (bits_per_sec as f64 / 8.0).max(1.0),
+            state: Mutex::new((Instant::now(), 0)),
+        }
+    }
+
+    /// Accounts `n` bytes, sleeping as needed.
+    pub fn take(&self, n: u64) {
+        let wait = {
+            let mut s = crate::plan::lock(&self.state);
+            s.1 += n;
+            let due = s.0 + Duration::from_secs_f64(s.1 as f64 / self.bytes_per_sec);
+            due.saturating_duration_since(Instant::now())
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn aligned_buffer() {
+        let mut b = AlignedBuf::new(10);
+        assert_eq!(b.len(), ALIGN);
+        assert_eq!(b.bytes_mut().as_ptr() as usize % ALIGN, 0);
+        b.ensure(3 * ALIGN + 1);
+        assert_eq!(b.len(), 4 * ALIGN);
+        assert!(b.bytes_mut().iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn pread_and_holes() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 10000]).unwrap();
+        let mut buf = [0u8; 100];
+        pread_exact(&f, &mut buf, 50).unwrap();
+        assert!(buf.iter().all(|&x| x == 7));
+        let e = pread_exact(&f, &mut buf, 9950).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        punch_hole(&f, 4096, 4096).unwrap();
+        pread_exact(&f, &mut buf, 4096).unwrap();
+        assert!(buf.iter().all(|&x| x == 0));
+        pread_exact(&f, &mut buf, 8192).unwrap();
+        assert!(buf.iter().all(|&x| x == 7));
+    }
+
+    #[test]
+    fn limiter_paces() {
+        let l = Limiter::new(8 * 1_000_000); // 1 MB/s
+        let t = Instant::now();
+        l.take(100_000);
+        l.take(100_000);
+        let el = t.elapsed();
+        assert!(el >= Duration::from_millis(180), "{el:?}");
+    }
+}

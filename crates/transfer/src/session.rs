@@ -1,0 +1,1415 @@
+//! Sessions: the client's reconnecting driver and the server's handler.
+//!
+//! Both ends speak the same roles once connected: whoever has the files runs
+//! [`run_source`], whoever stores them runs [`run_sink`]. Push makes the
+//! client the source; pull makes the server the source. Only the opening
+//! differs: the client dials the copy-control connection (tag 0), sends a
+//! [`Request`], gets [`Msg::Accept`] or [`Msg::Refuse`], then dials the data
+//! connections (tags 1..=N).
+//!
+//! How connections are made is behind [`Link`] / [`Conn`] on the client and
+//! an `accept` function on the server, so the engine (authentication,
+//! cookies) plugs in from the binary and tests here run over plain loopback.
+//!
+//! Resume and reconnect are one mechanism: when a session breaks (a dropped
+//! connection, a killed peer), the client waits with exponential backoff
+//! and starts a new session with the same request. The receiver's journal
+//! and the skip-if-complete check mean only what is missing moves again.
+//! Refusals and authentication failures are not retried.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::beneath::{Dir, ResolveError};
+use crate::hash::Algo;
+use crate::io::keepalive;
+use crate::manifest::{Manifest, WalkError};
+use crate::relpath::RelPath;
+use crate::sink::{Sink, SinkOptions};
+use crate::source::{Source, SourceOptions};
+use crate::wire::{
+    entries_messages, need_messages, read_msg, write_msg, Accept, Direction, Entry, EntryKind,
+    Hello, Msg, Refuse, RefuseClass, Request, Summary, VERSION,
+};
+use crate::{Failure, Progress};
+
+/// Smallest and largest chunk sizes a server accepts.
+pub const CHUNK_LIMITS: (u32, u32) = (64 * 1024, 64 << 20);
+/// Most data connections per session.
+pub const MAX_STREAMS: u16 = 256;
+/// How long the server waits for the request and the data connections.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a copy failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// The user must fix something: a path, an export, the key (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// The connection failed or dropped; the client retries these.
+    #[error("{0}")]
+    Network(String),
+    /// Anything else that retrying would not fix (exit 1).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A way to start sessions with a server (the engine, or loopback in tests).
+pub trait Link: Send + Sync {
+    /// Starts a new session.
+    fn connect(&self) -> Result<Box<dyn Conn>, CopyError>;
+}
+
+/// One session's way to open connections to the server.
+pub trait Conn: Send {
+    /// Opens connection `tag` (0 is copy-control, 1.. are data).
+    fn open(&self, tag: u32) -> Result<TcpStream, CopyError>;
+}
+
+/// What the client was asked to do.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Push or pull.
+    pub direction: Direction,
+    /// The export name.
+    pub export: String,
+    /// Pull: export-relative sources. Push: one element, the destination
+    /// (a trailing `/` means "into this directory").
+    pub remote: Vec<Vec<u8>>,
+    /// Push: local sources.
+    pub local_sources: Vec<PathBuf>,
+    /// Pull: local destination.
+    pub local_dest: PathBuf,
+    /// Copy directories.
+    pub recursive: bool,
+    /// `--sync`.
+    pub sync: bool,
+    /// `--direct`.
+    pub direct: bool,
+    /// Chunk checksum.
+    pub algo: Algo,
+    /// Data connections.
+    pub streams: u16,
+    /// Chunk size.
+    pub chunk_size: u32,
+    /// Rate cap (bits/s) for the sending side when it is this client.
+    pub bwlimit: Option<u64>,
+    /// Reconnects allowed after a drop.
+    pub retries: u32,
+    /// Use `sendfile` when sending.
+    pub sendfile: bool,
+    /// Test hook: corrupt this data chunk on the wire when sending.
+    pub corrupt_chunk: Option<u64>,
+}
+
+/// What a finished copy reports.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The receiver's counters (from the last session).
+    pub summary: Summary,
+    /// Files that failed, one line each.
+    pub failures: Vec<Failure>,
+    /// Objects skipped while walking the source (specials, unreadable dirs).
+    pub problems: Vec<String>,
+    /// Sessions started again after a drop.
+    pub reconnects: u32,
+    /// This end's I/O path.
+    pub local_io: String,
+    /// The server's I/O path.
+    pub remote_io: String,
+    /// Data connections used.
+    pub streams: u16,
+    /// Files in the manifest.
+    pub files_total: u64,
+    /// Bytes in the manifest.
+    pub bytes_total: u64,
+    /// Payload bytes moved across all sessions of this run.
+    pub bytes_moved: u64,
+    /// Wall-clock time of the whole run.
+    pub elapsed: Duration,
+}
+
+/// Runs a copy as the client, reconnecting after drops within the budget.
+/// `on_retry` is told about each reconnect (one line).
+pub fn run_client(
+    link: &dyn Link,
+    job: &Job,
+    progress: Arc<Progress>,
+    on_retry: &dyn Fn(&str),
+) -> Result<Report, CopyError> {
+    let started = Instant::now();
+    let local = match job.direction {
+        Direction::Push => Some(local_manifest(job)?),
+        Direction::Pull => None,
+    };
+    let mut report = Report::default();
+    let mut backoff = Duration::from_millis(200);
+    let mut attempt = 0u32;
+    loop {
+        match client_session(
+            link,
+            job,
+            local.as_ref(),
+            Arc::clone(&progress),
+            &mut report,
+        ) {
+            Ok(()) => {
+                if let Some(m) = &local {
+                    report.problems = m.problems.clone();
+                }
+                report.reconnects = attempt;
+                report.elapsed = started.elapsed();
+                return Ok(report);
+            }
+            Err(CopyError::Network(why)) if attempt < job.retries => {
+                attempt += 1;
+                on_retry(&format!(
+                    "connection lost ({why}); reconnecting in {} ms (attempt {attempt} of {})",
+                    backoff.as_millis(),
+                    job.retries
+                ));
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(CopyError::Network(why)) => {
+                return Err(CopyError::Failed(format!(
+                    "{why}; gave up after {} reconnect(s) (re-run the same command to resume)",
+                    attempt
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Server configuration of one export: `name=path[:ro][:public]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// The name clients use (`HOST:NAME/path`).
+    pub name: String,
+    /// The directory it publishes.
+    pub path: PathBuf,
+    /// Refuse pushes.
+    pub read_only: bool,
+    /// Serve without the pre-shared key.
+    pub public: bool,
+}
+
+impl std::str::FromStr for Export {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Export, String> {
+        let (name, mut rest) = s
+            .split_once('=')
+            .ok_or_else(|| format!("export '{s}': expected NAME=PATH[:ro][:public]"))?;
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return Err(format!(
+                "export '{s}': the name may use letters, digits, '-', '_' and '.'"
+            ));
+        }
+        let (mut read_only, mut public) = (false, false);
+        loop {
+            if let Some(r) = rest.strip_suffix(":ro") {
+                read_only = true;
+                rest = r;
+            } else if let Some(r) = rest.strip_suffix(":rw") {
+                rest = r;
+            } else if let Some(r) = rest.strip_suffix(":public") {
+                public = true;
+                rest = r;
+            } else {
+                break;
+            }
+        }
+        if rest.is_empty() {
+            return Err(format!("export '{s}': missing the directory"));
+        }
+        Ok(Export {
+            name: name.to_string(),
+            path: PathBuf::from(rest),
+            read_only,
+            public,
+        })
+    }
+}
+
+/// What the server's copy service knows.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The exports.
+    pub exports: Vec<Export>,
+    /// True when the server requires the pre-shared key (every session is
+    /// then authenticated); otherwise only public exports are served.
+    pub keyed: bool,
+    /// Use `sendfile` when sending.
+    pub sendfile: bool,
+}
+
+/// Serves one copy session. `accept` yields this session's connections
+/// (copy-control first), waiting at most the given time.
+pub fn serve(
+    cfg: &ServerConfig,
+    accept: &dyn Fn(Duration) -> Result<TcpStream, String>,
+) -> Result<Summary, CopyError> {
+    let mut ctrl = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
+    ctrl.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+    expect_hello(&mut ctrl, Hello::Control)?;
+    let req = match read_msg(&mut ctrl).map_err(net)? {
+        Msg::Request(r) => r,
+        other => {
+            return Err(CopyError::Failed(format!(
+                "expected a request, got {other:?}"
+            )))
+        }
+    };
+    let plan = match check_request(cfg, &req) {
+        Ok(p) => p,
+        Err(refuse) => {
+            let _ = write_msg(&mut ctrl, &Msg::Refuse(refuse.clone()));
+            return Err(CopyError::Usage(refuse.message));
+        }
+    };
+    let streams = req.streams.clamp(1, MAX_STREAMS);
+    let progress = Arc::new(Progress::default());
+    let io_name = match req.direction {
+        Direction::Push if req.direct => "pwrite+O_DIRECT",
+        Direction::Push => "pwrite",
+        Direction::Pull if cfg.sendfile => "pread+sendfile",
+        Direction::Pull => "pread+write",
+    };
+    write_msg(
+        &mut ctrl,
+        &Msg::Accept(Accept {
+            streams,
+            io: io_name.into(),
+        }),
+    )
+    .map_err(net)?;
+    let mut data = Vec::new();
+    for _ in 0..streams {
+        let mut s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
+        s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+        expect_hello(&mut s, Hello::Data)?;
+        s.set_read_timeout(None).map_err(net)?;
+        data.push(s);
+    }
+    ctrl.set_read_timeout(None).map_err(net)?;
+    match plan {
+        ServerPlan::Pull(m) => {
+            let src = Arc::new(Source::new(
+                m.entries,
+                m.origins,
+                SourceOptions {
+                    chunk_size: req.chunk_size,
+                    algo: req.algo,
+                    sendfile: cfg.sendfile,
+                    bwlimit: None,
+                    corrupt_chunk: SourceOptions::corrupt_from_env(),
+                },
+                progress,
+            ));
+            run_source(src, ctrl, data)
+        }
+        ServerPlan::Push {
+            root,
+            dest,
+            into_dir,
+        } => {
+            let opts = sink_options(&req);
+            let map = move |entries: &[Entry]| map_beneath(&root, dest.as_ref(), into_dir, entries);
+            run_sink(ctrl, data, opts, progress, &map).map(|(s, _)| s)
+        }
+    }
+}
+
+/// Sends the manifest, takes the needs, streams until the receiver is done.
+pub fn run_source(
+    src: Arc<Source>,
+    mut ctrl: TcpStream,
+    data: Vec<TcpStream>,
+) -> Result<Summary, CopyError> {
+    for msg in entries_messages(src.entries()) {
+        write_msg(&mut ctrl, &msg).map_err(net)?;
+    }
+    write_msg(
+        &mut ctrl,
+        &Msg::EntriesEnd {
+            count: src.entries().len() as u32,
+        },
+    )
+    .map_err(net)?;
+    let mut needs = Vec::new();
+    loop {
+        match read_msg(&mut ctrl).map_err(net)? {
+            Msg::Need(n) => needs.extend(n),
+            Msg::NeedEnd => break,
+            Msg::FileFailed { file, message } => {
+                let _ = src.handle(Msg::FileFailed { file, message });
+            }
+            Msg::Abort { message } => {
+                return Err(CopyError::Failed(format!("receiver: {message}")))
+            }
+            other => return Err(CopyError::Failed(format!("expected needs, got {other:?}"))),
+        }
+    }
+    src.plan(&needs);
+    src.set_control(ctrl.try_clone().map_err(net)?);
+    let teardown = Teardown::new(&ctrl, &data)?;
+    let mut threads = Vec::new();
+    for s in data {
+        keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
+        let src = Arc::clone(&src);
+        let td = teardown.clone_handles()?;
+        threads.push(std::thread::spawn(move || {
+            let r = src.send(s);
+            if r.is_err() && src.done().is_none() {
+                src.stop();
+                td.all();
+            }
+            r
+        }));
+    }
+    keepalive(std::os::fd::AsRawFd::as_raw_fd(&ctrl));
+    let outcome = loop {
+        match read_msg(&mut ctrl) {
+            Ok(msg) => match src.handle(msg) {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(why) => break Err(CopyError::Failed(why)),
+            },
+            Err(e) => break Err(net(e)),
+        }
+    };
+    if outcome.is_err() {
+        src.stop();
+        teardown.all();
+    }
+    let mut send_err = None;
+    for t in threads {
+        if let Ok(Err(e)) = t.join() {
+            send_err.get_or_insert(e);
+        }
+    }
+    outcome?;
+    let _ = ctrl.shutdown(Shutdown::Both);
+    src.done().ok_or_else(|| {
+        CopyError::Network(send_err.map_or("session ended early".into(), |e| e.to_string()))
+    })
+}
+
+/// Maps the manifest to a destination directory (and an optional new name
+/// for its single top-level item).
+pub type MapDest<'a> = dyn Fn(&[Entry]) -> Result<(Dir, Option<Vec<u8>>), CopyError> + 'a;
+
+/// Takes the manifest, plans, receives until complete, reports `Done`.
+/// Returns the summary and the per-file failures.
+pub fn run_sink(
+    mut ctrl: TcpStream,
+    data: Vec<TcpStream>,
+    opts: SinkOptions,
+    progress: Arc<Progress>,
+    map: &MapDest<'_>,
+) -> Result<(Summary, Vec<Failure>), CopyError> {
+    let mut entries = Vec::new();
+    loop {
+        match read_msg(&mut ctrl).map_err(net)? {
+            Msg::Entries(e) => {
+                if entries.len() + e.len() > MAX_ENTRIES {
+                    return Err(CopyError::Failed(format!(
+                        "more than {MAX_ENTRIES} entries"
+                    )));
+                }
+                entries.extend(e)
+            }
+            Msg::EntriesEnd { count } if count as usize == entries.len() => break,
+            other => {
+                return Err(CopyError::Failed(format!(
+                    "bad manifest from sender: {other:?}"
+                )))
+            }
+        }
+    }
+    let (base, rename) = match map(&entries) {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = write_msg(
+                &mut ctrl,
+                &Msg::Abort {
+                    message: e.to_string(),
+                },
+            );
+            return Err(e);
+        }
+    };
+    if let Some(name) = rename {
+        entries = rename_top(entries, &name)?;
+    }
+    progress.total_files.store(
+        entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+            .count() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    progress.total_bytes.store(
+        entries
+            .iter()
+            .map(|e| match e.kind {
+                EntryKind::File { size, .. } => size,
+                _ => 0,
+            })
+            .sum(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let (sink, needs) = Sink::prepare(base, entries, opts, progress)
+        .map_err(|e| CopyError::Failed(e.to_string()))?;
+    let sink = Arc::new(sink);
+    // Failures found while planning go to the sender before the needs.
+    sink.set_control(ctrl.try_clone().map_err(net)?);
+    for msg in need_messages(needs) {
+        write_msg(&mut ctrl, &msg).map_err(net)?;
+    }
+    write_msg(&mut ctrl, &Msg::NeedEnd).map_err(net)?;
+    let teardown = Teardown::new(&ctrl, &data)?;
+    let mut threads = Vec::new();
+    for s in data {
+        keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
+        let sk = Arc::clone(&sink);
+        let td = teardown.clone_handles()?;
+        threads.push(std::thread::spawn(move || {
+            let r = sk.receive(s);
+            if let Err(e) = &r {
+                if !sk.finished() {
+                    sk.abort(format!("data connection: {e}"));
+                    td.all();
+                }
+            }
+        }));
+    }
+    keepalive(std::os::fd::AsRawFd::as_raw_fd(&ctrl));
+    let reader = {
+        let sk = Arc::clone(&sink);
+        let mut c = ctrl.try_clone().map_err(net)?;
+        let td = teardown.clone_handles()?;
+        std::thread::spawn(move || loop {
+            match read_msg(&mut c) {
+                Ok(Msg::FileFailed { file, message }) => sk.remote_failure(file, message),
+                Ok(Msg::Abort { message }) => {
+                    sk.abort(format!("sender aborted: {message}"));
+                    td.all();
+                    return;
+                }
+                Ok(other) => {
+                    sk.abort(format!("unexpected message from sender: {other:?}"));
+                    td.all();
+                    return;
+                }
+                Err(e) => {
+                    if !sk.finished() {
+                        sk.abort(format!("control connection: {e}"));
+                        td.all();
+                    }
+                    return;
+                }
+            }
+        })
+    };
+    let result = sink.wait();
+    match result {
+        Ok(summary) => {
+            let sent = write_msg(&mut ctrl, &Msg::Done(summary.clone()));
+            for t in threads {
+                let _ = t.join();
+            }
+            teardown.all();
+            let _ = reader.join();
+            sent.map_err(net)?;
+            Ok((summary, sink.failures()))
+        }
+        Err(why) => {
+            teardown.all();
+            for t in threads {
+                let _ = t.join();
+            }
+            let _ = reader.join();
+            Err(CopyError::Network(why))
+        }
+    }
+}
+
+/// The most manifest entries one session accepts.
+pub const MAX_ENTRIES: usize = 50_000_000;
+
+enum ServerPlan {
+    Pull(Manifest),
+    Push {
+        root: Dir,
+        dest: Option<RelPath>,
+        into_dir: bool,
+    },
+}
+
+fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse> {
+    let usage = |m: String| Refuse {
+        class: RefuseClass::Usage,
+        message: m,
+    };
+    if req.version != VERSION {
+        return Err(usage(format!(
+            "copy protocol version {} is not supported (server speaks {VERSION}); use matching fatpipe versions",
+            req.version
+        )));
+    }
+    let name = String::from_utf8_lossy(&req.export);
+    let Some(export) = cfg
+        .exports
+        .iter()
+        .find(|e| e.name.as_bytes() == &req.export[..])
+    else {
+        let names: Vec<&str> = cfg.exports.iter().map(|e| e.name.as_str()).collect();
+        return Err(usage(format!(
+            "no export named '{name}' on this server (exports: {})",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        )));
+    };
+    if !export.public && !cfg.keyed {
+        return Err(usage(format!(
+            "export '{name}' is not public and the server has no key: start it with --key-file (or mark the export :public)"
+        )));
+    }
+    if !(CHUNK_LIMITS.0..=CHUNK_LIMITS.1).contains(&req.chunk_size) {
+        return Err(usage(format!(
+            "chunk size {} is out of range",
+            req.chunk_size
+        )));
+    }
+    let root = Dir::open(&export.path).map_err(|e| Refuse {
+        class: RefuseClass::Failed,
+        message: format!("export '{name}' is unavailable: {e}"),
+    })?;
+    let bad_path =
+        |p: &[u8], why: String| usage(format!("{name}/{}: {why}", String::from_utf8_lossy(p)));
+    match req.direction {
+        Direction::Push => {
+            if export.read_only {
+                return Err(usage(format!("export '{name}' is read-only")));
+            }
+            let raw = req.paths.first().cloned().unwrap_or_default();
+            let dest = RelPath::parse_optional(&raw).map_err(|e| bad_path(&raw, e.to_string()))?;
+            if let Some(d) = &dest {
+                // Refuse escapes now, with a clear message, rather than after
+                // the manifest: resolve the deepest existing ancestor.
+                let (parent, _) = d.split_last();
+                match root.dir_beneath(parent.as_ref()) {
+                    Err(ResolveError::Escapes) => {
+                        return Err(bad_path(&raw, "leads outside the export".into()))
+                    }
+                    Err(ResolveError::Io(e)) => return Err(bad_path(&raw, e.to_string())),
+                    Ok(p) => {
+                        if let Err(ResolveError::Escapes) = root.dir_beneath(Some(d)) {
+                            return Err(bad_path(&raw, "leads outside the export".into()));
+                        }
+                        drop(p);
+                    }
+                }
+            }
+            Ok(ServerPlan::Push {
+                root,
+                dest,
+                into_dir: raw.ends_with(b"/") && !raw.iter().all(|&b| b == b'/'),
+            })
+        }
+        Direction::Pull => {
+            if req.paths.is_empty() {
+                return Err(usage("nothing to copy".into()));
+            }
+            let root = Arc::new(root);
+            let mut m = Manifest::default();
+            for raw in &req.paths {
+                let p = RelPath::parse_optional(raw).map_err(|e| bad_path(raw, e.to_string()))?;
+                let walked = match &p {
+                    None => {
+                        let as_name = RelPath::new(export.name.as_bytes())
+                            .map_err(|e| bad_path(raw, e.to_string()))?;
+                        if !req.recursive {
+                            return Err(bad_path(
+                                raw,
+                                "is a directory (use -r to copy directories)".into(),
+                            ));
+                        }
+                        m.add_root_dir(Arc::clone(&root), &as_name)
+                    }
+                    Some(p) => {
+                        if raw.ends_with(b"/") {
+                            // "dir/" names the directory itself: it must
+                            // resolve as one, beneath the export.
+                            match root.dir_beneath(Some(p)) {
+                                Ok(_) => {}
+                                Err(ResolveError::Escapes) => {
+                                    return Err(bad_path(raw, "leads outside the export".into()))
+                                }
+                                Err(ResolveError::Io(e)) => {
+                                    return Err(bad_path(raw, e.to_string()))
+                                }
+                            }
+                        }
+                        let (parent, last) = p.split_last();
+                        let dir = match root.dir_beneath(parent.as_ref()) {
+                            Ok(d) => Arc::new(d),
+                            Err(ResolveError::Escapes) => {
+                                return Err(bad_path(raw, "leads outside the export".into()))
+                            }
+                            Err(ResolveError::Io(e)) => return Err(bad_path(raw, e.to_string())),
+                        };
+                        let as_name =
+                            RelPath::new(last).map_err(|e| bad_path(raw, e.to_string()))?;
+                        m.add(dir, last, &as_name, req.recursive)
+                    }
+                };
+                walked.map_err(|e| usage(format!("{name}/{e}")))?;
+            }
+            check_unique_tops(&m.entries).map_err(usage)?;
+            Ok(ServerPlan::Pull(m))
+        }
+    }
+}
+
+fn sink_options(req: &Request) -> SinkOptions {
+    SinkOptions {
+        chunk_size: req.chunk_size,
+        algo: req.algo,
+        sync: req.sync,
+        direct: req.direct,
+        max_resends: 5,
+    }
+}
+
+/// Server side: where pushed entries go, beneath the export root.
+fn map_beneath(
+    root: &Dir,
+    dest: Option<&RelPath>,
+    into_dir: bool,
+    entries: &[Entry],
+) -> Result<(Dir, Option<Vec<u8>>), CopyError> {
+    let tops = entries.iter().filter(|e| e.path.depth() == 1).count();
+    let Some(d) = dest else {
+        return Ok((root.try_clone().map_err(fail)?, None));
+    };
+    let shown = d.display();
+    match root.dir_beneath(Some(d)) {
+        Ok(dir) => return Ok((dir, None)),
+        Err(ResolveError::Escapes) => {
+            return Err(CopyError::Usage(format!(
+                "{shown}: leads outside the export"
+            )))
+        }
+        Err(ResolveError::Io(e))
+            if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
+        Err(ResolveError::Io(e)) => return Err(CopyError::Failed(format!("{shown}: {e}"))),
+    }
+    let (parent, name) = d.split_last();
+    let pdir = match root.dir_beneath(parent.as_ref()) {
+        Ok(p) => p,
+        Err(ResolveError::Escapes) => {
+            return Err(CopyError::Usage(format!(
+                "{shown}: leads outside the export"
+            )))
+        }
+        Err(ResolveError::Io(e)) => {
+            return Err(CopyError::Usage(format!("{shown}: parent directory: {e}")))
+        }
+    };
+    if tops == 1 && !into_dir {
+        return Ok((pdir, Some(name.to_vec())));
+    }
+    pdir.mkdir_at(name, 0o755)
+        .map_err(|e| CopyError::Failed(format!("{shown}: {e}")))?;
+    let dir = pdir
+        .subdir(name)
+        .map_err(|e| CopyError::Failed(format!("{shown}: {e}")))?;
+    Ok((dir, None))
+}
+
+/// Client side: where pulled entries go on the local file system.
+fn map_local(dest: &Path, entries: &[Entry]) -> Result<(Dir, Option<Vec<u8>>), CopyError> {
+    let tops = entries.iter().filter(|e| e.path.depth() == 1).count();
+    let into_dir = dest.as_os_str().as_encoded_bytes().ends_with(b"/");
+    let shown = dest.display();
+    if dest.is_dir() {
+        return Ok((
+            Dir::open(dest).map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?,
+            None,
+        ));
+    }
+    let name = dest
+        .file_name()
+        .ok_or_else(|| CopyError::Usage(format!("{shown}: not a usable destination")))?;
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let pdir =
+        Dir::open(parent).map_err(|e| CopyError::Usage(format!("{}: {e}", parent.display())))?;
+    let name = name.as_encoded_bytes();
+    if tops == 1 && !into_dir {
+        return Ok((pdir, Some(name.to_vec())));
+    }
+    pdir.mkdir_at(name, 0o755)
+        .map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
+    Ok((
+        pdir.subdir(name)
+            .map_err(|e| CopyError::Failed(format!("{shown}: {e}")))?,
+        None,
+    ))
+}
+
+fn rename_top(entries: Vec<Entry>, name: &[u8]) -> Result<Vec<Entry>, CopyError> {
+    entries
+        .into_iter()
+        .map(|mut e| {
+            let p = match e.path.rest() {
+                None => RelPath::new(name),
+                Some(rest) => {
+                    let mut v = name.to_vec();
+                    v.push(b'/');
+                    v.extend_from_slice(rest);
+                    RelPath::new(&v)
+                }
+            };
+            e.path = p.map_err(|err| CopyError::Usage(format!("destination name: {err}")))?;
+            Ok(e)
+        })
+        .collect()
+}
+
+fn check_unique_tops(entries: &[Entry]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for e in entries.iter().filter(|e| e.path.depth() == 1) {
+        if !seen.insert(e.path.as_bytes()) {
+            return Err(format!(
+                "two sources are both named '{}' at the destination",
+                e.path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn local_manifest(job: &Job) -> Result<Manifest, CopyError> {
+    let mut m = Manifest::default();
+    for src in &job.local_sources {
+        let shown = src.display().to_string();
+        let bytes = src.as_os_str().as_encoded_bytes();
+        let trailing = bytes.ends_with(b"/") && bytes.len() > 1;
+        let (parent, name): (PathBuf, Vec<u8>) = match src.file_name() {
+            Some(n) if !trailing => (
+                match src.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                    _ => PathBuf::from("."),
+                },
+                n.as_encoded_bytes().to_vec(),
+            ),
+            _ => {
+                // "dir/", ".", "..": copy the directory itself under its real name.
+                let real = std::fs::canonicalize(src)
+                    .map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
+                let n = real
+                    .file_name()
+                    .ok_or_else(|| {
+                        CopyError::Usage(format!("{shown}: cannot copy the file-system root"))
+                    })?
+                    .as_encoded_bytes()
+                    .to_vec();
+                (real.parent().map(Path::to_path_buf).unwrap_or_default(), n)
+            }
+        };
+        let dir = Dir::open(&parent).map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
+        let as_name = RelPath::new(&name).map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
+        m.add(Arc::new(dir), &name, &as_name, job.recursive)
+            .map_err(|e| match e {
+                WalkError::Io { .. } => CopyError::Failed(e.to_string()),
+                other => CopyError::Usage(other.to_string()),
+            })?;
+    }
+    check_unique_tops(&m.entries).map_err(CopyError::Usage)?;
+    Ok(m)
+}
+
+fn client_session(
+    link: &dyn Link,
+    job: &Job,
+    local: Option<&Manifest>,
+    progress: Arc<Progress>,
+    report: &mut Report,
+) -> Result<(), CopyError> {
+    let conn = link.connect()?;
+    let mut ctrl = conn.open(0)?;
+    ctrl.write_all(&Hello::Control.encode()).map_err(net)?;
+    let paths = job.remote.clone();
+    write_msg(
+        &mut ctrl,
+        &Msg::Request(Request {
+            version: VERSION,
+            direction: job.direction,
+            recursive: job.recursive,
+            sync: job.sync,
+            direct: job.direct,
+            algo: job.algo,
+            streams: job.streams,
+            chunk_size: job.chunk_size,
+            export: job.export.as_bytes().to_vec(),
+            paths,
+        }),
+    )
+    .map_err(net)?;
+    // The server may walk a large tree before answering a pull.
+    ctrl.set_read_timeout(Some(Duration::from_secs(600)))
+        .map_err(net)?;
+    let accept = match read_msg(&mut ctrl).map_err(net)? {
+        Msg::Accept(a) => a,
+        Msg::Refuse(r) => {
+            return Err(match r.class {
+                RefuseClass::Usage => CopyError::Usage(r.message),
+                RefuseClass::Failed => CopyError::Failed(r.message),
+            })
+        }
+        other => return Err(CopyError::Failed(format!("unexpected reply {other:?}"))),
+    };
+    ctrl.set_read_timeout(None).map_err(net)?;
+    report.streams = accept.streams;
+    report.remote_io = accept.io.clone();
+    let mut data = Vec::new();
+    for tag in 1..=u32::from(accept.streams) {
+        let mut s = conn.open(tag)?;
+        s.write_all(&Hello::Data.encode()).map_err(net)?;
+        data.push(s);
+    }
+    match job.direction {
+        Direction::Push => {
+            let m = local.ok_or_else(|| CopyError::Failed("no manifest".into()))?;
+            report.files_total = m.file_count() as u64;
+            report.bytes_total = m.total_bytes();
+            progress
+                .total_files
+                .store(report.files_total, std::sync::atomic::Ordering::Relaxed);
+            progress
+                .total_bytes
+                .store(report.bytes_total, std::sync::atomic::Ordering::Relaxed);
+            let src = Arc::new(Source::new(
+                m.entries.clone(),
+                m.origins.clone(),
+                SourceOptions {
+                    chunk_size: job.chunk_size,
+                    algo: job.algo,
+                    sendfile: job.sendfile,
+                    bwlimit: job.bwlimit,
+                    corrupt_chunk: job.corrupt_chunk,
+                },
+                progress,
+            ));
+            let r = run_source(Arc::clone(&src), ctrl, data);
+            report.local_io = src.io_path().into();
+            merge_failures(&mut report.failures, src.failures());
+            let summary = r?;
+            report.bytes_moved += summary.bytes_written;
+            report.summary = summary;
+            Ok(())
+        }
+        Direction::Pull => {
+            let opts = SinkOptions {
+                chunk_size: job.chunk_size,
+                algo: job.algo,
+                sync: job.sync,
+                direct: job.direct,
+                max_resends: 5,
+            };
+            let dest = job.local_dest.clone();
+            let p2 = Arc::clone(&progress);
+            let map = move |entries: &[Entry]| map_local(&dest, entries);
+            let (summary, failures) = run_sink(ctrl, data, opts, p2, &map)?;
+            report.files_total = progress
+                .total_files
+                .load(std::sync::atomic::Ordering::Relaxed);
+            report.bytes_total = progress
+                .total_bytes
+                .load(std::sync::atomic::Ordering::Relaxed);
+            report.local_io = summary.io.clone();
+            merge_failures(&mut report.failures, failures);
+            report.bytes_moved += summary.bytes_written;
+            report.summary = summary;
+            Ok(())
+        }
+    }
+}
+
+fn merge_failures(into: &mut Vec<Failure>, new: Vec<Failure>) {
+    // A retry reports the same failures again; keep the latest per path.
+    into.retain(|f| !new.iter().any(|n| n.path == f.path));
+    into.extend(new);
+}
+
+fn expect_hello(s: &mut TcpStream, want: Hello) -> Result<(), CopyError> {
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b).map_err(net)?;
+    match Hello::decode(&b) {
+        Ok(h) if h == want => Ok(()),
+        Ok(h) => Err(CopyError::Failed(format!(
+            "expected a {want:?} connection, got {h:?}"
+        ))),
+        Err(e) => Err(CopyError::Failed(e.to_string())),
+    }
+}
+
+fn net(e: io::Error) -> CopyError {
+    if e.kind() == io::ErrorKind::InvalidData {
+        return CopyError::Failed(format!("protocol error: {e}"));
+    }
+    CopyError::Network(e.to_string())
+}
+
+fn fail(e: io::Error) -> CopyError {
+    CopyError::Failed(e.to_string())
+}
+
+/// Socket clones, so any thread can shut every connection of the session
+/// down and wake the others.
+struct Teardown {
+    socks: Vec<TcpStream>,
+}
+
+impl Teardown {
+    fn new(ctrl: &TcpStream, data: &[TcpStream]) -> Result<Teardown, CopyError> {
+        let mut socks = vec![ctrl.try_clone().map_err(net)?];
+        for d in data {
+            socks.push(d.try_clone().map_err(net)?);
+        }
+        Ok(Teardown { socks })
+    }
+
+    fn clone_handles(&self) -> Result<Teardown, CopyError> {
+        let socks = self
+            .socks
+            .iter()
+            .map(|s| s.try_clone().map_err(net))
+            .collect::<Result<_, _>>()?;
+        Ok(Teardown { socks })
+    }
+
+    fn all(&self) {
+        for s in &self.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::net::TcpListener;
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    /// Plain-TCP link; records every stream so a test can cut them.
+    struct TestLink {
+        addr: std::net::SocketAddr,
+        opened: Arc<Mutex<Vec<TcpStream>>>,
+    }
+
+    struct TestConn {
+        addr: std::net::SocketAddr,
+        opened: Arc<Mutex<Vec<TcpStream>>>,
+    }
+
+    impl Link for TestLink {
+        fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
+            Ok(Box::new(TestConn {
+                addr: self.addr,
+                opened: Arc::clone(&self.opened),
+            }))
+        }
+    }
+
+    impl Conn for TestConn {
+        fn open(&self, _tag: u32) -> Result<TcpStream, CopyError> {
+            let s = TcpStream::connect(self.addr).map_err(net)?;
+            self.opened.lock().unwrap().push(s.try_clone().unwrap());
+            Ok(s)
+        }
+    }
+
+    struct TestServer {
+        link: TestLink,
+        stop: Arc<AtomicBool>,
+        results: Arc<Mutex<Vec<Result<Summary, String>>>>,
+    }
+
+    impl Drop for TestServer {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn server(cfg: ServerConfig) -> TestServer {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let (st, rs) = (Arc::clone(&stop), Arc::clone(&results));
+        std::thread::spawn(move || {
+            let accept = |t: Duration| -> Result<TcpStream, String> {
+                let end = Instant::now() + t;
+                loop {
+                    if st.load(Ordering::SeqCst) {
+                        return Err("stopped".into());
+                    }
+                    match l.accept() {
+                        Ok((s, _)) => {
+                            s.set_nonblocking(false).unwrap();
+                            return Ok(s);
+                        }
+                        Err(_) if Instant::now() < end => {
+                            std::thread::sleep(Duration::from_millis(2))
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+            };
+            while !st.load(Ordering::SeqCst) {
+                let r = serve(&cfg, &accept);
+                if st.load(Ordering::SeqCst) {
+                    break;
+                }
+                rs.lock().unwrap().push(r.map_err(|e| e.to_string()));
+            }
+        });
+        TestServer {
+            link: TestLink {
+                addr,
+                opened: Arc::new(Mutex::new(Vec::new())),
+            },
+            stop,
+            results,
+        }
+    }
+
+    fn export(name: &str, path: &Path, ro: bool) -> Export {
+        Export {
+            name: name.into(),
+            path: path.to_path_buf(),
+            read_only: ro,
+            public: false,
+        }
+    }
+
+    fn job(direction: Direction, export: &str, remote: &[&str]) -> Job {
+        Job {
+            direction,
+            export: export.into(),
+            remote: remote.iter().map(|r| r.as_bytes().to_vec()).collect(),
+            local_sources: vec![],
+            local_dest: PathBuf::new(),
+            recursive: true,
+            sync: false,
+            direct: false,
+            algo: Algo::Xxh3,
+            streams: 3,
+            chunk_size: 64 * 1024,
+            bwlimit: None,
+            retries: 3,
+            sendfile: true,
+            corrupt_chunk: None,
+        }
+    }
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A tree with the awkward cases: odd names, empty dir and file, sparse
+    /// file, symlinks (one pointing outside), multi-chunk file.
+    fn make_tree(root: &Path) {
+        let t = root.join("tree");
+        std::fs::create_dir_all(t.join("empty dir")).unwrap();
+        std::fs::create_dir_all(t.join("ünïcödé/deeper")).unwrap();
+        std::fs::write(t.join("ünïcödé/deeper/small file.txt"), b"hello world").unwrap();
+        std::fs::write(t.join("zero"), b"").unwrap();
+        std::fs::write(t.join("N".repeat(255)), b"long name").unwrap();
+        std::fs::write(t.join("big.bin"), pseudo_random(1_000_000, 7)).unwrap();
+        let sparse = std::fs::File::create(t.join("sparse")).unwrap();
+        sparse.set_len(3 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&sparse, b"middle", 1 << 20).unwrap();
+        symlink("ünïcödé/deeper", t.join("inside-link")).unwrap();
+        symlink("/etc/passwd", t.join("outside-link")).unwrap();
+        std::fs::set_permissions(t.join("zero"), std::fs::Permissions::from_mode(0o640)).unwrap();
+        let ro = t.join("ünïcödé/deeper");
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    }
+
+    /// Everything a copy must reproduce, per relative path.
+    fn snapshot(root: &Path) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+            let mut names: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            names.sort();
+            for p in names {
+                let rel = p.strip_prefix(base).unwrap().display().to_string();
+                let m = std::fs::symlink_metadata(&p).unwrap();
+                let desc = if m.file_type().is_symlink() {
+                    format!("link {}", std::fs::read_link(&p).unwrap().display())
+                } else if m.is_dir() {
+                    walk(base, &p, out);
+                    format!("dir {:o} {}", m.mode() & 0o7777, m.mtime())
+                } else {
+                    let data = std::fs::read(&p).unwrap();
+                    format!(
+                        "file {:o} {}.{} {} {:x}",
+                        m.mode() & 0o7777,
+                        m.mtime(),
+                        m.mtime_nsec(),
+                        data.len(),
+                        xxhash_rust::xxh3::xxh3_64(&data)
+                    )
+                };
+                out.insert(rel, desc);
+            }
+        }
+        walk(root, root, &mut out);
+        out
+    }
+
+    fn cfg(exports: Vec<Export>) -> ServerConfig {
+        ServerConfig {
+            exports,
+            keyed: true,
+            sendfile: true,
+        }
+    }
+
+    #[test]
+    fn push_then_pull_reproduces_the_tree() {
+        let src = tempfile::tempdir().unwrap();
+        make_tree(src.path());
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("tree")];
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+        assert_eq!(rep.summary.files_verified, 5);
+        assert_eq!(
+            snapshot(&src.path().join("tree")),
+            snapshot(&exp.path().join("tree"))
+        );
+        // Holes stay holes.
+        let m = std::fs::metadata(exp.path().join("tree/sparse")).unwrap();
+        assert!(
+            m.blocks() * 512 < 1 << 20,
+            "sparse file was filled: {} blocks",
+            m.blocks()
+        );
+        // No temporary names are left behind.
+        assert!(!snapshot(exp.path()).keys().any(|k| k.contains(".fatpipe-")));
+
+        // Same again: everything is skipped.
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(
+            (rep.summary.files_skipped, rep.summary.bytes_written),
+            (5, 0)
+        );
+
+        // Pull it back under a new name.
+        let back = tempfile::tempdir().unwrap();
+        let mut j = job(Direction::Pull, "data", &["tree"]);
+        j.local_dest = back.path().join("copy");
+        j.algo = Algo::Blake3;
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+        assert_eq!(
+            snapshot(&src.path().join("tree")),
+            snapshot(&back.path().join("copy"))
+        );
+    }
+
+    #[test]
+    fn corrupted_chunk_is_detected_and_sent_again() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), pseudo_random(500_000, 3)).unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &["g"]);
+        j.local_sources = vec![src.path().join("f")];
+        j.corrupt_chunk = Some(2);
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(rep.summary.chunks_resent, 1);
+        assert_eq!(rep.summary.files_verified, 1);
+        assert_eq!(
+            std::fs::read(src.path().join("f")).unwrap(),
+            std::fs::read(exp.path().join("g")).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_dropped_session_resumes_where_it_stopped() {
+        let src = tempfile::tempdir().unwrap();
+        let data = pseudo_random(6 << 20, 11);
+        std::fs::write(src.path().join("f"), &data).unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        j.bwlimit = Some(60_000_000); // ~7.5 MB/s: the first session takes a while
+        let progress = Arc::new(Progress::default());
+        let opened = Arc::clone(&srv.link.opened);
+        let p2 = Arc::clone(&progress);
+        let cutter = std::thread::spawn(move || {
+            while p2.bytes.load(Ordering::Relaxed) < 2 << 20 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for s in opened.lock().unwrap().drain(..) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        });
+        let retries = Mutex::new(0);
+        let rep = run_client(&srv.link, &j, Arc::clone(&progress), &|_| {
+            *retries.lock().unwrap() += 1
+        })
+        .unwrap();
+        cutter.join().unwrap();
+        assert_eq!(*retries.lock().unwrap(), 1);
+        assert_eq!(rep.reconnects, 1);
+        assert!(
+            rep.summary.bytes_written < data.len() as u64 - (1 << 20),
+            "the second session re-sent {} bytes",
+            rep.summary.bytes_written
+        );
+        assert_eq!(std::fs::read(exp.path().join("f")).unwrap(), data);
+        assert!(!snapshot(exp.path()).keys().any(|k| k.contains(".fatpipe-")));
+    }
+
+    #[test]
+    fn escapes_read_only_and_unknown_exports_are_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"s").unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        symlink(outside.path(), exp.path().join("out")).unwrap();
+        let ro = tempfile::tempdir().unwrap();
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), b"x").unwrap();
+        let mut exports = vec![
+            export("data", exp.path(), false),
+            export("pub", ro.path(), true),
+        ];
+        exports.push(Export {
+            name: "open".into(),
+            path: ro.path().to_path_buf(),
+            read_only: false,
+            public: false,
+        });
+        let mut c = cfg(exports);
+        let srv = server(c.clone());
+        let usage = |j: &Job, link: &TestLink| match run_client(link, j, Arc::default(), &|_| {}) {
+            Err(CopyError::Usage(m)) => m,
+            other => panic!("expected a usage error, got {other:?}"),
+        };
+        for dest in ["out/x", "out/", "../x", "/etc/x", "a/../../x"] {
+            let mut j = job(Direction::Push, "data", &[dest]);
+            j.local_sources = vec![src.path().join("f")];
+            let m = usage(&j, &srv.link);
+            assert!(
+                m.contains("outside") || m.contains("..") || m.contains("absolute"),
+                "{dest}: {m}"
+            );
+        }
+        // ("out" itself may be pulled: it is copied as a link, not followed.)
+        for path in ["out/secret", "out/", "..", "/etc/passwd"] {
+            let mut j = job(Direction::Pull, "data", &[path]);
+            j.local_dest = src.path().to_path_buf();
+            usage(&j, &srv.link);
+        }
+        assert!(!outside.path().join("x").exists());
+        let mut j = job(Direction::Push, "pub", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        assert!(usage(&j, &srv.link).contains("read-only"));
+        j.export = "nope".into();
+        assert!(usage(&j, &srv.link).contains("no export named 'nope'"));
+        drop(srv);
+        // Without a key, only public exports are served.
+        c.keyed = false;
+        let srv = server(c);
+        j.export = "open".into();
+        assert!(usage(&j, &srv.link).contains("not public"));
+        assert!(std::fs::read_dir(ro.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn thousands_of_small_files() {
+        let src = tempfile::tempdir().unwrap();
+        for d in 0..10 {
+            let dir = src.path().join("many").join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..200 {
+                std::fs::write(
+                    dir.join(format!("f{f}")),
+                    pseudo_random(1000 + f, (d * 1000 + f) as u64),
+                )
+                .unwrap();
+            }
+        }
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &["dest/"]);
+        j.local_sources = vec![src.path().join("many")];
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(rep.summary.files_verified, 2000);
+        assert_eq!(
+            snapshot(&src.path().join("many")),
+            snapshot(&exp.path().join("dest/many"))
+        );
+        let results = srv.results.lock().unwrap();
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    }
+
+    #[test]
+    fn export_syntax() {
+        let e: Export = "data=/srv/data:ro:public".parse().unwrap();
+        assert_eq!(
+            e,
+            Export {
+                name: "data".into(),
+                path: "/srv/data".into(),
+                read_only: true,
+                public: true
+            }
+        );
+        let e: Export = "x=/a:b".parse().unwrap();
+        assert_eq!(e.path, PathBuf::from("/a:b"));
+        assert!("noequals".parse::<Export>().is_err());
+        assert!("bad name=/x".parse::<Export>().is_err());
+        assert!("n=:ro".parse::<Export>().is_err());
+    }
+}

@@ -1,0 +1,742 @@
+//! The receiving half of a session: plan from the manifest, then store
+//! verified chunks, finish files, and report.
+//!
+//! [`Sink::prepare`] runs before any data moves. For each manifest entry it
+//! creates directories and symlinks, skips files already complete at the
+//! destination (same size and mtime under the final name), and looks for a
+//! journal from an interrupted run, re-verifying the chunks it lists against
+//! the bytes on disk. What is left becomes the `Need` list sent to the sender.
+//!
+//! Data threads ([`Sink::receive`], one per connection) read a chunk into an
+//! aligned buffer, check its digest, and only then write it: bytes that
+//! failed their check never reach the file. A bad chunk is asked for again
+//! (a bounded number of times). A file lives under a temporary name until its
+//! last chunk is in; then mode and mtime are applied and it is renamed into
+//! place, so the final name only ever holds a complete, verified file. Any
+//! per-file problem (full disk, permission, a file the sender could not
+//! read) fails that file alone with one line, keeps its journal for the next
+//! run, and the session carries on.
+//!
+//! Every path is resolved beneath the destination base ([`crate::beneath`]);
+//! the manifest's names were already validated by the decoder.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::beneath::{self, Dir, Kind, ResolveError};
+use crate::hash::{Algo, Digest};
+use crate::io::{datasync, punch_hole, AlignedBuf, ALIGN};
+use crate::journal::{journal_name, part_name, Identity, Journal};
+use crate::plan::{chunk_count, chunk_range, lock, to_ranges};
+use crate::relpath::RelPath;
+use crate::wire::{
+    invalid, write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Need, Summary, WireError,
+    HEADER_LEN,
+};
+use crate::{Failure, Progress};
+
+/// How the receiver stores data.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkOptions {
+    /// Chunk size in force.
+    pub chunk_size: u32,
+    /// Checksum in force.
+    pub algo: Algo,
+    /// `fdatasync` data before journaling, `fsync` before renaming.
+    pub sync: bool,
+    /// Write aligned chunks with O_DIRECT.
+    pub direct: bool,
+    /// How often one chunk may fail its check before the file fails.
+    pub max_resends: u32,
+}
+
+/// The receiver's shared state; data threads hold it in an `Arc`.
+pub struct Sink {
+    base: Dir,
+    opts: SinkOptions,
+    entries: Vec<Entry>,
+    slots: Vec<Option<Slot>>,
+    dirs: Mutex<HashMap<Vec<u8>, Arc<Dir>>>,
+    ctrl: Mutex<Option<TcpStream>>,
+    state: Mutex<Waiting>,
+    settled: Condvar,
+    finished: AtomicBool,
+    verified: AtomicU64,
+    skipped: AtomicU64,
+    failed: AtomicU64,
+    written: AtomicU64,
+    resent: AtomicU64,
+    direct_used: AtomicBool,
+    failures: Mutex<Vec<Failure>>,
+    progress: Arc<Progress>,
+    early: Mutex<Vec<(u32, String)>>,
+}
+
+struct Waiting {
+    pending: u64,
+    abort: Option<String>,
+}
+
+struct Slot {
+    size: u64,
+    sparse: bool,
+    chunks: u32,
+    st: Mutex<FileState>,
+}
+
+#[derive(Default)]
+struct FileState {
+    phase: Phase,
+    have: Vec<bool>,
+    remaining: u32,
+    tries: HashMap<u32, u32>,
+    open: Option<OpenPart>,
+}
+
+#[derive(Default, PartialEq, Eq, Clone, Copy)]
+enum Phase {
+    #[default]
+    Waiting,
+    Done,
+    Failed,
+}
+
+struct OpenPart {
+    file: Arc<File>,
+    direct: Option<Arc<File>>,
+    journal: Option<Journal>,
+}
+
+impl Sink {
+    /// Plans the session: creates directories and symlinks, skips complete
+    /// files, re-verifies journals. Returns the sink and what it needs.
+    pub fn prepare(
+        base: Dir,
+        entries: Vec<Entry>,
+        opts: SinkOptions,
+        progress: Arc<Progress>,
+    ) -> Result<(Sink, Vec<Need>), io::Error> {
+        let mut seen = HashSet::new();
+        for e in &entries {
+            if !seen.insert(e.path.as_bytes()) {
+                return Err(invalid(WireError::Path(crate::relpath::PathError::Climbs)));
+            }
+        }
+        drop(seen);
+        let slots = entries
+            .iter()
+            .map(|e| match e.kind {
+                EntryKind::File { size, sparse } => Some(Slot {
+                    size,
+                    sparse,
+                    chunks: chunk_count(size, opts.chunk_size).min(u64::from(u32::MAX)) as u32,
+                    st: Mutex::new(FileState::default()),
+                }),
+                _ => None,
+            })
+            .collect();
+        let sink = Sink {
+            base,
+            opts,
+            entries,
+            slots,
+            dirs: Mutex::new(HashMap::new()),
+            ctrl: Mutex::new(None),
+            state: Mutex::new(Waiting {
+                pending: 0,
+                abort: None,
+            }),
+            settled: Condvar::new(),
+            finished: AtomicBool::new(false),
+            verified: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            resent: AtomicU64::new(0),
+            direct_used: AtomicBool::new(false),
+            failures: Mutex::new(Vec::new()),
+            progress,
+            early: Mutex::new(Vec::new()),
+        };
+        let mut needs = Vec::new();
+        let mut pending = 0u64;
+        for i in 0..sink.entries.len() {
+            let idx = i as u32;
+            let r = match &sink.entries[i].kind {
+                EntryKind::Dir => sink.prepare_dir(i),
+                EntryKind::Symlink { target } => sink.prepare_link(i, target),
+                EntryKind::File { .. } => match sink.prepare_file(idx) {
+                    Ok(Some(need)) => {
+                        pending += 1;
+                        needs.push(need);
+                        Ok(())
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = r {
+                sink.record_failure(idx, e);
+            }
+        }
+        lock(&sink.state).pending = pending;
+        Ok((sink, needs))
+    }
+
+    /// Gives the sink the control connection it reports on (resends,
+    /// failures). Until then those messages are dropped.
+    /// Failures found while planning are sent now.
+    pub fn set_control(&self, ctrl: TcpStream) {
+        *lock(&self.ctrl) = Some(ctrl);
+        let early = std::mem::take(&mut *lock(&self.early));
+        for (file, message) in early {
+            self.send(&Msg::FileFailed { file, message });
+        }
+    }
+
+    /// True when no file is waiting for data.
+    pub fn is_complete(&self) -> bool {
+        lock(&self.state).pending == 0
+    }
+
+    /// Receives chunks from one data connection until its `End`.
+    pub fn receive(&self, stream: TcpStream) -> io::Result<()> {
+        let mut stream = io::BufReader::with_capacity(256 * 1024, stream);
+        let mut buf = AlignedBuf::new(0);
+        let mut hdr = [0u8; HEADER_LEN];
+        let mut digest = [0u8; 32];
+        loop {
+            stream.read_exact(&mut hdr)?;
+            let h = ChunkHeader::decode(&hdr).map_err(invalid)?;
+            if h.kind == ChunkKind::End {
+                return Ok(());
+            }
+            let (slot, chunk) = self.check_header(&h)?;
+            let len = h.len as usize;
+            if h.kind == ChunkKind::Hole {
+                self.store(h.file, slot, chunk, h.offset, None, None)?;
+                continue;
+            }
+            buf.ensure(len);
+            let data = &mut buf.bytes_mut()[..len];
+            stream.read_exact(data)?;
+            let dl = self.opts.algo.digest_len();
+            stream.read_exact(&mut digest[..dl])?;
+            let got = self.opts.algo.digest(h.offset, data);
+            let sent = Digest::from_slice(&digest[..dl]);
+            if Some(got) != sent {
+                self.bad_chunk(h.file, slot, chunk);
+                continue;
+            }
+            self.store(h.file, slot, chunk, h.offset, Some(data), Some(got))?;
+        }
+    }
+
+    /// Marks a file failed because the sender could not read it.
+    pub fn remote_failure(&self, file: u32, message: String) {
+        if let Some(Some(slot)) = self.slots.get(file as usize) {
+            self.fail(file, slot, message, false);
+        }
+    }
+
+    /// Waits until every file is complete or failed (or the session is
+    /// aborted), then applies directory modes and times and returns the
+    /// summary.
+    pub fn wait(&self) -> Result<Summary, String> {
+        let mut st = lock(&self.state);
+        while st.pending > 0 && st.abort.is_none() {
+            st = self.settled.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if let Some(why) = &st.abort {
+            return Err(why.clone());
+        }
+        drop(st);
+        self.finish_dirs();
+        self.finished.store(true, Ordering::SeqCst);
+        Ok(self.summary())
+    }
+
+    /// Stops the session: wakes [`Sink::wait`] with `why`.
+    pub fn abort(&self, why: String) {
+        let mut st = lock(&self.state);
+        if st.abort.is_none() {
+            st.abort = Some(why);
+        }
+        self.settled.notify_all();
+    }
+
+    /// True once [`Sink::wait`] returned successfully.
+    pub fn finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// Files that failed, one line each.
+    pub fn failures(&self) -> Vec<Failure> {
+        lock(&self.failures).clone()
+    }
+
+    /// The receiver's counters so far.
+    pub fn summary(&self) -> Summary {
+        Summary {
+            files_verified: self.verified.load(Ordering::Relaxed),
+            files_skipped: self.skipped.load(Ordering::Relaxed),
+            files_failed: self.failed.load(Ordering::Relaxed),
+            bytes_written: self.written.load(Ordering::Relaxed),
+            chunks_resent: self.resent.load(Ordering::Relaxed),
+            io: self.io_path().into(),
+        }
+    }
+
+    /// The write path used.
+    pub fn io_path(&self) -> &'static str {
+        if self.direct_used.load(Ordering::Relaxed) {
+            "pwrite+O_DIRECT"
+        } else {
+            "pwrite"
+        }
+    }
+
+    fn check_header(&self, h: &ChunkHeader) -> io::Result<(&Slot, u32)> {
+        let bad = || {
+            invalid(WireError::Unknown {
+                what: "chunk for file",
+                value: u64::from(h.file),
+            })
+        };
+        let slot = self
+            .slots
+            .get(h.file as usize)
+            .and_then(|s| s.as_ref())
+            .ok_or_else(bad)?;
+        let cs = u64::from(self.opts.chunk_size);
+        if !h.offset.is_multiple_of(cs) {
+            return Err(bad());
+        }
+        let chunk = u32::try_from(h.offset / cs).map_err(|_| bad())?;
+        match chunk_range(slot.size, self.opts.chunk_size, chunk) {
+            Some((_, len)) if len == h.len => Ok((slot, chunk)),
+            _ => Err(bad()),
+        }
+    }
+
+    fn store(
+        &self,
+        idx: u32,
+        slot: &Slot,
+        chunk: u32,
+        offset: u64,
+        data: Option<&[u8]>,
+        digest: Option<Digest>,
+    ) -> io::Result<()> {
+        let (file, direct) = {
+            let mut st = lock(&slot.st);
+            if st.phase != Phase::Waiting || st.have.get(chunk as usize).copied().unwrap_or(true) {
+                return Ok(()); // late or duplicate: the file is settled already
+            }
+            if st.open.is_none() {
+                match self.create_part(idx, slot) {
+                    Ok(p) => st.open = Some(p),
+                    Err(e) => {
+                        drop(st);
+                        self.fail(idx, slot, self.describe(e), true);
+                        return Ok(());
+                    }
+                }
+            }
+            let Some(open) = st.open.as_ref() else {
+                return Ok(());
+            };
+            (Arc::clone(&open.file), open.direct.clone())
+        };
+        let len = chunk_range(slot.size, self.opts.chunk_size, chunk).map_or(0, |r| r.1);
+        let written = match data {
+            Some(d) => match &direct {
+                Some(df)
+                    if d.len().is_multiple_of(ALIGN) && offset.is_multiple_of(ALIGN as u64) =>
+                {
+                    self.direct_used.store(true, Ordering::Relaxed);
+                    df.write_all_at(d, offset)
+                }
+                _ => file.write_all_at(d, offset),
+            },
+            None => punch_hole(&file, offset, u64::from(len)),
+        }
+        .and_then(|()| {
+            if self.opts.sync {
+                datasync(&file)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = written {
+            self.fail(idx, slot, self.describe(e), true);
+            return Ok(());
+        }
+        let mut st = lock(&slot.st);
+        if st.phase != Phase::Waiting {
+            return Ok(());
+        }
+        if let (Some(open), Some(d)) = (st.open.as_mut(), digest.as_ref()) {
+            if let Some(j) = open.journal.as_mut() {
+                if let Err(e) = j.record(chunk, d) {
+                    drop(st);
+                    self.fail(idx, slot, format!("journal: {e}"), true);
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(h) = st.have.get_mut(chunk as usize) {
+            *h = true;
+        }
+        st.remaining = st.remaining.saturating_sub(1);
+        self.written.fetch_add(u64::from(len), Ordering::Relaxed);
+        self.progress
+            .bytes
+            .fetch_add(u64::from(len), Ordering::Relaxed);
+        if st.remaining == 0 {
+            let open = st.open.take();
+            match self.finalize(idx, open) {
+                Ok(()) => {
+                    st.phase = Phase::Done;
+                    drop(st);
+                    self.verified.fetch_add(1, Ordering::Relaxed);
+                    self.progress.files.fetch_add(1, Ordering::Relaxed);
+                    self.settle();
+                }
+                Err(e) => {
+                    drop(st);
+                    self.fail(idx, slot, self.describe(e), true);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn bad_chunk(&self, idx: u32, slot: &Slot, chunk: u32) {
+        let tries = {
+            let mut st = lock(&slot.st);
+            if st.phase != Phase::Waiting {
+                return;
+            }
+            let t = st.tries.entry(chunk).or_insert(0);
+            *t += 1;
+            *t
+        };
+        if tries > self.opts.max_resends {
+            self.fail(
+                idx,
+                slot,
+                format!("chunk {chunk} failed its checksum {tries} times"),
+                true,
+            );
+            return;
+        }
+        self.resent.fetch_add(1, Ordering::Relaxed);
+        self.send(&Msg::Resend { file: idx, chunk });
+    }
+
+    fn fail(&self, idx: u32, slot: &Slot, message: String, tell_peer: bool) {
+        {
+            let mut st = lock(&slot.st);
+            if st.phase != Phase::Waiting {
+                return;
+            }
+            st.phase = Phase::Failed;
+            st.open = None; // the part and journal stay for the next run
+        }
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        lock(&self.failures).push(Failure {
+            path: self.entries[idx as usize].path.display(),
+            message: message.clone(),
+        });
+        if tell_peer {
+            self.send(&Msg::FileFailed { file: idx, message });
+        }
+        self.settle();
+    }
+
+    /// A failure during prepare (the file was never pending).
+    fn record_failure(&self, idx: u32, e: io::Error) {
+        let message = self.describe(e);
+        if let Some(Some(slot)) = self.slots.get(idx as usize) {
+            lock(&slot.st).phase = Phase::Failed;
+        }
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        lock(&self.failures).push(Failure {
+            path: self.entries[idx as usize].path.display(),
+            message: message.clone(),
+        });
+        lock(&self.early).push((idx, message));
+    }
+
+    fn settle(&self) {
+        let mut st = lock(&self.state);
+        st.pending = st.pending.saturating_sub(1);
+        if st.pending == 0 {
+            self.settled.notify_all();
+        }
+    }
+
+    fn send(&self, msg: &Msg) {
+        let mut c = lock(&self.ctrl);
+        let Some(stream) = c.as_mut() else { return };
+        if let Err(e) = write_msg(stream, msg) {
+            drop(c);
+            self.abort(format!("control connection: {e}"));
+        }
+    }
+
+    fn describe(&self, e: io::Error) -> String {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) => {
+                "no space left on device (journal kept: free space and re-run to resume)".into()
+            }
+            Some(libc::EDQUOT) => "disk quota exceeded (journal kept: re-run to resume)".into(),
+            Some(libc::EACCES) | Some(libc::EPERM) => format!("permission denied ({e})"),
+            _ => e.to_string(),
+        }
+    }
+
+    /// The directory holding entry `path` (cached: many files share one).
+    fn parent_of(&self, path: &RelPath) -> io::Result<(Arc<Dir>, Vec<u8>)> {
+        let (parent, name) = path.split_last();
+        let key = parent
+            .as_ref()
+            .map(|p| p.as_bytes().to_vec())
+            .unwrap_or_default();
+        let mut cache = lock(&self.dirs);
+        if let Some(d) = cache.get(&key) {
+            return Ok((Arc::clone(d), name.to_vec()));
+        }
+        let d = Arc::new(
+            self.base
+                .dir_beneath(parent.as_ref())
+                .map_err(ResolveError::into_io)?,
+        );
+        if cache.len() >= 1024 {
+            cache.clear();
+        }
+        cache.insert(key, Arc::clone(&d));
+        Ok((d, name.to_vec()))
+    }
+
+    fn prepare_dir(&self, i: usize) -> io::Result<()> {
+        let (parent, name) = self.parent_of(&self.entries[i].path)?;
+        parent.mkdir_at(&name, 0o700)?;
+        // Writable while we fill it; its own mode is applied at the end.
+        let d = parent.subdir(&name)?;
+        d.chmod_self(self.entries[i].mode | 0o700)
+    }
+
+    fn prepare_link(&self, i: usize, target: &[u8]) -> io::Result<()> {
+        let e = &self.entries[i];
+        let (parent, name) = self.parent_of(&e.path)?;
+        if let Some(m) = parent.stat_at(&name)? {
+            if m.kind == Kind::Symlink && parent.readlink_at(&name)? == target {
+                return parent.set_mtime_at(&name, e.mtime_s, e.mtime_ns);
+            }
+        }
+        let tmp = part_name(&name);
+        parent.unlink_at(&tmp)?;
+        parent.symlink_at(target, &tmp)?;
+        let _ = parent.set_mtime_at(&tmp, e.mtime_s, e.mtime_ns);
+        parent.rename_at(&tmp, &name).inspect_err(|_| {
+            let _ = parent.unlink_at(&tmp);
+        })
+    }
+
+    /// Decides what a file needs; `None` if nothing (skipped or finished now).
+    fn prepare_file(&self, idx: u32) -> io::Result<Option<Need>> {
+        let e = &self.entries[idx as usize];
+        let Some(slot) = self.slots[idx as usize].as_ref() else {
+            return Ok(None);
+        };
+        let (parent, name) = self.parent_of(&e.path)?;
+        if let Some(m) = parent.stat_at(&name)? {
+            if m.kind == Kind::File
+                && m.size == slot.size
+                && m.mtime_s == e.mtime_s
+                && m.mtime_ns == e.mtime_ns
+            {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                self.progress.files.fetch_add(1, Ordering::Relaxed);
+                self.progress.bytes.fetch_add(slot.size, Ordering::Relaxed);
+                lock(&slot.st).phase = Phase::Done;
+                return Ok(None);
+            }
+            if m.kind == Kind::Dir {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "a directory is in the way",
+                ));
+            }
+        }
+        let mut st = lock(&slot.st);
+        st.have = vec![false; slot.chunks as usize];
+        if slot.chunks > 1 {
+            if let Some(open) = self.resume(idx, &parent, &name, slot, &mut st.have)? {
+                st.open = Some(open);
+            }
+        }
+        let missing: Vec<u32> = (0..slot.chunks).filter(|&c| !st.have[c as usize]).collect();
+        st.remaining = missing.len() as u32;
+        let resumed = u64::from(slot.chunks - st.remaining);
+        if resumed > 0 {
+            let bytes = (resumed * u64::from(self.opts.chunk_size)).min(slot.size);
+            self.progress.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        if missing.is_empty() {
+            // Empty file, or every chunk already verified by a previous run.
+            let open = match st.open.take() {
+                Some(o) => Some(o),
+                None => Some(self.create_part(idx, slot)?),
+            };
+            self.finalize(idx, open)?;
+            st.phase = Phase::Done;
+            self.verified.fetch_add(1, Ordering::Relaxed);
+            self.progress.files.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        Ok(Some(Need {
+            file: idx,
+            ranges: to_ranges(missing),
+        }))
+    }
+
+    /// Reopens an interrupted file's part and journal; marks chunks that
+    /// still verify. `None` when there is nothing usable.
+    fn resume(
+        &self,
+        idx: u32,
+        parent: &Dir,
+        name: &[u8],
+        slot: &Slot,
+        have: &mut [bool],
+    ) -> io::Result<Option<OpenPart>> {
+        let id = self.identity_of(idx, slot);
+        let jn = journal_name(name);
+        let Some(records) = Journal::load(parent, &jn, &id)? else {
+            return Ok(None);
+        };
+        let file = match parent.open_at(&part_name(name), libc::O_RDWR, 0) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if beneath::fstat(file.as_raw_fd())?.size != slot.size {
+            return Ok(None);
+        }
+        let mut buf = AlignedBuf::new(self.opts.chunk_size as usize);
+        for (chunk, digest) in records {
+            let Some((off, len)) = chunk_range(slot.size, self.opts.chunk_size, chunk) else {
+                continue;
+            };
+            let data = &mut buf.bytes_mut()[..len as usize];
+            if crate::io::pread_exact(&file, data, off).is_ok()
+                && self.opts.algo.digest(off, data) == digest
+            {
+                if let Some(h) = have.get_mut(chunk as usize) {
+                    *h = true;
+                }
+            }
+        }
+        let journal = Journal::reopen(parent, &jn)?;
+        let file = Arc::new(file);
+        Ok(Some(OpenPart {
+            direct: self.open_direct(parent, name),
+            file,
+            journal: Some(journal),
+        }))
+    }
+
+    fn identity_of(&self, idx: u32, slot: &Slot) -> Identity {
+        let e = &self.entries[idx as usize];
+        Identity {
+            size: slot.size,
+            mtime_s: e.mtime_s,
+            mtime_ns: e.mtime_ns,
+            chunk_size: self.opts.chunk_size,
+            algo: self.opts.algo,
+        }
+    }
+
+    fn create_part(&self, idx: u32, slot: &Slot) -> io::Result<OpenPart> {
+        let e = &self.entries[idx as usize];
+        let (parent, name) = self.parent_of(&e.path)?;
+        let pn = part_name(&name);
+        let file = parent.open_at(&pn, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
+        if slot.sparse {
+            beneath::set_len(file.as_raw_fd(), slot.size)?;
+        } else {
+            beneath::preallocate(file.as_raw_fd(), slot.size)?;
+        }
+        let journal = if slot.chunks > 1 {
+            let id = self.identity_of(idx, slot);
+            Some(Journal::create(&parent, &journal_name(&name), &id)?)
+        } else {
+            None
+        };
+        Ok(OpenPart {
+            direct: self.open_direct(&parent, &name),
+            file: Arc::new(file),
+            journal,
+        })
+    }
+
+    fn open_direct(&self, parent: &Dir, name: &[u8]) -> Option<Arc<File>> {
+        if !self.opts.direct {
+            return None;
+        }
+        parent
+            .open_at(&part_name(name), libc::O_WRONLY | libc::O_DIRECT, 0)
+            .ok()
+            .map(Arc::new)
+    }
+
+    /// Mode, mtime, (fsync), rename into place, drop the journal.
+    fn finalize(&self, idx: u32, open: Option<OpenPart>) -> io::Result<()> {
+        let e = &self.entries[idx as usize];
+        let (parent, name) = self.parent_of(&e.path)?;
+        if let Some(open) = open {
+            let fd = open.file.as_raw_fd();
+            beneath::set_file_mode(fd, e.mode)?;
+            beneath::set_file_mtime(fd, e.mtime_s, e.mtime_ns)?;
+            if self.opts.sync {
+                open.file.sync_all()?;
+            }
+        }
+        parent.rename_at(&part_name(&name), &name)?;
+        if self.opts.sync {
+            parent.sync()?;
+        }
+        parent.unlink_at(&journal_name(&name))
+    }
+
+    fn finish_dirs(&self) {
+        for e in self.entries.iter().rev() {
+            if e.kind != EntryKind::Dir {
+                continue;
+            }
+            let r = self
+                .base
+                .dir_beneath(Some(&e.path))
+                .map_err(ResolveError::into_io)
+                .and_then(|d| {
+                    d.chmod_self(e.mode)?;
+                    d.set_mtime_self(e.mtime_s, e.mtime_ns)
+                });
+            if let Err(err) = r {
+                lock(&self.failures).push(Failure {
+                    path: e.path.display(),
+                    message: format!("could not set directory mode/time: {err}"),
+                });
+            }
+        }
+    }
+}
