@@ -54,6 +54,11 @@ pub struct Policy {
     /// Streams used when the bottleneck rate is unknown; the in-flight
     /// adjuster adds more if loss turns out to limit them.
     pub unknown_rate_streams: u32,
+    /// Total pacing as a multiple of the bottleneck rate. 1.0 paces the
+    /// streams together at exactly the estimate; above 1 leaves room for
+    /// an estimate that came out low (probes are good to ~15 %), at the
+    /// cost of a slowly filling queue when it was right.
+    pub pacing_gain: f64,
 }
 
 impl Default for Policy {
@@ -65,6 +70,7 @@ impl Default for Policy {
             max_forced_buffer: 512 << 20,
             headroom: 1.5,
             unknown_rate_streams: 4,
+            pacing_gain: 1.0,
         }
     }
 }
@@ -193,7 +199,13 @@ pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy
     if forced {
         notes.push("buffers forced past the host caps (privileged)".to_string());
     }
-    let pacing_rate = (congestion != "bbr").then(|| rate / u64::from(streams));
+    let gain = if policy.pacing_gain.is_finite() {
+        policy.pacing_gain.max(0.1)
+    } else {
+        1.0
+    };
+    let pacing_rate =
+        (congestion != "bbr").then(|| (rate as f64 * gain / f64::from(streams)) as u64);
 
     let why = match &loss_streams.why {
         Some(w) if loss_streams.count > buffer_streams => w.clone(),
@@ -591,6 +603,18 @@ mod tests {
             },
         );
         assert!(p.reason.ends_with("; capped at 3 streams (more cost CPU and memory and crowd other traffic); window short of the BDP: raise the host caps (fatpipe tune --rate 1.00Gbit --rtt 93.0ms)"), "{}", p.reason);
+    }
+
+    #[test]
+    fn pacing_gain_scales_the_per_stream_rate() {
+        let h = host(4 * MIB, 4 * MIB, &["cubic"], false);
+        let policy = Policy {
+            pacing_gain: 1.1,
+            ..Policy::default()
+        };
+        let p = plan(&path(93, Some(G), 0.0), &h, &h, &policy);
+        assert_eq!(p.streams, 5);
+        assert_eq!(p.pacing_rate, Some(220_000_000));
     }
 
     #[test]
