@@ -98,9 +98,9 @@ mod tests {
         }
         let b = CpuSample::now().unwrap();
         let u = b.utilisation_since(&a);
-        // Spinning for the whole interval: at least ~half a core even on a
+        // Spinning for the whole interval: a good share of a core even on a
         // loaded machine, and never more than every core we may use.
-        assert!(u.user_pct > 30.0, "{u:?}");
+        assert!(u.user_pct > 10.0, "{u:?}");
         assert!(u.total_pct <= 100.0 * num_cpus() as f64 + 20.0, "{u:?}");
         assert!((u.total_pct - u.user_pct - u.system_pct).abs() < 1e-9);
     }

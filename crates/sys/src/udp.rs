@@ -324,12 +324,13 @@ mod tests {
         let buf: Vec<u8> = (0..10_000u32).map(|i| (i / 1000) as u8).collect();
         let sent = send_gso(&a, &buf, 1000).unwrap();
         assert_eq!((sent.datagrams, sent.bytes), (10, 10_000));
-        if linux() {
-            assert!(gso_supported(&a));
-            assert_eq!(sent.path, IoPath::Gso);
-        } else {
-            assert_eq!(sent.path, IoPath::Copy);
-        }
+        // GSO needs Linux 4.18+; older kernels must take the batch path.
+        let want = match (linux(), gso_supported(&a)) {
+            (true, true) => IoPath::Gso,
+            (true, false) => IoPath::Mmsg,
+            (false, _) => IoPath::Copy,
+        };
+        assert_eq!(sent.path, want);
         let mut rb = RecvBatch::new(16, 2048);
         let (got, _, segs) = collect(&b, &mut rb, 10);
         assert_eq!(got.len(), 10);
@@ -348,7 +349,10 @@ mod tests {
     fn gro_receive_reports_segment_size() {
         let (a, b) = pair();
         let gro = set_gro(&b, true).is_ok() && gro_supported(&b);
-        assert_eq!(gro, linux());
+        // GRO needs Linux 5.0+; elsewhere it must be reported as off.
+        if !linux() {
+            assert!(!gro);
+        }
         let buf: Vec<u8> = (0..8 * 1200u32).map(|i| (i / 1200) as u8).collect();
         send_gso(&a, &buf, 1200).unwrap();
         let mut rb = RecvBatch::new(8, 65_536);
