@@ -51,14 +51,16 @@ fn audit_json_parses_and_matches_the_host() {
     assert_eq!(v["bdp"], 11_625_000);
     assert_eq!(v["target_rate"], 1_000_000_000u64);
     let findings = v["findings"].as_array().expect("findings array");
-    let rmem = findings
+    // The audit reads /proc directly; it must agree with the file. (A key
+    // --apply never writes, so the root test running alongside cannot race.)
+    let key = "net.ipv4.tcp_available_congestion_control";
+    let cc = findings
         .iter()
-        .find(|f| f["item"] == "net.core.rmem_max")
-        .expect("rmem_max finding");
-    // The audit reads /proc directly; it must agree with the file.
-    match std::fs::read_to_string("/proc/sys/net/core/rmem_max") {
-        Ok(s) => assert_eq!(rmem["current"]["known"], s.trim(), "{rmem}"),
-        Err(_) => assert!(rmem["current"]["unknown"].is_string(), "{rmem}"),
+        .find(|f| f["item"] == key)
+        .expect("available congestion controls finding");
+    match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control") {
+        Ok(s) => assert_eq!(cc["current"]["known"], s.trim(), "{cc}"),
+        Err(_) => assert!(cc["current"]["unknown"].is_string(), "{cc}"),
     }
     for f in findings {
         let sev = f["severity"].as_str().unwrap_or("");
