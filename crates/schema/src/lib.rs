@@ -9,5 +9,7 @@
 //!   archive and the reports. It is documented in `docs/json-schema.md`;
 //!   changing a type here is changing a public interface.
 
+pub mod copy;
+pub mod test;
 pub mod tune;
 pub mod units;

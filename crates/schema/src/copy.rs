@@ -1,0 +1,116 @@
+//! The result of `fatpipe copy`: what `--json` prints and the archive stores.
+//!
+//! One [`CopyReport`] per run, written when the copy ends (successfully or
+//! with per-file failures). Counts are of regular files; directories and
+//! symlinks are created but not counted. `bytes_transferred` is what moved
+//! in this run (a resumed copy moves only what was missing), and `rate` is
+//! that over the whole run's wall-clock time, in bits per second.
+//!
+//! Documented field by field in docs/json-schema.md ("copy"). Bump
+//! [`COPY_SCHEMA_VERSION`] on any change that breaks a reader; adding an
+//! optional field does not.
+
+use serde::{Deserialize, Serialize};
+
+/// Names this schema in every report.
+pub const COPY_SCHEMA: &str = "fatpipe.copy";
+/// The schema's version.
+pub const COPY_SCHEMA_VERSION: u32 = 1;
+
+/// Which way the files went, seen from the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyDirection {
+    /// Client to server.
+    Push,
+    /// Server to client.
+    Pull,
+}
+
+/// A whole copy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopyReport {
+    /// Always [`COPY_SCHEMA`].
+    pub schema: String,
+    /// Always [`COPY_SCHEMA_VERSION`] for this layout.
+    pub version: u32,
+    /// Push or pull.
+    pub direction: CopyDirection,
+    /// The server, as `host:port`.
+    pub server: String,
+    /// The export used.
+    pub export: String,
+    /// Sources as given.
+    pub sources: Vec<String>,
+    /// Destination as given.
+    pub destination: String,
+    /// Data connections used.
+    pub streams: u32,
+    /// Chunk size, bytes.
+    pub chunk_size: u64,
+    /// Per-chunk checksum: `xxh3-128` or `blake3`.
+    pub checksum: String,
+    /// `--sync` was in force.
+    pub sync: bool,
+    /// `--direct` was in force.
+    pub direct: bool,
+    /// `--bwlimit` in bit/s, if any.
+    pub bwlimit: Option<u64>,
+    /// Regular files in the source tree.
+    pub files_total: u64,
+    /// Files written and verified chunk by chunk in this run.
+    pub files_verified: u64,
+    /// Files already complete at the destination (same size and mtime).
+    pub files_skipped: u64,
+    /// Files that could not be copied (see `failures`).
+    pub files_failed: u64,
+    /// Bytes of regular files in the source tree.
+    pub bytes_total: u64,
+    /// Payload bytes moved and verified in this run.
+    pub bytes_transferred: u64,
+    /// Chunks that failed their checksum on arrival and were sent again.
+    pub chunks_resent: u64,
+    /// Times the client reconnected after a dropped session.
+    pub reconnects: u32,
+    /// Wall-clock seconds of the whole run.
+    pub seconds: f64,
+    /// `bytes_transferred` over `seconds`, in bit/s.
+    pub rate: u64,
+    /// Files verified per second.
+    pub files_per_sec: f64,
+    /// How this end read or wrote (e.g. `pread+sendfile`, `pwrite`).
+    pub io_local: String,
+    /// How the server read or wrote.
+    pub io_remote: String,
+    /// Peak resident memory of the client process, bytes.
+    pub peak_rss_local: u64,
+    /// One entry per failed file.
+    pub failures: Vec<CopyFailure>,
+    /// Source objects skipped while walking (device files, unreadable dirs).
+    pub problems: Vec<String>,
+}
+
+/// A file that could not be copied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyFailure {
+    /// Path relative to the destination.
+    pub path: String,
+    /// What went wrong, and what to do.
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direction_is_lowercase_and_round_trips() {
+        assert_eq!(serde_json::to_string(&CopyDirection::Pull).unwrap(), "\"pull\"");
+        let f = CopyFailure {
+            path: "a/b".into(),
+            message: "no space left on device".into(),
+        };
+        let back: CopyFailure = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
+        assert_eq!(back, f);
+    }
+}
