@@ -105,7 +105,10 @@ mod tests {
 
     #[test]
     fn direction_is_lowercase_and_round_trips() {
-        assert_eq!(serde_json::to_string(&CopyDirection::Pull).unwrap(), "\"pull\"");
+        assert_eq!(
+            serde_json::to_string(&CopyDirection::Pull).unwrap(),
+            "\"pull\""
+        );
         let f = CopyFailure {
             path: "a/b".into(),
             message: "no space left on device".into(),
