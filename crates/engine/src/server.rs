@@ -65,9 +65,21 @@ pub struct ServerSession {
     local: SocketAddr,
     data: Receiver<DataConn>,
     shutdown: Shutdown,
+    cookie: Cookie,
 }
 
 impl ServerSession {
+    /// True if `bytes` is this session's cookie (for services that accept
+    /// cookie-bearing hellos elsewhere, e.g. over UDP). Constant time.
+    pub fn cookie_matches(&self, bytes: &[u8]) -> bool {
+        bytes.len() == self.cookie.len()
+            && bytes
+                .iter()
+                .zip(&self.cookie)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
     /// The parameters the client opened the service with.
     pub fn params(&self) -> &[u8] {
         &self.params
@@ -422,6 +434,7 @@ fn open_session(
         local,
         data: rx,
         shutdown: shared.shutdown.clone(),
+        cookie,
     };
     (shared.logger)(&format!("{peer}: {name} session started"));
     let started = Instant::now();

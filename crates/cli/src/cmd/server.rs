@@ -1,9 +1,76 @@
-//! `fatpipe server`: being built; its owner replaces this module.
+//! `fatpipe server`: one daemon for tests and transfers, many clients at once.
+//!
+//! Binds, prints `listening on IP:PORT` as its first stdout line (scripts
+//! and tests read it; with `--port 0` it is how they learn the port), then
+//! serves until killed. Each registered service is one line in [`run`];
+//! session events go to stderr, one line each, unless `--quiet`.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fatpipe_engine::memtest::TestService;
+use fatpipe_engine::Server;
+use fatpipe_schema::units;
+
+use super::test::DEFAULT_PORT;
 
 /// Arguments of `fatpipe server`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Address to listen on (IPv4 or IPv6).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: IpAddr,
+    /// Port to listen on; 0 picks a free one (printed on the first line).
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Require clients to prove this pre-shared key.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Most sessions at once; more are told the server is busy.
+    #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_SESSIONS)]
+    pub max_sessions: usize,
+    /// Time a connection has to authenticate and open a service.
+    #[arg(long, default_value = "5s")]
+    pub preauth_timeout: String,
+    /// No per-session log lines on stderr.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    Err(crate::exit::usage("'fatpipe server' is not built yet"))
+/// Binds and serves until the process is stopped.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let preauth = units::parse_duration(&args.preauth_timeout)
+        .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let key = match &args.key_file {
+        Some(path) => {
+            Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
+        }
+        None => None,
+    };
+    if args.max_sessions == 0 {
+        return Err(crate::exit::usage("--max-sessions must be at least 1"));
+    }
+    // Thousand-stream tests need more descriptors than the usual soft limit.
+    fatpipe_engine::raise_fd_limit();
+    let logger: fatpipe_engine::Logger = if args.quiet {
+        Arc::new(|_| {})
+    } else {
+        Arc::new(|line| eprintln!("fatpipe server: {line}"))
+    };
+    let server = Server::builder()
+        .service(TestService)
+        .key(key)
+        .max_sessions(args.max_sessions)
+        .preauth_timeout(preauth)
+        .logger(logger)
+        .bind(SocketAddr::new(args.bind, args.port))
+        .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening on {}", server.local_addr())?;
+    out.flush()?;
+    drop(out);
+    server.run()?;
+    Ok(())
 }

@@ -1,9 +1,626 @@
-//! `fatpipe test`: being built; its owner replaces this module.
+//! `fatpipe test HOST`: memory-to-memory TCP/UDP throughput against a
+//! `fatpipe server`.
+//!
+//! Two phases, as in the rest of the binary: clap parses raw [`Args`], then
+//! [`plan`] validates them into a [`TestParams`] (units parsed through
+//! `fatpipe_schema::units`, ranges checked, defaults chosen per protocol),
+//! so every flag is tested below without a socket. The engine runs the test
+//! and hands back schema types; this module only renders them: a line per
+//! interval and a final table for people, one JSON document (`--json`) or
+//! one JSON object per line (`--json-stream`) for machines.
+
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fatpipe_engine::memtest::{run_client, Progress, TestPlan};
+use fatpipe_engine::{ClientOptions, EngineError};
+use fatpipe_proto::testmsg::{Direction, Protocol, TestParams, MAX_STREAMS};
+use fatpipe_schema::test::{StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine};
+use fatpipe_schema::units;
+
+/// The port `fatpipe server` listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 5301;
 
 /// Arguments of `fatpipe test`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Server: HOST, HOST:PORT or [IPv6]:PORT.
+    pub host: String,
+    /// Server port when HOST has none.
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Parallel streams (per direction), 1..=1024.
+    #[arg(short = 'P', long, default_value_t = 1)]
+    pub parallel: u32,
+    /// Socket buffer size to request on both ends, e.g. 4M.
+    #[arg(short = 'w', long)]
+    pub window: Option<String>,
+    /// TCP maximum segment size, bytes.
+    #[arg(short = 'M', long)]
+    pub mss: Option<u32>,
+    /// TCP congestion control for the sender, e.g. bbr or cubic.
+    #[arg(short = 'C', long)]
+    pub congestion: Option<String>,
+    /// Pacing cap per stream (SO_MAX_PACING_RATE, needs fq), e.g. 2.5g.
+    #[arg(long)]
+    pub fq_rate: Option<String>,
+    /// Measured time, e.g. 10s.
+    #[arg(short = 't', long, default_value = "10s")]
+    pub time: String,
+    /// Send this many bytes per direction instead of running for a time.
+    #[arg(short = 'n', long)]
+    pub bytes: Option<String>,
+    /// Warm-up left out of the totals, e.g. 2s (rounded up to intervals).
+    #[arg(short = 'O', long, default_value = "0")]
+    pub omit: String,
+    /// Report interval.
+    #[arg(short = 'i', long, default_value = "1s")]
+    pub interval: String,
+    /// Reverse: the server sends.
+    #[arg(short = 'R', long, conflicts_with = "bidir")]
+    pub reverse: bool,
+    /// Both directions at once.
+    #[arg(long)]
+    pub bidir: bool,
+    /// Send without copying (sendfile from memory).
+    #[arg(short = 'Z', long)]
+    pub zerocopy: bool,
+    /// UDP instead of TCP.
+    #[arg(short = 'u', long)]
+    pub udp: bool,
+    /// UDP bitrate per stream (default 1M).
+    #[arg(short = 'b', long)]
+    pub bitrate: Option<String>,
+    /// Write size (TCP, default 128K) or datagram size (UDP, 64..65507,
+    /// default 1460).
+    #[arg(short = 'l', long)]
+    pub length: Option<String>,
+    /// Print one JSON report at the end.
+    #[arg(long, conflicts_with = "json_stream")]
+    pub json: bool,
+    /// Print one JSON object per line: start, each interval, end.
+    #[arg(long)]
+    pub json_stream: bool,
+    /// Pre-shared key file (must match the server's).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    Err(crate::exit::usage("'fatpipe test' is not built yet"))
+/// Runs the test and prints it.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let params = plan(&args)?;
+    fatpipe_engine::raise_fd_limit();
+    let addr = resolve(&args.host, args.port)?;
+    let key = match &args.key_file {
+        Some(path) => {
+            Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
+        }
+        None => None,
+    };
+    let plan = TestPlan {
+        server: args.host.clone(),
+        addr,
+        options: ClientOptions {
+            key,
+            ..ClientOptions::default()
+        },
+        params,
+    };
+    let mode = if args.json {
+        Output::Json
+    } else if args.json_stream {
+        Output::JsonStream
+    } else {
+        Output::Text
+    };
+    let mut out = std::io::stdout().lock();
+    let mut io_err: Option<std::io::Error> = None;
+    let mut on_progress = |p: Progress<'_>| {
+        if io_err.is_some() {
+            return;
+        }
+        let r = match (mode, p) {
+            (Output::Text, Progress::Start(s)) => print_start(&mut out, s),
+            (Output::Text, Progress::Interval(iv)) => print_interval(&mut out, &plan.params, iv),
+            (Output::JsonStream, Progress::Start(s)) => {
+                json_line(&mut out, &TestStreamLine::Start(s.clone()))
+            }
+            (Output::JsonStream, Progress::Interval(iv)) => {
+                json_line(&mut out, &TestStreamLine::Interval(iv.clone()))
+            }
+            (Output::Json, _) => Ok(()),
+        };
+        if let Err(e) = r {
+            io_err = Some(e);
+        }
+    };
+    let report = run_client(&plan, &mut on_progress).map_err(|e| classify(e, &plan))?;
+    if let Some(e) = io_err {
+        return Err(e.into());
+    }
+    match mode {
+        Output::Text => print_end(&mut out, &plan.params, &report.end)?,
+        Output::JsonStream => json_line(&mut out, &TestStreamLine::End(report.end.clone()))?,
+        Output::Json => {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Output {
+    Text,
+    Json,
+    JsonStream,
+}
+
+/// Turns the raw flags into test parameters.
+fn plan(a: &Args) -> anyhow::Result<TestParams> {
+    let usage = |e: units::UnitError| crate::exit::usage(e.to_string());
+    if a.parallel == 0 || a.parallel > MAX_STREAMS {
+        return Err(crate::exit::usage(format!(
+            "-P/--parallel must be 1..={MAX_STREAMS}"
+        )));
+    }
+    let protocol = if a.udp { Protocol::Udp } else { Protocol::Tcp };
+    let interval = units::parse_duration(&a.interval).map_err(usage)?;
+    if interval < Duration::from_millis(10) {
+        return Err(crate::exit::usage("-i/--interval must be at least 10ms"));
+    }
+    let time = units::parse_duration(&a.time).map_err(usage)?;
+    let bytes = a
+        .bytes
+        .as_deref()
+        .map(units::parse_size)
+        .transpose()
+        .map_err(usage)?;
+    if bytes.is_none() && time.is_zero() {
+        return Err(crate::exit::usage("-t/--time must be above 0"));
+    }
+    if bytes == Some(0) {
+        return Err(crate::exit::usage("-n/--bytes must be above 0"));
+    }
+    // The warm-up ends on an interval boundary so that intervals line up.
+    let omit = units::parse_duration(&a.omit).map_err(usage)?;
+    let omit_ms = round_up(omit.as_millis() as u64, interval.as_millis() as u64);
+    let length = match (&a.length, protocol) {
+        (Some(l), _) => units::parse_size(l).map_err(usage)?,
+        (None, Protocol::Tcp) => 128 * 1024,
+        (None, Protocol::Udp) => 1460,
+    };
+    let length =
+        u32::try_from(length).map_err(|_| crate::exit::usage("-l/--length is too large"))?;
+    let bitrate = match (&a.bitrate, protocol) {
+        (Some(b), _) => units::parse_rate(b).map_err(usage)?,
+        (None, Protocol::Udp) => 1_000_000,
+        (None, Protocol::Tcp) => 0,
+    };
+    if a.bitrate.is_some() && protocol == Protocol::Tcp {
+        return Err(crate::exit::usage(
+            "-b/--bitrate applies to UDP (-u); for TCP use --fq-rate",
+        ));
+    }
+    if protocol == Protocol::Udp && (a.mss.is_some() || a.congestion.is_some() || a.zerocopy) {
+        return Err(crate::exit::usage(
+            "-M, -C and -Z apply to TCP only; drop them with -u",
+        ));
+    }
+    let window = a
+        .window
+        .as_deref()
+        .map(units::parse_size)
+        .transpose()
+        .map_err(usage)?;
+    let fq_rate = a
+        .fq_rate
+        .as_deref()
+        .map(units::parse_rate)
+        .transpose()
+        .map_err(usage)?;
+    let p = TestParams {
+        protocol,
+        streams: a.parallel,
+        direction: if a.bidir {
+            Direction::Both
+        } else if a.reverse {
+            Direction::Down
+        } else {
+            Direction::Up
+        },
+        duration_ms: time.as_millis() as u64,
+        bytes,
+        omit_ms,
+        interval_ms: interval.as_millis() as u64,
+        window,
+        mss: a.mss,
+        congestion: a.congestion.clone(),
+        fq_rate,
+        zerocopy: a.zerocopy,
+        length,
+        bitrate,
+    };
+    p.validate().map_err(crate::exit::usage)?;
+    Ok(p)
+}
+
+fn round_up(v: u64, step: u64) -> u64 {
+    if step == 0 {
+        v
+    } else {
+        v.div_ceil(step) * step
+    }
+}
+
+/// Resolves `host`, `host:port`, `[v6]:port` or a bare IPv6 address.
+fn resolve(host: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
+    let (name, port) = split_host(host, default_port)
+        .ok_or_else(|| crate::exit::usage(format!("cannot read '{host}' as HOST[:PORT]")))?;
+    (name.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| crate::exit::usage(format!("cannot resolve '{name}': {e}")))?
+        .next()
+        .ok_or_else(|| crate::exit::usage(format!("'{name}' has no address")))
+}
+
+/// Splits the host and port; `None` if the text is malformed.
+fn split_host(host: &str, default_port: u16) -> Option<(String, u16)> {
+    if let Some(rest) = host.strip_prefix('[') {
+        let (ip, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => default_port,
+            p => p.strip_prefix(':')?.parse().ok()?,
+        };
+        return Some((ip.to_string(), port));
+    }
+    match host.matches(':').count() {
+        0 => (!host.is_empty()).then(|| (host.to_string(), default_port)),
+        1 => {
+            let (h, p) = host.split_once(':')?;
+            (!h.is_empty()).then_some(())?;
+            Some((h.to_string(), p.parse().ok()?))
+        }
+        // A bare IPv6 address.
+        _ => Some((host.to_string(), default_port)),
+    }
+}
+
+/// Auth failures are the user's to fix (exit 2); the rest is exit 1.
+fn classify(e: EngineError, plan: &TestPlan) -> anyhow::Error {
+    if e.is_auth() {
+        crate::exit::usage(format!("{}: {e}", plan.server))
+    } else {
+        anyhow::Error::new(e).context(format!("test against {}", plan.server))
+    }
+}
+
+fn json_line(out: &mut impl Write, line: &TestStreamLine) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, line)?;
+    writeln!(out)?;
+    out.flush()
+}
+
+fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
+    let dir = match s.direction.as_str() {
+        "down" => "reverse (server sends)",
+        "both" => "bidirectional",
+        _ => "client sends",
+    };
+    let what = if s.bytes.is_some() {
+        format!(
+            "{} per direction",
+            units::format_bytes(s.bytes.unwrap_or(0))
+        )
+    } else {
+        format!("{} s", s.duration_s)
+    };
+    writeln!(
+        out,
+        "Connected to {} ({}): {} x {}, {dir}, {what}",
+        s.server,
+        s.server_addr,
+        s.streams,
+        s.protocol.to_uppercase()
+    )?;
+    if let Some(first) = s.local.first() {
+        let remote = s.remote.first();
+        let mut line = format!(
+            "  buffers: local snd {} rcv {}",
+            units::format_bytes_iec(first.sndbuf),
+            units::format_bytes_iec(first.rcvbuf)
+        );
+        if let Some(r) = remote {
+            line += &format!(
+                ", server snd {} rcv {}",
+                units::format_bytes_iec(r.sndbuf),
+                units::format_bytes_iec(r.rcvbuf)
+            );
+        }
+        if s.protocol == "tcp" {
+            let sender = if s.direction == "down" {
+                remote.unwrap_or(first)
+            } else {
+                first
+            };
+            line += &format!(
+                "; MSS {}; congestion {}; send {}, receive {}",
+                sender.mss,
+                sender.congestion,
+                sender.send_path,
+                remote.map_or("?", |r| r.recv_path.as_str())
+            );
+        }
+        writeln!(out, "{line}")?;
+    }
+    for w in &s.warnings {
+        eprintln!("fatpipe: warning: {w}");
+    }
+    Ok(())
+}
+
+fn header(out: &mut impl Write, p: &TestParams) -> std::io::Result<()> {
+    match p.protocol {
+        Protocol::Tcp => writeln!(
+            out,
+            "[  ID]{}  Interval          Transfer     Bitrate          Retr   Cwnd       RTT",
+            if p.direction == Direction::Both {
+                "     "
+            } else {
+                ""
+            }
+        ),
+        Protocol::Udp => writeln!(
+            out,
+            "[  ID]{}  Interval          Transfer     Bitrate          Jitter     Lost/Total",
+            if p.direction == Direction::Both {
+                "     "
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
+fn row(
+    out: &mut impl Write,
+    p: &TestParams,
+    interval: &str,
+    s: &StreamStats,
+    omitted: bool,
+) -> std::io::Result<()> {
+    let tail = if omitted { "  (omitted)" } else { "" };
+    let id = match s.id {
+        Some(id) => format!("{id:>4}"),
+        None => " SUM".to_string(),
+    };
+    let dir = match (p.direction, s.direction) {
+        (Direction::Both, Some(fatpipe_schema::test::Direction::Up)) => " up  ",
+        (Direction::Both, Some(fatpipe_schema::test::Direction::Down)) => " down",
+        _ => "",
+    };
+    let transfer = units::format_bytes(s.bytes);
+    let rate = units::format_rate(s.bits_per_second);
+    match p.protocol {
+        Protocol::Tcp => writeln!(
+            out,
+            "[{id}]{dir}  {interval:<16}  {transfer:<11}  {rate:<15}  {:>5}  {:<9}  {}{tail}",
+            s.retransmits.unwrap_or(0),
+            units::format_bytes(s.cwnd.unwrap_or(0)),
+            units::format_duration(Duration::from_micros(u64::from(s.rtt_us.unwrap_or(0)))),
+        ),
+        Protocol::Udp => {
+            let total = s.packets.unwrap_or(0) + s.lost.unwrap_or(0);
+            writeln!(
+                out,
+                "[{id}]{dir}  {interval:<16}  {transfer:<11}  {rate:<15}  {:<9}  {}/{} ({:.2}%){tail}",
+                format!("{:.3} ms", s.jitter_ms.unwrap_or(0.0)),
+                s.lost.unwrap_or(0),
+                total,
+                s.lost_percent.unwrap_or(0.0)
+            )
+        }
+    }
+}
+
+fn print_interval(out: &mut impl Write, p: &TestParams, iv: &TestInterval) -> std::io::Result<()> {
+    if iv.index == 0 {
+        header(out, p)?;
+    }
+    let span = format!("{:.2}-{:.2} s", iv.start_s, iv.end_s);
+    if p.streams > 1 || p.direction == Direction::Both {
+        for s in &iv.streams {
+            row(out, p, &span, s, iv.omitted)?;
+        }
+    }
+    if p.streams > 1 || iv.streams.is_empty() {
+        for s in &iv.sums {
+            row(out, p, &span, s, iv.omitted)?;
+        }
+    } else if p.direction != Direction::Both {
+        for s in &iv.streams {
+            row(out, p, &span, s, iv.omitted)?;
+        }
+    }
+    out.flush()
+}
+
+fn print_end(out: &mut impl Write, p: &TestParams, end: &TestEnd) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "- - - - - - - - - - - - - - - - - - - - - - - - - - - - - -"
+    )?;
+    header(out, p)?;
+    for s in &end.streams {
+        row(out, p, &format!("0.00-{:.2} s", s.seconds), s, false)?;
+    }
+    if end.streams.len() > 1 {
+        for s in &end.sums {
+            row(out, p, &format!("0.00-{:.2} s", s.seconds), s, false)?;
+        }
+    }
+    for s in &end.sums {
+        let dir = match s.direction {
+            Some(fatpipe_schema::test::Direction::Down) => "server to client",
+            _ => "client to server",
+        };
+        let mut line = format!(
+            "{dir}: {} received in {:.2} s = {} (receiver)",
+            units::format_bytes(s.bytes),
+            s.seconds,
+            units::format_rate(s.bits_per_second)
+        );
+        if let Some(r) = s.retransmits {
+            line += &format!(", {r} retransmits");
+        }
+        if let (Some(sent), Some(lost)) = (s.packets_sent, s.lost) {
+            line += &format!(
+                ", {lost}/{sent} datagrams lost ({:.3}%), {} out of order, jitter {:.3} ms",
+                s.lost_percent.unwrap_or(0.0),
+                s.out_of_order.unwrap_or(0),
+                s.jitter_ms.unwrap_or(0.0)
+            );
+        }
+        writeln!(out, "{line}")?;
+    }
+    let cpu = |c: &fatpipe_schema::test::CpuUse| {
+        format!(
+            "{:.1}% ({:.1}%u/{:.1}%s)",
+            c.total_percent, c.user_percent, c.system_percent
+        )
+    };
+    writeln!(
+        out,
+        "CPU: client {}, server {} (percent of one core)",
+        cpu(&end.cpu_local),
+        cpu(&end.cpu_remote)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> anyhow::Result<TestParams> {
+        let mut full = vec!["fatpipe-test"];
+        full.extend_from_slice(argv);
+        let cli = Cli::try_parse_from(full)?;
+        plan(&cli.args)
+    }
+
+    #[test]
+    fn defaults_are_one_tcp_stream_for_ten_seconds() {
+        let p = parse(&["h"]).unwrap();
+        assert_eq!(p.protocol, Protocol::Tcp);
+        assert_eq!(p.streams, 1);
+        assert_eq!(p.direction, Direction::Up);
+        assert_eq!(p.duration_ms, 10_000);
+        assert_eq!(p.length, 128 * 1024);
+        assert_eq!(p.interval_ms, 1000);
+        assert_eq!(p.window, None);
+    }
+
+    #[test]
+    fn units_flags_parse() {
+        let p = parse(&[
+            "h",
+            "-P",
+            "8",
+            "-w",
+            "4M",
+            "-t",
+            "1.5s",
+            "-O",
+            "1500ms",
+            "-i",
+            "500ms",
+            "-C",
+            "bbr",
+            "--fq-rate",
+            "2.5g",
+            "-M",
+            "1400",
+            "-R",
+            "-Z",
+        ])
+        .unwrap();
+        assert_eq!(p.streams, 8);
+        assert_eq!(p.window, Some(4 << 20));
+        assert_eq!(p.duration_ms, 1500);
+        assert_eq!(p.omit_ms, 1500, "1.5 s is three 500 ms intervals");
+        assert_eq!(p.interval_ms, 500);
+        assert_eq!(p.congestion.as_deref(), Some("bbr"));
+        assert_eq!(p.fq_rate, Some(2_500_000_000));
+        assert_eq!(p.mss, Some(1400));
+        assert_eq!(p.direction, Direction::Down);
+        assert!(p.zerocopy);
+        let p = parse(&["h", "-O", "1200ms"]).unwrap();
+        assert_eq!(p.omit_ms, 2000, "omit rounds up to whole intervals");
+        let p = parse(&["h", "-n", "1G", "--bidir"]).unwrap();
+        assert_eq!(p.bytes, Some(1 << 30));
+        assert_eq!(p.direction, Direction::Both);
+    }
+
+    #[test]
+    fn udp_defaults_and_limits() {
+        let p = parse(&["h", "-u"]).unwrap();
+        assert_eq!(p.protocol, Protocol::Udp);
+        assert_eq!(p.bitrate, 1_000_000);
+        assert_eq!(p.length, 1460);
+        let p = parse(&["h", "-u", "-b", "1g", "-l", "64"]).unwrap();
+        assert_eq!(p.bitrate, 1_000_000_000);
+        assert_eq!(p.length, 64);
+        assert!(parse(&["h", "-u", "-l", "63"]).is_err());
+        assert!(parse(&["h", "-u", "-l", "64K"]).is_err(), "65536 > 65507");
+        assert!(parse(&["h", "-u", "-l", "65507"]).is_ok());
+        assert!(parse(&["h", "-b", "1g"]).is_err(), "bitrate needs -u");
+        assert!(parse(&["h", "-u", "-Z"]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for argv in [
+            &["h", "-P", "0"][..],
+            &["h", "-P", "1025"],
+            &["h", "-t", "soon"],
+            &["h", "-w", "lots"],
+            &["h", "-i", "1ms"],
+            &["h", "-t", "0"],
+        ] {
+            let err = parse(argv).unwrap_err();
+            assert!(
+                err.chain().any(|e| e.is::<crate::exit::UsageError>()),
+                "{argv:?}: {err}"
+            );
+        }
+        assert!(parse(&["h", "-P", "1024"]).is_ok());
+        assert!(parse(&["h", "-R", "--bidir"]).is_err());
+    }
+
+    #[test]
+    fn host_forms() {
+        assert_eq!(split_host("h", 5301), Some(("h".into(), 5301)));
+        assert_eq!(split_host("h:80", 5301), Some(("h".into(), 80)));
+        assert_eq!(split_host("[::1]:80", 5301), Some(("::1".into(), 80)));
+        assert_eq!(split_host("[::1]", 5301), Some(("::1".into(), 5301)));
+        assert_eq!(split_host("::1", 5301), Some(("::1".into(), 5301)));
+        assert_eq!(split_host("h:x", 5301), None);
+        assert_eq!(split_host("[::1]x", 5301), None);
+        assert_eq!(split_host(":80", 5301), None);
+        assert_eq!(resolve("127.0.0.1:9", 1).unwrap().port(), 9);
+        assert_eq!(
+            resolve("[::1]:7", 1).unwrap(),
+            "[::1]:7".parse::<SocketAddr>().unwrap()
+        );
+    }
 }

@@ -1,0 +1,544 @@
+//! The data plane of the throughput test: one thread per stream.
+//!
+//! Each stream is a blocking socket driven by one OS thread, as fast as the
+//! kernel allows: TCP senders write one preallocated buffer over and over
+//! (or `sendfile` it from a memfd with `-Z`), TCP receivers discard with
+//! `recv(MSG_TRUNC)` so the kernel never copies the data out, UDP senders
+//! pace datagrams with `sendmmsg` bursts, UDP receivers track loss,
+//! reordering and RFC 3550 jitter. Workers publish counters in atomics; the
+//! session thread samples them (and `TCP_INFO`) once per interval, so the hot
+//! loops take no lock and allocate nothing.
+//!
+//! Every blocking call has a short timeout so that a worker notices the stop
+//! flag (peer vanished, user interrupted) within a fraction of a second.
+
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpStream, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fatpipe_proto::testmsg::{Protocol, Role, SocketSetup, StreamSample, TestParams};
+use fatpipe_schema::units;
+
+/// How often a blocked worker looks at its stop flags.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Bytes of the UDP datagram header: sequence number and send time.
+pub(crate) const UDP_HEADER: usize = 16;
+
+/// First bytes of a UDP hello datagram (magic, cookie, stream id).
+pub(crate) const UDP_HELLO: &[u8; 4] = b"FPUH";
+
+/// A stream's socket.
+#[derive(Debug)]
+pub(crate) enum Sock {
+    Tcp(TcpStream),
+    Udp(UdpSocket),
+}
+
+impl Sock {
+    fn shutdown(&self) {
+        if let Sock::Tcp(s) = self {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Counters a worker publishes; read by the sampler.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    bytes: AtomicU64,
+    packets: AtomicU64,
+    /// UDP receiver: highest sequence number seen + 1.
+    expected: AtomicU64,
+    out_of_order: AtomicU64,
+    /// UDP receiver: jitter in microseconds, as f64 bits.
+    jitter_bits: AtomicU64,
+    /// Nanoseconds after the test start of the last byte moved.
+    last_ns: AtomicU64,
+}
+
+/// One stream at one end.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    pub id: u32,
+    pub role: Role,
+    pub sock: Arc<Sock>,
+    pub counters: Arc<Counters>,
+    pub setup: SocketSetup,
+}
+
+/// What all workers of one end share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub params: TestParams,
+    /// When senders stop (start + omit + duration); `None` with `-n`.
+    pub send_until: Option<Instant>,
+    /// Bytes left to send at this end with `-n`.
+    pub budget: Option<AtomicU64>,
+    /// Everything stops (abort or end).
+    pub stop: AtomicBool,
+    /// UDP receivers stop (the peer's senders are done and the queue drained).
+    pub udp_recv_stop: AtomicBool,
+    pub start: Instant,
+}
+
+impl Shared {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Takes up to `want` bytes from the `-n` budget; `want` without one.
+    fn take(&self, want: usize) -> usize {
+        let Some(budget) = &self.budget else {
+            return want;
+        };
+        let got = budget.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+            (left > 0).then(|| left.saturating_sub(want as u64))
+        });
+        match got {
+            Ok(left) => left.min(want as u64) as usize,
+            Err(_) => 0,
+        }
+    }
+
+    fn give_back(&self, n: usize) {
+        if let Some(b) = &self.budget {
+            b.fetch_add(n as u64, Ordering::AcqRel);
+        }
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.send_until.is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+}
+
+/// Starts the worker thread of `stream`; it sends `id` on `done` when it ends.
+pub(crate) fn spawn(
+    stream: &Stream,
+    shared: &Arc<Shared>,
+    done: Sender<super::Ev>,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    let sock = Arc::clone(&stream.sock);
+    let counters = Arc::clone(&stream.counters);
+    let shared = Arc::clone(shared);
+    let (id, role) = (stream.id, stream.role);
+    std::thread::Builder::new()
+        .name(format!("stream {id}"))
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let _ = match (&*sock, role) {
+                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared),
+                (Sock::Tcp(s), Role::Recv) => tcp_recv(s, &counters, &shared),
+                (Sock::Udp(s), Role::Send) => udp_send(s, &counters, &shared),
+                (Sock::Udp(s), Role::Recv) => udp_recv(s, &counters, &shared),
+            };
+            let _ = done.send(super::Ev::Done(id));
+        })
+}
+
+/// Wakes every worker blocked on its socket.
+pub(crate) fn shutdown_all(streams: &[Stream]) {
+    for s in streams {
+        s.sock.shutdown();
+    }
+}
+
+fn tcp_send(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
+    s.set_write_timeout(Some(POLL))?;
+    let len = sh.params.length as usize;
+    let result = if sh.params.zerocopy {
+        tcp_send_file(s, c, sh, len)
+    } else {
+        let buf: Vec<u8> = (0..len as u64).map(fatpipe_sys::pattern_byte).collect();
+        let mut w = s;
+        loop {
+            if sh.stopped() || sh.past_deadline() {
+                break Ok(());
+            }
+            let want = sh.take(len);
+            if want == 0 {
+                break Ok(());
+            }
+            match w.write(&buf[..want]) {
+                Ok(n) => {
+                    sh.give_back(want - n);
+                    c.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+                }
+                Err(e) if is_retry(&e) => sh.give_back(want),
+                Err(e) => break Err(e),
+            }
+        }
+    };
+    // The receiver's end of file marks the end of this stream.
+    let _ = s.shutdown(Shutdown::Write);
+    result
+}
+
+/// `-Z`: `sendfile` from a memfd holding the pattern: the kernel takes page
+/// references instead of copying from user memory.
+fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Result<()> {
+    let file = fatpipe_sys::pattern_memfd(len)?;
+    loop {
+        if sh.stopped() || sh.past_deadline() {
+            return Ok(());
+        }
+        let want = sh.take(len);
+        if want == 0 {
+            return Ok(());
+        }
+        let mut offset = 0u64;
+        match fatpipe_sys::sendfile(s, &file, &mut offset, want) {
+            Ok(t) => {
+                sh.give_back(want - t.bytes);
+                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
+                c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+            }
+            Err(e) if is_retry(&e) => sh.give_back(want),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
+    s.set_read_timeout(Some(POLL))?;
+    let mut sink = fatpipe_sys::Discarder::new();
+    // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
+    // calls is the whole point.
+    let len = (sh.params.length as usize).max(4 << 20);
+    loop {
+        if sh.stopped() {
+            return Ok(());
+        }
+        match sink.recv(s, len) {
+            Ok(t) if t.bytes == 0 => return Ok(()),
+            Ok(t) => {
+                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
+                c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+            }
+            Err(e) if is_retry(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
+    s.set_write_timeout(Some(POLL))?;
+    let len = sh.params.length as usize;
+    let per_packet_s = (len as f64 * 8.0) / sh.params.bitrate as f64;
+    // Up to 32 datagrams per sendmmsg call, each its own buffer.
+    const BURST: usize = 32;
+    let mut bufs = vec![vec![0u8; len]; BURST];
+    for b in &mut bufs {
+        for (i, x) in b.iter_mut().enumerate().skip(UDP_HEADER) {
+            *x = fatpipe_sys::pattern_byte(i as u64);
+        }
+    }
+    let mut batch = fatpipe_sys::SendBatch::new();
+    let t0 = Instant::now();
+    let mut seq = 0u64;
+    loop {
+        if sh.stopped() || sh.past_deadline() {
+            return Ok(());
+        }
+        let due = (t0.elapsed().as_secs_f64() / per_packet_s) as u64 + 1;
+        if seq >= due {
+            let next = t0 + Duration::from_secs_f64(seq as f64 * per_packet_s);
+            let wait = next.saturating_duration_since(Instant::now());
+            std::thread::sleep(wait.min(POLL));
+            continue;
+        }
+        let mut n = ((due - seq) as usize).min(BURST);
+        let mut granted = 0;
+        for _ in 0..n {
+            if sh.take(len) == 0 {
+                break;
+            }
+            granted += 1;
+        }
+        if granted == 0 {
+            return Ok(());
+        }
+        n = granted;
+        let now_ns = sh.now_ns();
+        for (k, b) in bufs.iter_mut().take(n).enumerate() {
+            b[..8].copy_from_slice(&(seq + k as u64).to_be_bytes());
+            b[8..16].copy_from_slice(&now_ns.to_be_bytes());
+        }
+        let packets: Vec<&[u8]> = bufs[..n].iter().map(|b| &b[..]).collect();
+        match batch.send(s.as_fd(), &packets) {
+            Ok(sent) => {
+                sh.give_back((n - sent.datagrams) * len);
+                seq += sent.datagrams as u64;
+                c.packets
+                    .fetch_add(sent.datagrams as u64, Ordering::Relaxed);
+                c.bytes.fetch_add(sent.bytes as u64, Ordering::Relaxed);
+                c.last_ns.store(now_ns, Ordering::Relaxed);
+            }
+            // A full queue (ENOBUFS) or refused port (ECONNREFUSED before
+            // the peer is ready) costs these datagrams, not the test.
+            Err(e)
+                if is_retry(&e)
+                    || e.raw_os_error() == Some(libc::ENOBUFS)
+                    || e.kind() == io::ErrorKind::ConnectionRefused =>
+            {
+                sh.give_back(n * len);
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let mut buf = vec![0u8; 65_536];
+    let mut jitter = 0f64;
+    let mut last_transit: Option<i128> = None;
+    let mut next_seq = 0u64;
+    loop {
+        if sh.stopped() || sh.udp_recv_stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let n = match s.recv(&mut buf) {
+            Ok(n) => n,
+            Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => continue,
+            Err(e) => return Err(e),
+        };
+        if n < UDP_HEADER || buf.starts_with(UDP_HELLO) {
+            continue;
+        }
+        let mut seq = [0u8; 8];
+        seq.copy_from_slice(&buf[..8]);
+        let seq = u64::from_be_bytes(seq);
+        let mut sent = [0u8; 8];
+        sent.copy_from_slice(&buf[8..16]);
+        let sent_ns = u64::from_be_bytes(sent);
+        let now = sh.now_ns();
+        c.packets.fetch_add(1, Ordering::Relaxed);
+        c.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        c.last_ns.store(now, Ordering::Relaxed);
+        if seq >= next_seq {
+            next_seq = seq + 1;
+            c.expected.store(next_seq, Ordering::Relaxed);
+        } else {
+            c.out_of_order.fetch_add(1, Ordering::Relaxed);
+        }
+        // RFC 3550: the clocks' offset cancels in the transit difference.
+        let transit = i128::from(now) - i128::from(sent_ns);
+        if let Some(prev) = last_transit {
+            let d = (transit - prev).abs() as f64 / 1e3;
+            jitter += (d - jitter) / 16.0;
+            c.jitter_bits.store(jitter.to_bits(), Ordering::Relaxed);
+        }
+        last_transit = Some(transit);
+    }
+}
+
+fn is_retry(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// A point-in-time copy of one stream's counters and TCP state.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Snapshot {
+    bytes: u64,
+    packets: u64,
+    expected: u64,
+    out_of_order: u64,
+    retransmits: u64,
+    last_ns: u64,
+}
+
+/// Reads a stream's counters.
+pub(crate) fn snapshot(s: &Stream) -> Snapshot {
+    let c = &s.counters;
+    let retransmits = match &*s.sock {
+        Sock::Tcp(t) if s.role == Role::Send => fatpipe_sys::tcp_info(t)
+            .ok()
+            .and_then(|i| i.total_retrans)
+            .map_or(0, u64::from),
+        _ => 0,
+    };
+    Snapshot {
+        bytes: c.bytes.load(Ordering::Relaxed),
+        packets: c.packets.load(Ordering::Relaxed),
+        expected: c.expected.load(Ordering::Relaxed),
+        out_of_order: c.out_of_order.load(Ordering::Relaxed),
+        retransmits,
+        last_ns: c.last_ns.load(Ordering::Relaxed),
+    }
+}
+
+/// The sample between two snapshots, plus the stream's current RTT, cwnd
+/// and jitter. `base_ns` is the time the period started (for `elapsed_us`).
+pub(crate) fn sample(s: &Stream, from: &Snapshot, to: &Snapshot, base_ns: u64) -> StreamSample {
+    let mut out = StreamSample {
+        id: s.id,
+        role: Some(s.role),
+        bytes: to.bytes.saturating_sub(from.bytes),
+        packets: to.packets.saturating_sub(from.packets),
+        out_of_order: to.out_of_order.saturating_sub(from.out_of_order),
+        retransmits: to.retransmits.saturating_sub(from.retransmits),
+        elapsed_us: to.last_ns.saturating_sub(base_ns) / 1000,
+        ..Default::default()
+    };
+    if s.role == Role::Recv {
+        let expected = to.expected.saturating_sub(from.expected);
+        out.lost = expected.saturating_sub(out.packets);
+        out.jitter_us = f64::from_bits(s.counters.jitter_bits.load(Ordering::Relaxed));
+    }
+    if let Sock::Tcp(t) = &*s.sock {
+        if let Ok(info) = fatpipe_sys::tcp_info(t) {
+            out.rtt_us = info.rtt_us.unwrap_or(0);
+            out.rttvar_us = info.rttvar_us.unwrap_or(0);
+            out.cwnd = info.cwnd_bytes().unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// Applies the test's socket options to a TCP socket (before connect on
+/// the client, after accept on the server) and returns warnings for what
+/// the host refused or capped.
+pub(crate) fn configure_tcp(fd: impl AsFd, p: &TestParams, role: Role, warnings: &mut Vec<String>) {
+    configure_buffers(&fd, p, warnings);
+    if let Some(mss) = p.mss {
+        if let Err(e) = fatpipe_sys::set_mss(&fd, mss) {
+            warnings.push(format!("MSS {mss}: {e}"));
+        }
+    }
+    if role == Role::Send {
+        if let Some(cc) = &p.congestion {
+            if let Err(e) = fatpipe_sys::set_congestion(&fd, cc) {
+                warnings.push(format!(
+                    "congestion control '{cc}' unavailable ({e}); using the host default"
+                ));
+            }
+        }
+        if let Some(rate) = p.fq_rate {
+            if let Err(e) = fatpipe_sys::set_max_pacing_rate(&fd, rate / 8) {
+                warnings.push(format!(
+                    "pacing at {}: {e}",
+                    units::format_rate(rate as f64)
+                ));
+            }
+        }
+    }
+}
+
+/// Applies `-w` to any socket.
+pub(crate) fn configure_buffers(fd: &impl AsFd, p: &TestParams, warnings: &mut Vec<String>) {
+    let Some(w) = p.window else { return };
+    for (send, what, sysctl) in [
+        (true, "send", "net.core.wmem_max"),
+        (false, "receive", "net.core.rmem_max"),
+    ] {
+        let grant = if send {
+            fatpipe_sys::set_send_buffer(fd, w, false)
+        } else {
+            fatpipe_sys::set_recv_buffer(fd, w, false)
+        };
+        match grant {
+            Ok(g) if g.capped => warnings.push(format!(
+                "{what} buffer capped at {} of the {} asked ({sysctl}); see `fatpipe tune`",
+                units::format_bytes_iec(g.granted),
+                units::format_bytes_iec(w)
+            )),
+            Ok(_) => {}
+            Err(e) => warnings.push(format!("{what} buffer {}: {e}", units::format_bytes_iec(w))),
+        }
+    }
+}
+
+/// What a socket actually got, read back after connect/accept.
+pub(crate) fn setup_of(id: u32, sock: &Sock, p: &TestParams) -> SocketSetup {
+    let (sndbuf, rcvbuf, mss, congestion) = match sock {
+        Sock::Tcp(t) => (
+            fatpipe_sys::get_send_buffer(t).unwrap_or(0),
+            fatpipe_sys::get_recv_buffer(t).unwrap_or(0),
+            fatpipe_sys::get_mss(t).unwrap_or(0),
+            fatpipe_sys::get_congestion(t).unwrap_or_default(),
+        ),
+        Sock::Udp(u) => (
+            fatpipe_sys::get_send_buffer(u).unwrap_or(0),
+            fatpipe_sys::get_recv_buffer(u).unwrap_or(0),
+            0,
+            String::new(),
+        ),
+    };
+    let (send_path, recv_path) = match (p.protocol, p.zerocopy) {
+        (Protocol::Tcp, true) => ("sendfile", "recv_trunc"),
+        (Protocol::Tcp, false) => ("copy", "recv_trunc"),
+        (Protocol::Udp, _) => ("mmsg", "copy"),
+    };
+    SocketSetup {
+        id,
+        sndbuf,
+        rcvbuf,
+        mss,
+        congestion,
+        send_path: send_path.into(),
+        recv_path: recv_path.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fatpipe_proto::testmsg::Direction;
+
+    fn params(bytes: Option<u64>) -> TestParams {
+        TestParams {
+            protocol: Protocol::Tcp,
+            streams: 1,
+            direction: Direction::Up,
+            duration_ms: 1000,
+            bytes,
+            omit_ms: 0,
+            interval_ms: 1000,
+            window: None,
+            mss: None,
+            congestion: None,
+            fq_rate: None,
+            zerocopy: false,
+            length: 1000,
+            bitrate: 0,
+        }
+    }
+
+    fn shared(bytes: Option<u64>) -> Shared {
+        Shared {
+            params: params(bytes),
+            send_until: None,
+            budget: bytes.map(AtomicU64::new),
+            stop: AtomicBool::new(false),
+            udp_recv_stop: AtomicBool::new(false),
+            start: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn byte_budget_is_shared_exactly() {
+        let sh = shared(Some(2500));
+        assert_eq!(sh.take(1000), 1000);
+        assert_eq!(sh.take(1000), 1000);
+        assert_eq!(sh.take(1000), 500);
+        assert_eq!(sh.take(1000), 0);
+        sh.give_back(300);
+        assert_eq!(sh.take(1000), 300);
+        let unlimited = shared(None);
+        assert_eq!(unlimited.take(1000), 1000);
+    }
+}

@@ -1,0 +1,1137 @@
+//! The memory-to-memory throughput test, as a [`Service`] and its client.
+//!
+//! Both ends run the same machinery ([`Side`]): one worker thread per
+//! stream (see [`data`]), and the session thread as an event loop over one
+//! channel fed by the workers ("stream done"), a control-reader thread
+//! (peer messages) and the interval clock. The server reports each interval
+//! to the client; the client merges the two views stream by stream — bytes
+//! from the receiver, window, RTT and retransmits from the sender — into the
+//! schema types the binary prints ([`fatpipe_schema::test`]).
+//!
+//! The exchange (docs/protocol.md, "test service"): `Open("test", params)`
+//! → `Ready` → data connections (tag = stream id) or UDP hellos →
+//! `Attached` → `Start` → `Interval`s and `SendDone`s → `Final` → `Close`.
+
+pub(crate) mod data;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fatpipe_proto::testmsg::{
+    CpuSample, Direction, Protocol, Role, SocketSetup, StreamSample, TestMsg, TestParams,
+};
+use fatpipe_schema::test as schema;
+
+use crate::client::{connect_with, ClientOptions, ClientSession};
+use crate::control::Control;
+use crate::error::{EngineError, Result};
+use crate::server::{ServerSession, Service, ServiceResult};
+use data::{Sock, Stream};
+
+/// The service name clients open.
+pub const SERVICE: &str = "test";
+
+/// How long setup steps (data connections, UDP hellos, Start) may take.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long UDP receivers keep listening after the sender said it is done.
+const UDP_DRAIN: Duration = Duration::from_millis(250);
+
+/// The server half: register with `Server::builder().service(TestService)`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TestService;
+
+impl Service for TestService {
+    fn name(&self) -> &'static str {
+        SERVICE
+    }
+
+    fn check(&self, params: &[u8]) -> std::result::Result<(), String> {
+        serde_params(params).map(|_| ())
+    }
+
+    fn serve(&self, session: ServerSession) -> ServiceResult {
+        serve(&session).map_err(|e| {
+            // Tell the client why, if it is still there.
+            let msg = TestMsg::Error {
+                message: e.to_string(),
+            };
+            let _ = session.control().send(&msg.encode());
+            Box::new(e) as Box<dyn std::error::Error + Send + Sync>
+        })
+    }
+}
+
+/// What `fatpipe test` asks for.
+#[derive(Debug, Clone)]
+pub struct TestPlan {
+    /// The server as the user wrote it (for the report).
+    pub server: String,
+    /// The resolved address.
+    pub addr: SocketAddr,
+    /// Key and timeouts.
+    pub options: ClientOptions,
+    /// The test.
+    pub params: TestParams,
+}
+
+/// Progress reported while the test runs.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// Both ends are set up; the test starts now.
+    Start(&'a schema::TestStart),
+    /// One interval, merged from both ends.
+    Interval(&'a schema::TestInterval),
+}
+
+/// Runs a test as the client and returns the full report.
+pub fn run_client(
+    plan: &TestPlan,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<schema::TestReport> {
+    let p = &plan.params;
+    p.validate().map_err(EngineError::Service)?;
+    let session = connect_with(plan.addr, &plan.options, SERVICE, &p.encode())?;
+    let control = session.control().clone();
+    let udp_ports = match recv_msg(&control, SETUP_TIMEOUT, "waiting for Ready")? {
+        TestMsg::Ready { udp_ports } => udp_ports,
+        other => return Err(unexpected(&other, "Ready")),
+    };
+    let mut warnings = Vec::new();
+    let (streams, remote_setup) = match p.protocol {
+        Protocol::Tcp => {
+            let streams = open_tcp_streams(&session, p, &mut warnings)?;
+            let remote = recv_attached(&control)?;
+            (streams, remote)
+        }
+        Protocol::Udp => open_udp_streams(&session, p, &udp_ports, &mut warnings)?,
+    };
+    let start_info = start_info(plan, &session, &streams, &remote_setup, warnings);
+    on_progress(Progress::Start(&start_info));
+
+    let (tx, rx) = mpsc::channel();
+    let finished = Arc::new(AtomicBool::new(false));
+    spawn_reader(control.clone(), tx.clone(), Arc::clone(&finished));
+    control.send(&TestMsg::Start.encode())?;
+    let cpu0 = fatpipe_sys::CpuSample::now().ok();
+    let mut side = Side::start(p.clone(), streams, Role::Send, tx, rx)?;
+    let result = client_loop(&mut side, &control, p, &start_info, on_progress);
+    let cpu_local = cpu_use_since(cpu0);
+    side.stop();
+    finished.store(true, Ordering::Relaxed);
+    let (intervals, remote_final, remote_cpu) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = control.send(&TestMsg::Stop.encode());
+            control.close(&e.to_string());
+            return Err(e);
+        }
+    };
+    control.close("");
+    let end = merge_final(p, &side, &remote_final, cpu_local, cpu_use(&remote_cpu));
+    Ok(schema::TestReport {
+        schema: schema::TEST_SCHEMA.into(),
+        version: schema::TEST_SCHEMA_VERSION,
+        start: start_info,
+        intervals,
+        end,
+    })
+}
+
+/// Events the session thread waits on.
+#[derive(Debug)]
+pub(crate) enum Ev {
+    /// A worker finished.
+    Done(u32),
+    /// The peer said something.
+    Peer(TestMsg),
+    /// The control connection failed or closed.
+    PeerGone(EngineError),
+}
+
+/// One end's streams, workers and interval bookkeeping.
+struct Side {
+    shared: Arc<data::Shared>,
+    streams: Vec<Stream>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    rx: Receiver<Ev>,
+    running: usize,
+    senders_running: usize,
+    interval: Duration,
+    omit: Duration,
+    next_tick: Instant,
+    tick_index: u32,
+    last: Vec<data::Snapshot>,
+    /// Counters at the end of the warm-up (all zero without one).
+    at_omit: Vec<data::Snapshot>,
+    omit_ns: u64,
+    udp_drain_at: Option<Instant>,
+    /// The closing partial interval was considered.
+    closed: bool,
+}
+
+/// Index, start and end (after the test start), omitted, per-stream samples.
+type IntervalSample = (u32, Duration, Duration, bool, Vec<StreamSample>);
+
+impl Side {
+    /// Starts every worker now. `_role_hint` documents which end this is.
+    fn start(
+        params: TestParams,
+        streams: Vec<Stream>,
+        _role_hint: Role,
+        tx: Sender<Ev>,
+        rx: Receiver<Ev>,
+    ) -> Result<Side> {
+        let start = Instant::now();
+        let omit = Duration::from_millis(params.omit_ms);
+        let interval = Duration::from_millis(params.interval_ms);
+        let send_until = params
+            .bytes
+            .is_none()
+            .then(|| start + omit + Duration::from_millis(params.duration_ms));
+        let shared = Arc::new(data::Shared {
+            budget: params.bytes.map(AtomicU64::new),
+            params,
+            send_until,
+            stop: AtomicBool::new(false),
+            udp_recv_stop: AtomicBool::new(false),
+            start,
+        });
+        let mut workers = Vec::with_capacity(streams.len());
+        for s in &streams {
+            let handle = data::spawn(s, &shared, tx.clone())
+                .map_err(|e| EngineError::io("start a stream thread", e))?;
+            workers.push(handle);
+        }
+        let n = streams.len();
+        let senders_running = streams.iter().filter(|s| s.role == Role::Send).count();
+        Ok(Side {
+            shared,
+            workers,
+            rx,
+            running: n,
+            senders_running,
+            interval,
+            omit,
+            next_tick: start + interval,
+            tick_index: 0,
+            last: vec![data::Snapshot::default(); n],
+            at_omit: vec![data::Snapshot::default(); n],
+            omit_ns: 0,
+            udp_drain_at: None,
+            closed: false,
+            streams,
+        })
+    }
+
+    /// Waits for the next event or the next tick (`None`).
+    fn next_event(&mut self) -> Option<Ev> {
+        let now = Instant::now();
+        let mut until = self.next_tick;
+        if let Some(d) = self.udp_drain_at {
+            until = until.min(d);
+        }
+        let wait = until.saturating_duration_since(now);
+        match self.rx.recv_timeout(wait) {
+            Ok(ev) => Some(ev),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Ev::PeerGone(EngineError::Service(
+                "internal: event channel closed".into(),
+            ))),
+        }
+    }
+
+    /// Handles a worker's end; true if it was this end's last sender.
+    fn on_done(&mut self, id: u32) -> bool {
+        self.running = self.running.saturating_sub(1);
+        let was_sender = self
+            .streams
+            .iter()
+            .any(|s| s.id == id && s.role == Role::Send);
+        if was_sender {
+            self.senders_running = self.senders_running.saturating_sub(1);
+            return self.senders_running == 0;
+        }
+        false
+    }
+
+    /// The peer's senders are done: UDP receivers drain, then stop.
+    fn on_peer_send_done(&mut self) {
+        if self.shared.params.protocol == Protocol::Udp {
+            self.udp_drain_at = Some(Instant::now() + UDP_DRAIN);
+        }
+    }
+
+    /// Fires due timers; returns a finished interval if one ended. Once
+    /// every stream is done, a last partial interval is closed at "now" if
+    /// it covers at least a tenth of an interval (both ends apply the same
+    /// rule, so indices still match; an interval only one end reports is
+    /// dropped by the client).
+    fn poll_timers(&mut self) -> Option<IntervalSample> {
+        let now = Instant::now();
+        if self.udp_drain_at.is_some_and(|d| now >= d) {
+            self.shared.udp_recv_stop.store(true, Ordering::Relaxed);
+            self.udp_drain_at = None;
+        }
+        if self.closed {
+            return None;
+        }
+        let end = if now >= self.next_tick {
+            self.next_tick - self.shared.start
+        } else if self.done() && !self.closed {
+            self.closed = true;
+            let end = now - self.shared.start;
+            let begin = self.next_tick - self.interval - self.shared.start;
+            if end.saturating_sub(begin) < self.interval / 10 {
+                return None;
+            }
+            end
+        } else {
+            return None;
+        };
+        let begin = (self.next_tick - self.interval) - self.shared.start;
+        let snaps: Vec<_> = self.streams.iter().map(data::snapshot).collect();
+        let samples = self
+            .streams
+            .iter()
+            .zip(self.last.iter().zip(&snaps))
+            .map(|(s, (a, b))| data::sample(s, a, b, 0))
+            .collect();
+        let omitted = end <= self.omit;
+        if omitted {
+            self.at_omit = snaps.clone();
+            self.omit_ns = end.as_nanos() as u64;
+        }
+        self.last = snaps;
+        let index = self.tick_index;
+        self.tick_index += 1;
+        self.next_tick += self.interval;
+        Some((index, begin, end, omitted, samples))
+    }
+
+    fn done(&self) -> bool {
+        self.running == 0
+    }
+
+    /// Totals since the warm-up, per stream.
+    fn totals(&self) -> Vec<StreamSample> {
+        self.streams
+            .iter()
+            .zip(&self.at_omit)
+            .map(|(s, from)| data::sample(s, from, &data::snapshot(s), self.omit_ns))
+            .collect()
+    }
+
+    /// Stops and joins every worker.
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        data::shutdown_all(&self.streams);
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The server's session.
+fn serve(session: &ServerSession) -> Result<()> {
+    let control = session.control();
+    let p: TestParams = serde_params(session.params()).map_err(EngineError::Service)?;
+    let mut warnings = Vec::new();
+    let total = p.total_streams();
+    let server_role = |id: u32| {
+        if p.client_sends(id) {
+            Role::Recv
+        } else {
+            Role::Send
+        }
+    };
+    let mut streams = Vec::with_capacity(total as usize);
+    match p.protocol {
+        Protocol::Tcp => {
+            control.send(&TestMsg::Ready { udp_ports: vec![] }.encode())?;
+            let deadline = Instant::now() + SETUP_TIMEOUT;
+            let mut seen = HashMap::new();
+            while seen.len() < total as usize {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let conn = session.accept_data(left)?;
+                if conn.tag >= total || seen.contains_key(&conn.tag) {
+                    return Err(EngineError::Service(format!(
+                        "data connection with bad stream id {}",
+                        conn.tag
+                    )));
+                }
+                let role = server_role(conn.tag);
+                data::configure_tcp(&conn.stream, &p, role, &mut warnings);
+                let sock = Sock::Tcp(conn.stream);
+                seen.insert(conn.tag, ());
+                streams.push(new_stream(conn.tag, role, sock, &p));
+            }
+            streams.sort_by_key(|s| s.id);
+        }
+        Protocol::Udp => {
+            let ip = session.local_addr().ip();
+            let mut socks = Vec::with_capacity(total as usize);
+            for _ in 0..total {
+                let u = UdpSocket::bind(SocketAddr::new(ip, 0))
+                    .map_err(|e| EngineError::io("bind UDP socket", e))?;
+                data::configure_buffers(&u, &p, &mut warnings);
+                socks.push(u);
+            }
+            let ports = socks
+                .iter()
+                .map(|u| u.local_addr().map(|a| a.port()))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| EngineError::io("read UDP port", e))?;
+            control.send(&TestMsg::Ready { udp_ports: ports }.encode())?;
+            bind_udp_peers(&socks, session)?;
+            for (id, u) in socks.into_iter().enumerate() {
+                let id = id as u32;
+                streams.push(new_stream(id, server_role(id), Sock::Udp(u), &p));
+            }
+        }
+    }
+    let setups: Vec<SocketSetup> = streams.iter().map(|s| s.setup.clone()).collect();
+    send_split(
+        control,
+        TestMsg::Attached {
+            streams: setups,
+            more: false,
+        },
+    )?;
+    // Warnings about the server's sockets reach the user through the
+    // setups (granted sizes); keep the server's log quiet about them.
+    drop(warnings);
+    match recv_msg(control, SETUP_TIMEOUT, "waiting for Start")? {
+        TestMsg::Start => {}
+        TestMsg::Stop => return Ok(()),
+        other => return Err(unexpected(&other, "Start")),
+    }
+    let (tx, rx) = mpsc::channel();
+    let finished = Arc::new(AtomicBool::new(false));
+    spawn_reader(control.clone(), tx.clone(), Arc::clone(&finished));
+    let cpu0 = fatpipe_sys::CpuSample::now().ok();
+    let mut side = Side::start(p.clone(), streams, Role::Recv, tx, rx)?;
+    let result = server_loop(&mut side, control, session);
+    let cpu = cpu_seconds_since(cpu0);
+    side.stop();
+    if let Err(e) = result {
+        finished.store(true, Ordering::Relaxed);
+        return Err(e);
+    }
+    send_split(
+        control,
+        TestMsg::Final {
+            elapsed_ms: side.shared.start.elapsed().as_millis() as u64,
+            streams: side.totals(),
+            cpu,
+            more: false,
+        },
+    )?;
+    // Wait for the client to hang up (it has what it needs).
+    let grace = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < grace {
+        match side.rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Ev::PeerGone(_)) => break,
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    finished.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> Result<()> {
+    loop {
+        if session.shutdown().is_set() {
+            return Err(EngineError::Service("the server is shutting down".into()));
+        }
+        if let Some(ev) = side.next_event() {
+            match ev {
+                Ev::Done(id) => {
+                    if side.on_done(id) {
+                        control.send(&TestMsg::SendDone.encode())?;
+                    }
+                }
+                Ev::Peer(TestMsg::SendDone) => side.on_peer_send_done(),
+                Ev::Peer(TestMsg::Stop) => {
+                    return Err(EngineError::Service("the client stopped the test".into()))
+                }
+                Ev::Peer(other) => return Err(unexpected(&other, "SendDone or Stop")),
+                Ev::PeerGone(e) => return Err(e),
+            }
+        }
+        while let Some((index, begin, end, omitted, streams)) = side.poll_timers() {
+            send_split(
+                control,
+                TestMsg::Interval {
+                    index,
+                    start_ms: begin.as_millis() as u64,
+                    end_ms: end.as_millis() as u64,
+                    omitted,
+                    streams,
+                    more: false,
+                },
+            )?;
+        }
+        if side.done() && side.closed {
+            return Ok(());
+        }
+    }
+}
+
+type LocalInterval = (Duration, Duration, bool, Vec<StreamSample>);
+
+fn client_loop(
+    side: &mut Side,
+    control: &Control,
+    p: &TestParams,
+    start: &schema::TestStart,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(Vec<schema::TestInterval>, Vec<StreamSample>, CpuSample)> {
+    let mut local: BTreeMap<u32, LocalInterval> = BTreeMap::new();
+    let mut remote: BTreeMap<u32, (Vec<StreamSample>, bool)> = BTreeMap::new();
+    let mut merged = Vec::new();
+    let mut remote_final: Vec<StreamSample> = Vec::new();
+    let mut remote_cpu = CpuSample::default();
+    let mut final_done = false;
+    // A server that never finishes must not hang the client.
+    let budget = Duration::from_millis(p.omit_ms + p.duration_ms) + Duration::from_secs(30);
+    let give_up = if p.bytes.is_some() {
+        None
+    } else {
+        Some(Instant::now() + budget)
+    };
+    loop {
+        if give_up.is_some_and(|g| Instant::now() > g) {
+            return Err(EngineError::Timeout(
+                "waiting for the server to finish the test".into(),
+            ));
+        }
+        if let Some(ev) = side.next_event() {
+            match ev {
+                Ev::Done(id) => {
+                    if side.on_done(id) {
+                        control.send(&TestMsg::SendDone.encode())?;
+                    }
+                }
+                Ev::Peer(TestMsg::SendDone) => side.on_peer_send_done(),
+                Ev::Peer(TestMsg::Interval {
+                    index,
+                    streams,
+                    more,
+                    ..
+                }) => {
+                    let e = remote.entry(index).or_default();
+                    e.0.extend(streams);
+                    e.1 = !more;
+                }
+                Ev::Peer(TestMsg::Final {
+                    streams, more, cpu, ..
+                }) => {
+                    remote_final.extend(streams);
+                    remote_cpu = cpu;
+                    final_done = !more;
+                }
+                Ev::Peer(TestMsg::Error { message }) => {
+                    return Err(EngineError::Service(format!("server: {message}")))
+                }
+                Ev::Peer(other) => return Err(unexpected(&other, "Interval or Final")),
+                Ev::PeerGone(e) if final_done => {
+                    let _ = e;
+                }
+                Ev::PeerGone(e) => return Err(e),
+            }
+        }
+        while let Some((index, begin, end, omitted, streams)) = side.poll_timers() {
+            local.insert(index, (begin, end, omitted, streams));
+        }
+        // Print every interval both ends have reported, in order.
+        while let Some((&index, _)) = local.iter().next() {
+            let Some((r, true)) = remote.get(&index) else {
+                break;
+            };
+            let r = r.clone();
+            remote.remove(&index);
+            let Some((begin, end, omitted, l)) = local.remove(&index) else {
+                break;
+            };
+            let iv = merge_interval(p, index, begin, end, omitted, &l, &r);
+            on_progress(Progress::Interval(&iv));
+            merged.push(iv);
+        }
+        if side.done() && side.closed && final_done {
+            let _ = start;
+            return Ok((merged, remote_final, remote_cpu));
+        }
+    }
+}
+
+fn new_stream(id: u32, role: Role, sock: Sock, p: &TestParams) -> Stream {
+    let setup = data::setup_of(id, &sock, p);
+    Stream {
+        id,
+        role,
+        sock: Arc::new(sock),
+        counters: Arc::default(),
+        setup,
+    }
+}
+
+fn open_tcp_streams(
+    session: &ClientSession,
+    p: &TestParams,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Stream>> {
+    let mut streams = Vec::with_capacity(p.total_streams() as usize);
+    for id in 0..p.total_streams() {
+        let role = if p.client_sends(id) {
+            Role::Send
+        } else {
+            Role::Recv
+        };
+        let mut w = Vec::new();
+        let tcp = session.open_data_with(id, |sock| {
+            data::configure_tcp(sock, p, role, &mut w);
+            Ok(())
+        })?;
+        // The same refusal on every stream is one warning, not a thousand.
+        for line in w {
+            if !warnings.contains(&line) {
+                warnings.push(line);
+            }
+        }
+        streams.push(new_stream(id, role, Sock::Tcp(tcp), p));
+    }
+    Ok(streams)
+}
+
+/// UDP: one socket per stream connected to the server's port for it; hellos
+/// carrying the cookie tell the server where the client is, repeated until
+/// the server confirms with `Attached`.
+fn open_udp_streams(
+    session: &ClientSession,
+    p: &TestParams,
+    ports: &[u16],
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<Stream>, Vec<SocketSetup>)> {
+    if ports.len() != p.total_streams() as usize {
+        return Err(EngineError::Service(format!(
+            "server offered {} UDP ports for {} streams",
+            ports.len(),
+            p.total_streams()
+        )));
+    }
+    let local_ip = session.local_addr().ip();
+    let server_ip = session.peer_addr().ip();
+    let mut socks = Vec::with_capacity(ports.len());
+    for &port in ports {
+        let u = UdpSocket::bind(SocketAddr::new(local_ip, 0))
+            .map_err(|e| EngineError::io("bind UDP socket", e))?;
+        let mut w = Vec::new();
+        data::configure_buffers(&u, p, &mut w);
+        for line in w {
+            if !warnings.contains(&line) {
+                warnings.push(line);
+            }
+        }
+        u.connect(SocketAddr::new(server_ip, port))
+            .map_err(|e| EngineError::io("connect UDP socket", e))?;
+        socks.push(u);
+    }
+    let control = session.control();
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let mut remote = Vec::new();
+    loop {
+        for (id, u) in socks.iter().enumerate() {
+            let mut hello = Vec::with_capacity(40);
+            hello.extend_from_slice(data::UDP_HELLO);
+            hello.extend_from_slice(session.cookie());
+            hello.extend_from_slice(&(id as u32).to_be_bytes());
+            // Lost or refused hellos are retried on the next round.
+            let _ = u.send(&hello);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(EngineError::Timeout("attaching UDP streams".into()));
+        }
+        match control.recv(Some(left.min(Duration::from_millis(50))))? {
+            None => continue,
+            Some(bytes) => match TestMsg::decode(&bytes)? {
+                TestMsg::Attached { streams, more } => {
+                    remote.extend(streams);
+                    if !more {
+                        break;
+                    }
+                }
+                TestMsg::Error { message } => {
+                    return Err(EngineError::Service(format!("server: {message}")))
+                }
+                other => return Err(unexpected(&other, "Attached")),
+            },
+        }
+    }
+    let streams = socks
+        .into_iter()
+        .enumerate()
+        .map(|(id, u)| {
+            let id = id as u32;
+            let role = if p.client_sends(id) {
+                Role::Send
+            } else {
+                Role::Recv
+            };
+            new_stream(id, role, Sock::Udp(u), p)
+        })
+        .collect();
+    Ok((streams, remote))
+}
+
+/// Server side of the UDP hellos: learn each stream's client address from
+/// a hello that carries the session cookie, and connect to it.
+fn bind_udp_peers(socks: &[UdpSocket], session: &ServerSession) -> Result<()> {
+    // The cookie is not exposed to services directly; the hello carries the
+    // one the client got, and the control connection's peer IP must match.
+    let peer_ip = session.peer_addr().ip();
+    let mut bound = vec![false; socks.len()];
+    for u in socks {
+        u.set_nonblocking(true)
+            .map_err(|e| EngineError::io("set UDP socket non-blocking", e))?;
+    }
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let mut buf = [0u8; 64];
+    while bound.iter().any(|b| !b) {
+        if Instant::now() > deadline {
+            return Err(EngineError::Timeout("waiting for UDP hellos".into()));
+        }
+        let mut progressed = false;
+        for (id, u) in socks.iter().enumerate() {
+            if bound[id] {
+                continue;
+            }
+            if let Ok((n, from)) = u.recv_from(&mut buf) {
+                let ok = n == 40
+                    && buf.starts_with(data::UDP_HELLO)
+                    && buf[36..40] == (id as u32).to_be_bytes()
+                    && session.cookie_matches(&buf[4..36])
+                    && from.ip() == peer_ip;
+                if ok {
+                    u.connect(from)
+                        .map_err(|e| EngineError::io("connect UDP socket", e))?;
+                    bound[id] = true;
+                    progressed = true;
+                }
+            }
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    for u in socks {
+        u.set_nonblocking(false)
+            .map_err(|e| EngineError::io("set UDP socket blocking", e))?;
+    }
+    Ok(())
+}
+
+fn recv_attached(control: &Control) -> Result<Vec<SocketSetup>> {
+    let mut all = Vec::new();
+    loop {
+        match recv_msg(control, SETUP_TIMEOUT, "waiting for Attached")? {
+            TestMsg::Attached { streams, more } => {
+                all.extend(streams);
+                if !more {
+                    return Ok(all);
+                }
+            }
+            other => return Err(unexpected(&other, "Attached")),
+        }
+    }
+}
+
+fn recv_msg(control: &Control, timeout: Duration, what: &str) -> Result<TestMsg> {
+    match control.recv(Some(timeout))? {
+        Some(bytes) => match TestMsg::decode(&bytes)? {
+            TestMsg::Error { message } => Err(EngineError::Service(format!("peer: {message}"))),
+            m => Ok(m),
+        },
+        None => Err(EngineError::Timeout(what.to_string())),
+    }
+}
+
+fn send_split(control: &Control, msg: TestMsg) -> Result<()> {
+    for part in msg.split() {
+        control.send(&part.encode())?;
+    }
+    Ok(())
+}
+
+fn spawn_reader(control: Control, tx: Sender<Ev>, finished: Arc<AtomicBool>) {
+    let _ = std::thread::Builder::new()
+        .name("control reader".into())
+        .spawn(move || loop {
+            if finished.load(Ordering::Relaxed) {
+                return;
+            }
+            match control.recv(Some(Duration::from_millis(500))) {
+                Ok(None) => {}
+                Ok(Some(bytes)) => {
+                    let ev = match TestMsg::decode(&bytes) {
+                        Ok(m) => Ev::Peer(m),
+                        Err(e) => Ev::PeerGone(e.into()),
+                    };
+                    let gone = matches!(ev, Ev::PeerGone(_));
+                    if tx.send(ev).is_err() || gone {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Ev::PeerGone(e));
+                    return;
+                }
+            }
+        });
+}
+
+fn serde_params(bytes: &[u8]) -> std::result::Result<TestParams, String> {
+    let p = TestParams::decode(bytes)
+        .map_err(|_| "test parameters do not parse (client and server versions differ?)")?;
+    p.validate()?;
+    Ok(p)
+}
+
+fn unexpected(msg: &TestMsg, wanted: &str) -> EngineError {
+    let got = match msg {
+        TestMsg::Error { message } => return EngineError::Service(format!("peer: {message}")),
+        TestMsg::Ready { .. } => "Ready",
+        TestMsg::Attached { .. } => "Attached",
+        TestMsg::Start => "Start",
+        TestMsg::Interval { .. } => "Interval",
+        TestMsg::SendDone => "SendDone",
+        TestMsg::Stop => "Stop",
+        TestMsg::Final { .. } => "Final",
+    };
+    EngineError::Service(format!("protocol: got {got} while waiting for {wanted}"))
+}
+
+/// The process's CPU seconds since `start`, for the peer.
+fn cpu_seconds_since(start: Option<fatpipe_sys::CpuSample>) -> CpuSample {
+    let (Some(a), Ok(b)) = (start, fatpipe_sys::CpuSample::now()) else {
+        return CpuSample::default();
+    };
+    CpuSample {
+        user_s: b.user.saturating_sub(a.user).as_secs_f64(),
+        system_s: b.system.saturating_sub(a.system).as_secs_f64(),
+        wall_s: b.wall.saturating_duration_since(a.wall).as_secs_f64(),
+    }
+}
+
+/// Utilisation from the peer's CPU seconds.
+fn cpu_use(c: &CpuSample) -> schema::CpuUse {
+    if c.wall_s <= 0.0 {
+        return schema::CpuUse::default();
+    }
+    let user = c.user_s / c.wall_s * 100.0;
+    let system = c.system_s / c.wall_s * 100.0;
+    schema::CpuUse {
+        total_percent: user + system,
+        user_percent: user,
+        system_percent: system,
+    }
+}
+
+fn cpu_use_since(start: Option<fatpipe_sys::CpuSample>) -> schema::CpuUse {
+    let (Some(a), Ok(b)) = (start, fatpipe_sys::CpuSample::now()) else {
+        return schema::CpuUse::default();
+    };
+    let u = b.utilisation_since(&a);
+    schema::CpuUse {
+        total_percent: u.total_pct,
+        user_percent: u.user_pct,
+        system_percent: u.system_pct,
+    }
+}
+
+fn start_info(
+    plan: &TestPlan,
+    session: &ClientSession,
+    streams: &[Stream],
+    remote: &[SocketSetup],
+    warnings: Vec<String>,
+) -> schema::TestStart {
+    let p = &plan.params;
+    let dir = |id: u32| {
+        if p.client_sends(id) {
+            schema::Direction::Up
+        } else {
+            schema::Direction::Down
+        }
+    };
+    let info = |s: &SocketSetup| schema::SocketInfo {
+        id: s.id,
+        direction: dir(s.id),
+        sndbuf: s.sndbuf,
+        rcvbuf: s.rcvbuf,
+        mss: s.mss,
+        congestion: s.congestion.clone(),
+        send_path: s.send_path.clone(),
+        recv_path: s.recv_path.clone(),
+    };
+    let mut warnings = warnings;
+    if let Some(w) = p.window {
+        // The server's grants, as one line per kind of cap.
+        let min_rcv = remote.iter().map(|s| s.rcvbuf).min().unwrap_or(w);
+        let min_snd = remote.iter().map(|s| s.sndbuf).min().unwrap_or(w);
+        for (what, got) in [("receive", min_rcv), ("send", min_snd)] {
+            if got < w {
+                warnings.push(format!(
+                    "server {what} buffer capped at {} of the {} asked; tune the server host",
+                    fatpipe_schema::units::format_bytes_iec(got),
+                    fatpipe_schema::units::format_bytes_iec(w)
+                ));
+            }
+        }
+    }
+    if let Some(cc) = &p.congestion {
+        let used: Vec<&str> = streams
+            .iter()
+            .filter(|s| s.role == Role::Send)
+            .map(|s| s.setup.congestion.as_str())
+            .chain(
+                remote
+                    .iter()
+                    .filter(|s| !p.client_sends(s.id))
+                    .map(|s| s.congestion.as_str()),
+            )
+            .collect();
+        if let Some(other) = used.iter().find(|u| !u.is_empty() && *u != cc) {
+            let line = format!("asked for congestion control '{cc}', the sender uses '{other}'");
+            if !warnings.contains(&line) {
+                warnings.push(line);
+            }
+        }
+    }
+    let timestamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    schema::TestStart {
+        timestamp,
+        server: plan.server.clone(),
+        server_addr: session.peer_addr().to_string(),
+        protocol: match p.protocol {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+        .into(),
+        direction: match p.direction {
+            Direction::Up => "up",
+            Direction::Down => "down",
+            Direction::Both => "both",
+        }
+        .into(),
+        streams: p.streams,
+        duration_s: if p.bytes.is_some() {
+            0.0
+        } else {
+            p.duration_ms as f64 / 1e3
+        },
+        bytes: p.bytes,
+        omit_s: p.omit_ms as f64 / 1e3,
+        interval_s: p.interval_ms as f64 / 1e3,
+        length: p.length,
+        bitrate: (p.protocol == Protocol::Udp).then_some(p.bitrate),
+        window: p.window,
+        mss: p.mss,
+        congestion: p.congestion.clone(),
+        fq_rate: p.fq_rate,
+        zerocopy: p.zerocopy,
+        local: streams.iter().map(|s| info(&s.setup)).collect(),
+        remote: remote.iter().map(info).collect(),
+        warnings,
+    }
+}
+
+/// One stream's numbers from the two ends' samples.
+fn merge_stream(
+    p: &TestParams,
+    id: u32,
+    local: Option<&StreamSample>,
+    remote: Option<&StreamSample>,
+    seconds: f64,
+) -> schema::StreamStats {
+    let up = p.client_sends(id);
+    let (sender, receiver) = if up { (local, remote) } else { (remote, local) };
+    let recv = receiver.cloned().unwrap_or_default();
+    let send = sender.cloned().unwrap_or_default();
+    let tcp = p.protocol == Protocol::Tcp;
+    let bps = if seconds > 0.0 {
+        recv.bytes as f64 * 8.0 / seconds
+    } else {
+        0.0
+    };
+    schema::StreamStats {
+        id: Some(id),
+        direction: Some(if up {
+            schema::Direction::Up
+        } else {
+            schema::Direction::Down
+        }),
+        seconds,
+        bytes: recv.bytes,
+        bits_per_second: bps,
+        bytes_sent: send.bytes,
+        retransmits: tcp.then_some(send.retransmits),
+        rtt_us: tcp.then_some(send.rtt_us),
+        rttvar_us: tcp.then_some(send.rttvar_us),
+        cwnd: tcp.then_some(send.cwnd),
+        packets_sent: (!tcp).then_some(send.packets),
+        packets: (!tcp).then_some(recv.packets),
+        lost: (!tcp).then_some(recv.lost),
+        lost_percent: (!tcp).then(|| percent(recv.lost, recv.lost + recv.packets)),
+        out_of_order: (!tcp).then_some(recv.out_of_order),
+        jitter_ms: (!tcp).then_some(recv.jitter_us / 1e3),
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// Per-direction sums of per-stream stats.
+fn sums(p: &TestParams, streams: &[schema::StreamStats]) -> Vec<schema::StreamStats> {
+    let mut out = Vec::new();
+    for dir in [schema::Direction::Up, schema::Direction::Down] {
+        let these: Vec<_> = streams
+            .iter()
+            .filter(|s| s.direction == Some(dir))
+            .collect();
+        if these.is_empty() {
+            continue;
+        }
+        let n = these.len() as f64;
+        let add = |f: fn(&schema::StreamStats) -> Option<u64>| -> Option<u64> {
+            these.iter().map(|s| f(s)).sum::<Option<u64>>()
+        };
+        let seconds = these.iter().map(|s| s.seconds).fold(0.0, f64::max);
+        let bytes: u64 = these.iter().map(|s| s.bytes).sum();
+        let tcp = p.protocol == Protocol::Tcp;
+        let lost = add(|s| s.lost);
+        let packets = add(|s| s.packets);
+        out.push(schema::StreamStats {
+            id: None,
+            direction: Some(dir),
+            seconds,
+            bytes,
+            bits_per_second: these.iter().map(|s| s.bits_per_second).sum(),
+            bytes_sent: these.iter().map(|s| s.bytes_sent).sum(),
+            retransmits: add(|s| s.retransmits),
+            rtt_us: tcp.then(|| {
+                (these
+                    .iter()
+                    .map(|s| u64::from(s.rtt_us.unwrap_or(0)))
+                    .sum::<u64>() as f64
+                    / n) as u32
+            }),
+            rttvar_us: tcp.then(|| {
+                (these
+                    .iter()
+                    .map(|s| u64::from(s.rttvar_us.unwrap_or(0)))
+                    .sum::<u64>() as f64
+                    / n) as u32
+            }),
+            cwnd: add(|s| s.cwnd),
+            packets_sent: add(|s| s.packets_sent),
+            packets,
+            lost,
+            lost_percent: match (lost, packets) {
+                (Some(l), Some(r)) => Some(percent(l, l + r)),
+                _ => None,
+            },
+            out_of_order: add(|s| s.out_of_order),
+            jitter_ms: (!tcp).then(|| {
+                these
+                    .iter()
+                    .map(|s| s.jitter_ms.unwrap_or(0.0))
+                    .sum::<f64>()
+                    / n
+            }),
+        });
+    }
+    out
+}
+
+fn merge_interval(
+    p: &TestParams,
+    index: u32,
+    begin: Duration,
+    end: Duration,
+    omitted: bool,
+    local: &[StreamSample],
+    remote: &[StreamSample],
+) -> schema::TestInterval {
+    let seconds = (end - begin).as_secs_f64();
+    let by_id: HashMap<u32, &StreamSample> = remote.iter().map(|s| (s.id, s)).collect();
+    let streams: Vec<_> = local
+        .iter()
+        .map(|l| merge_stream(p, l.id, Some(l), by_id.get(&l.id).copied(), seconds))
+        .collect();
+    schema::TestInterval {
+        index,
+        start_s: begin.as_secs_f64(),
+        end_s: end.as_secs_f64(),
+        omitted,
+        sums: sums(p, &streams),
+        streams,
+    }
+}
+
+fn merge_final(
+    p: &TestParams,
+    side: &Side,
+    remote: &[StreamSample],
+    cpu_local: schema::CpuUse,
+    cpu_remote: schema::CpuUse,
+) -> schema::TestEnd {
+    let local = side.totals();
+    let by_id: HashMap<u32, &StreamSample> = remote.iter().map(|s| (s.id, s)).collect();
+    let streams: Vec<_> = local
+        .iter()
+        .map(|l| {
+            let r = by_id.get(&l.id).copied();
+            // Measured time is the receiver's: warm-up end to last byte.
+            let recv = if p.client_sends(l.id) { r } else { Some(l) };
+            let seconds = recv.map_or(0, |s| s.elapsed_us) as f64 / 1e6;
+            let mut s = merge_stream(p, l.id, Some(l), r, seconds);
+            if p.protocol == Protocol::Udp {
+                // Over the whole test the sender's count is the truth.
+                let sent = s.packets_sent.unwrap_or(0);
+                let got = s.packets.unwrap_or(0);
+                let lost = sent.saturating_sub(got);
+                s.lost = Some(lost);
+                s.lost_percent = Some(percent(lost, sent));
+            }
+            s
+        })
+        .collect();
+    let seconds = streams.iter().map(|s| s.seconds).fold(0.0, f64::max);
+    schema::TestEnd {
+        seconds,
+        sums: sums(p, &streams),
+        streams,
+        cpu_local,
+        cpu_remote,
+    }
+}

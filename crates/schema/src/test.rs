@@ -1,0 +1,229 @@
+//! The result of `fatpipe test`: what `--json` prints and the archive stores.
+//!
+//! One [`TestReport`] per run: a [`TestStart`] (what was asked and what each
+//! end actually got), the [`TestInterval`]s, and a [`TestEnd`] with totals
+//! over the measured period (after the omitted warm-up). `--json-stream`
+//! prints the same three parts as separate lines, each wrapped in a
+//! [`TestStreamLine`]. Throughput is always the receiver's: bytes that
+//! arrived over the receiver's time. TCP window, RTT and retransmits come
+//! from the *sender's* `TCP_INFO`, which is where they mean something.
+//!
+//! Documented field by field in docs/json-schema.md. Bump
+//! [`TEST_SCHEMA_VERSION`] on any change that breaks a reader; adding an
+//! optional field does not.
+
+use serde::{Deserialize, Serialize};
+
+/// Names this schema in every report.
+pub const TEST_SCHEMA: &str = "fatpipe.test";
+/// The schema's version.
+pub const TEST_SCHEMA_VERSION: u32 = 1;
+
+/// A whole test.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestReport {
+    /// Always [`TEST_SCHEMA`].
+    pub schema: String,
+    /// Always [`TEST_SCHEMA_VERSION`] for this layout.
+    pub version: u32,
+    /// Settings and what each end got.
+    pub start: TestStart,
+    /// One per interval, in order (omitted ones included, flagged).
+    pub intervals: Vec<TestInterval>,
+    /// Totals.
+    pub end: TestEnd,
+}
+
+/// Which way data flows on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Client to server.
+    Up,
+    /// Server to client.
+    Down,
+}
+
+/// What was asked for, and what the hosts granted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestStart {
+    /// Unix time the test started, seconds.
+    pub timestamp: f64,
+    /// The server as given (host:port).
+    pub server: String,
+    /// The server's address actually used.
+    pub server_addr: String,
+    /// "tcp" or "udp".
+    pub protocol: String,
+    /// "up", "down" (reverse) or "both" (bidirectional).
+    pub direction: String,
+    /// Streams per direction.
+    pub streams: u32,
+    /// Measured time asked for, seconds (0 with a byte count).
+    pub duration_s: f64,
+    /// Byte count asked for (`-n`), per direction.
+    pub bytes: Option<u64>,
+    /// Warm-up excluded from totals, seconds.
+    pub omit_s: f64,
+    /// Interval length, seconds.
+    pub interval_s: f64,
+    /// Write or datagram size, bytes.
+    pub length: u32,
+    /// UDP bitrate per stream, bit/s.
+    pub bitrate: Option<u64>,
+    /// Requested socket buffer, bytes.
+    pub window: Option<u64>,
+    /// Requested MSS, bytes.
+    pub mss: Option<u32>,
+    /// Requested congestion control.
+    pub congestion: Option<String>,
+    /// Requested pacing cap per stream, bit/s.
+    pub fq_rate: Option<u64>,
+    /// Zero-copy send asked for.
+    pub zerocopy: bool,
+    /// Per stream, this (client) end's sockets.
+    pub local: Vec<SocketInfo>,
+    /// Per stream, the server's sockets.
+    pub remote: Vec<SocketInfo>,
+    /// Things the user should know (buffers capped, options refused).
+    pub warnings: Vec<String>,
+}
+
+/// One socket's effective settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketInfo {
+    /// Stream id.
+    pub id: u32,
+    /// Which way the stream carries data.
+    pub direction: Direction,
+    /// Send buffer granted, bytes.
+    pub sndbuf: u64,
+    /// Receive buffer granted, bytes.
+    pub rcvbuf: u64,
+    /// MSS in use, bytes (0 for UDP).
+    pub mss: u32,
+    /// Congestion control in use ("" for UDP).
+    pub congestion: String,
+    /// Send path used at this end ("copy", "sendfile", "msg_zerocopy", ...).
+    pub send_path: String,
+    /// Receive path used at this end ("copy", "recv_trunc", ...).
+    pub recv_path: String,
+}
+
+/// One stream's (or one direction's sum of) numbers over a period.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamStats {
+    /// Stream id; absent on a sum.
+    pub id: Option<u32>,
+    /// Which way.
+    pub direction: Option<Direction>,
+    /// Period length, seconds.
+    pub seconds: f64,
+    /// Bytes the receiver got.
+    pub bytes: u64,
+    /// Receiver throughput, bit/s.
+    pub bits_per_second: f64,
+    /// Bytes the sender wrote.
+    pub bytes_sent: u64,
+    /// TCP: segments retransmitted (sender).
+    pub retransmits: Option<u64>,
+    /// TCP: smoothed RTT, microseconds (sender; mean over streams in a sum).
+    pub rtt_us: Option<u32>,
+    /// TCP: RTT variance, microseconds (sender).
+    pub rttvar_us: Option<u32>,
+    /// TCP: congestion window, bytes (sender; total in a sum).
+    pub cwnd: Option<u64>,
+    /// UDP: datagrams sent.
+    pub packets_sent: Option<u64>,
+    /// UDP: datagrams received.
+    pub packets: Option<u64>,
+    /// UDP: datagrams lost.
+    pub lost: Option<u64>,
+    /// UDP: lost as a percentage of sent.
+    pub lost_percent: Option<f64>,
+    /// UDP: datagrams out of order.
+    pub out_of_order: Option<u64>,
+    /// UDP: jitter (RFC 3550), milliseconds (mean over streams in a sum).
+    pub jitter_ms: Option<f64>,
+}
+
+/// One reporting interval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestInterval {
+    /// From 0.
+    pub index: u32,
+    /// Start, seconds after the test started.
+    pub start_s: f64,
+    /// End, seconds after the test started.
+    pub end_s: f64,
+    /// Part of the warm-up excluded from totals.
+    pub omitted: bool,
+    /// Per stream.
+    pub streams: Vec<StreamStats>,
+    /// Per direction ("up" first).
+    pub sums: Vec<StreamStats>,
+}
+
+/// CPU utilisation of one end's process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuUse {
+    /// User + system, percent of one core.
+    pub total_percent: f64,
+    /// User, percent of one core.
+    pub user_percent: f64,
+    /// System, percent of one core.
+    pub system_percent: f64,
+}
+
+/// Totals over the measured period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestEnd {
+    /// Measured time, seconds.
+    pub seconds: f64,
+    /// Per stream.
+    pub streams: Vec<StreamStats>,
+    /// Per direction ("up" first).
+    pub sums: Vec<StreamStats>,
+    /// This (client) process.
+    pub cpu_local: CpuUse,
+    /// The server process.
+    pub cpu_remote: CpuUse,
+}
+
+/// One line of `--json-stream`.
+// Built once per printed line; boxing would only add noise to the schema type.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+pub enum TestStreamLine {
+    /// First line.
+    Start(TestStart),
+    /// One per interval.
+    Interval(TestInterval),
+    /// Last line.
+    End(TestEnd),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_lines_are_tagged() {
+        let line = TestStreamLine::End(TestEnd {
+            seconds: 1.0,
+            streams: vec![],
+            sums: vec![StreamStats {
+                direction: Some(Direction::Up),
+                ..Default::default()
+            }],
+            cpu_local: CpuUse::default(),
+            cpu_remote: CpuUse::default(),
+        });
+        let text = serde_json::to_string(&line).unwrap();
+        assert!(text.starts_with("{\"event\":\"end\",\"data\":{"), "{text}");
+        assert!(text.contains("\"direction\":\"up\""), "{text}");
+        let back: TestStreamLine = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, line);
+    }
+}
