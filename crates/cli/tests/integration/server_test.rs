@@ -1,1 +1,278 @@
-//! Integration tests for this subcommand; its owner fills this module.
+//! `fatpipe server` and `fatpipe test`, the real binary on loopback.
+//!
+//! Every test starts its own server on port 0 (reading the port from the
+//! first stdout line), keeps runs to about a second, and checks the JSON
+//! report through the schema types rather than by grepping text.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fatpipe_schema::test::{Direction, TestReport, TestStreamLine, TEST_SCHEMA_VERSION};
+
+use crate::util::{assert_exit, run, setup, Dir, Guard};
+
+/// Starts `fatpipe server --port 0` with `extra` flags; returns it and its port.
+fn server(dir: &Dir, extra: &[&str]) -> (Guard, u16) {
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let guard = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the server's first line");
+    let port = line
+        .trim()
+        .strip_prefix("listening on 127.0.0.1:")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+    (guard, port)
+}
+
+/// A `fatpipe test` command against `port`.
+fn test_cmd(dir: &Dir, port: u16, args: &[&str]) -> Command {
+    let mut cmd = dir.cmd();
+    cmd.arg("test")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args);
+    cmd
+}
+
+/// Runs a test with `--json`, asserts exit 0, returns the parsed report.
+fn json_test(dir: &Dir, port: u16, args: &[&str]) -> TestReport {
+    let out = run(&mut test_cmd(dir, port, args).arg("--json"));
+    assert_exit(&out, 0);
+    let report: TestReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "report does not parse: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    assert_eq!(report.schema, "fatpipe.test");
+    assert_eq!(report.version, TEST_SCHEMA_VERSION);
+    report
+}
+
+#[test]
+fn tcp_upload_reports_receiver_throughput_and_tcp_info() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let r = json_test(&dir, port, &["-t", "1", "-i", "0.5"]);
+    assert_eq!(r.start.protocol, "tcp");
+    assert_eq!(r.start.direction, "up");
+    assert!(r.intervals.len() >= 2, "{:?}", r.intervals.len());
+    let sum = &r.end.sums[0];
+    assert_eq!(sum.direction, Some(Direction::Up));
+    assert!(sum.bytes > 10_000_000, "moved only {} bytes", sum.bytes);
+    assert!(sum.bytes <= sum.bytes_sent);
+    assert!(sum.bits_per_second > 1e8);
+    assert!((0.8..1.5).contains(&sum.seconds), "{}", sum.seconds);
+    assert!(sum.rtt_us.is_some_and(|r| r > 0), "RTT from TCP_INFO");
+    assert!(sum.cwnd.is_some_and(|c| c > 0), "cwnd from TCP_INFO");
+    assert!(r.end.cpu_local.total_percent > 0.0);
+    assert!(r.end.cpu_remote.total_percent > 0.0, "server CPU reported");
+    assert_eq!(r.start.local.len(), 1);
+    assert_eq!(r.start.remote.len(), 1);
+}
+
+#[test]
+fn reverse_and_byte_count() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let r = json_test(&dir, port, &["-R", "-n", "50M", "-P", "2"]);
+    assert_eq!(r.start.direction, "down");
+    let sum = &r.end.sums[0];
+    assert_eq!(sum.direction, Some(Direction::Down));
+    // -n is exact: what the sender wrote, and all of it arrived.
+    assert_eq!(sum.bytes_sent, 50 << 20);
+    assert_eq!(sum.bytes, 50 << 20);
+}
+
+#[test]
+fn bidir_reports_both_directions() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let r = json_test(&dir, port, &["--bidir", "-P", "2", "-t", "1"]);
+    assert_eq!(r.end.streams.len(), 4);
+    let dirs: Vec<_> = r.end.sums.iter().map(|s| s.direction).collect();
+    assert_eq!(dirs, vec![Some(Direction::Up), Some(Direction::Down)]);
+    for s in &r.end.sums {
+        assert!(s.bytes > 1_000_000, "{s:?}");
+    }
+}
+
+#[test]
+fn udp_counts_packets_loss_and_jitter() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let r = json_test(&dir, port, &["-u", "-b", "20M", "-l", "1000", "-t", "1"]);
+    let sum = &r.end.sums[0];
+    let sent = sum.packets_sent.expect("packets sent");
+    // 20 Mbit/s of 1000-byte datagrams for a second is 2500 packets.
+    assert!((2000..=2600).contains(&sent), "sent {sent}");
+    let got = sum.packets.expect("packets received");
+    assert!(got > sent * 9 / 10, "received {got} of {sent}");
+    assert_eq!(sum.lost, Some(sent - got));
+    assert!(sum.jitter_ms.is_some());
+    assert!(sum.out_of_order.is_some());
+    let r = json_test(&dir, port, &["-u", "-R", "-b", "5M", "-l", "64", "-t", "0.5"]);
+    assert!(r.end.sums[0].packets.unwrap_or(0) > 1000);
+    let r = json_test(&dir, port, &["-u", "-b", "50M", "-l", "65507", "-t", "0.5"]);
+    assert!(r.end.sums[0].bytes > 1_000_000);
+}
+
+#[test]
+fn many_streams() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let r = json_test(&dir, port, &["-P", "64", "-t", "1", "-l", "64K"]);
+    assert_eq!(r.end.streams.len(), 64);
+    for s in &r.end.streams {
+        assert!(s.bytes > 0, "stream {:?} moved nothing", s.id);
+    }
+    let total: u64 = r.end.streams.iter().map(|s| s.bytes).sum();
+    assert_eq!(r.end.sums[0].bytes, total);
+}
+
+#[test]
+fn json_stream_is_one_object_per_line() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let out = run(&mut test_cmd(&dir, port, &["-t", "1", "-i", "0.25", "--json-stream"]));
+    assert_exit(&out, 0);
+    let lines: Vec<TestStreamLine> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(matches!(lines.first(), Some(TestStreamLine::Start(_))));
+    assert!(matches!(lines.last(), Some(TestStreamLine::End(_))));
+    let intervals = lines
+        .iter()
+        .filter(|l| matches!(l, TestStreamLine::Interval(_)))
+        .count();
+    assert!(intervals >= 3, "{intervals} intervals");
+}
+
+#[test]
+fn text_output_has_intervals_and_a_summary() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let out = run(&mut test_cmd(&dir, port, &["-t", "0.5", "-i", "0.25"]));
+    assert_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("0.00-0.25 s"), "{text}");
+    assert!(text.contains("bit/s (receiver)"), "{text}");
+    assert!(text.contains("CPU: client"), "{text}");
+}
+
+#[test]
+fn wrong_key_exits_2_with_one_clear_line() {
+    let dir = setup();
+    std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
+    std::fs::write(dir.path().join("wrong.key"), "incorrect pony staple\n").unwrap();
+    let (_srv, port) = server(&dir, &["--key-file", "server.key"]);
+    let out = run(&mut test_cmd(&dir, port, &["-t", "0.3", "--key-file", "wrong.key"]));
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("wrong key"), "{err}");
+    let out = run(&mut test_cmd(&dir, port, &["-t", "0.3"]));
+    assert_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--key-file"));
+    // The right key works.
+    json_test(&dir, port, &["-t", "0.3", "--key-file", "server.key"]);
+}
+
+#[test]
+fn fifty_clients_at_once_all_succeed() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let children: Vec<_> = (0..50)
+        .map(|_| {
+            test_cmd(&dir, port, &["-t", "1", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn client")
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().expect("wait for client");
+        assert_exit(&out, 0);
+        let r: TestReport = serde_json::from_slice(&out.stdout).expect("report");
+        assert!(r.end.sums[0].bytes > 0);
+    }
+}
+
+#[test]
+fn hostile_control_connections_do_not_hurt_a_session() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &["--preauth-timeout", "500ms"]);
+    let addr = format!("127.0.0.1:{port}");
+    let mut garbage = TcpStream::connect(&addr).unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut oversized = TcpStream::connect(&addr).unwrap();
+    oversized.write_all(&[0x7f, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    // A test runs alongside them.
+    let client = test_cmd(&dir, port, &["-t", "1", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The stalled connection is cut at the pre-auth deadline.
+    let t0 = Instant::now();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut sink = Vec::new();
+    let _ = stalled.read_to_end(&mut sink);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let out = client.wait_with_output().unwrap();
+    assert_exit(&out, 0);
+    let r: TestReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r.end.sums[0].bytes > 1_000_000);
+    // The garbage senders were refused, not left hanging.
+    for s in [&mut garbage, &mut oversized] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut b = Vec::new();
+        let _ = s.read_to_end(&mut b);
+    }
+}
+
+#[test]
+fn vanished_client_does_not_hurt_the_server() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let mut doomed = test_cmd(&dir, port, &["-t", "30", "-P", "4"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let r = json_test(&dir, port, &["-t", "0.5", "-R"]);
+    assert!(r.end.sums[0].bytes > 1_000_000);
+}
+
+#[test]
+fn unreachable_server_fails_with_exit_1() {
+    let dir = setup();
+    // Bind then drop to get a port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = run(&mut test_cmd(&dir, port, &["-t", "0.2"]));
+    assert_exit(&out, 1);
+    let out = run(&mut test_cmd(&dir, port, &["-t", "soon"]));
+    assert_exit(&out, 2);
+}
