@@ -1,1 +1,77 @@
-//! Integration tests for this subcommand; its owner fills this module.
+//! `fatpipe demo`: the README's first command must work end to end.
+
+use crate::util::{assert_exit, need_root, run, setup};
+
+/// On loopback (any user): test, auto test, copy and report all run.
+#[test]
+fn demo_on_loopback_runs_every_step() {
+    let dir = setup();
+    let out = run(dir.cmd().args([
+        "demo",
+        "--loopback",
+        "-t",
+        "1s",
+        "--size",
+        "8M",
+        "--small-files",
+        "50",
+    ]));
+    assert_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "fatpipe demo report",
+        "test, default settings",
+        "test, fatpipe auto",
+        "copy, dataset",
+        "51 files",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+}
+
+/// On an emulated long fat link (root): the same steps through the lab, and
+/// the lab is gone afterwards.
+#[test]
+fn demo_on_lab_link_cleans_up() {
+    if !need_root("demo_on_lab_link_cleans_up") {
+        return;
+    }
+    let dir = setup();
+    let out = run(dir.cmd().args([
+        "demo",
+        "--rtt",
+        "30ms",
+        "--rate",
+        "500mbit",
+        "-t",
+        "3s",
+        "--size",
+        "32M",
+        "--small-files",
+        "200",
+    ]));
+    assert_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("30.0 ms"),
+        "link summary missing:\n{stdout}"
+    );
+    assert!(stdout.contains("201 files"), "copy line missing:\n{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("removed lab"), "lab not removed:\n{stderr}");
+    let name = stderr
+        .split("bringing up lab '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .expect("demo names its lab");
+    let netns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let listed = String::from_utf8_lossy(&netns.stdout);
+    let ours = format!("fp-{name}-");
+    assert!(
+        !listed.lines().any(|l| l.starts_with(&ours)),
+        "lab {name}'s namespaces are left behind:\n{listed}"
+    );
+}
