@@ -1,9 +1,705 @@
-//! `fatpipe copy`: being built; its owner replaces this module.
+//! `fatpipe copy`: bulk file transfer to or from a `fatpipe server`, and the
+//! server's `copy` service.
+//!
+//! Two phases, as in the rest of the binary: clap parses raw [`Args`], then
+//! [`plan`] validates them into a [`Plan`] (scp-style `HOST:EXPORT/PATH`
+//! split, push or pull decided, sizes and rates parsed through
+//! `fatpipe_schema::units`), tested below without a socket. The transfer
+//! itself is `fatpipe_transfer::session::run_client`; this module gives it an
+//! engine-backed [`Link`] (authentication, cookies), draws the progress bar
+//! on a terminal, and renders the report (text or `--json`).
+//!
+//! The server side is [`CopyService`]: `fatpipe server --export
+//! NAME=DIR[:ro][:public]` registers it with the engine, which hands it each
+//! authenticated `copy` session.
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fatpipe_engine::{ClientSession, EngineError, ServerSession, Service, ServiceResult};
+use fatpipe_schema::copy::{
+    CopyDirection, CopyFailure, CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION,
+};
+use fatpipe_schema::units;
+use fatpipe_transfer::hash::Algo;
+use fatpipe_transfer::session::{self, Conn, CopyError, Export, Job, Link, ServerConfig};
+use fatpipe_transfer::wire::Direction;
+use fatpipe_transfer::Progress;
+
+/// The port `fatpipe server` listens on unless told otherwise.
+const DEFAULT_PORT: u16 = 5301;
 
 /// Arguments of `fatpipe copy`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Sources then destination; exactly one side is remote,
+    /// HOST:EXPORT/PATH (e.g. `-r data/ dtn2:data/in/` or `dtn2:data/x .`).
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
+    pub paths: Vec<OsString>,
+    /// Copy directories recursively.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Parallel data streams, 1..=256.
+    #[arg(short = 'P', long, default_value_t = 4)]
+    pub parallel: u16,
+    /// Server port.
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Pre-shared key file (must match the server's).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Chunk checksum: `fast` (xxh3-128) or `strong` (BLAKE3).
+    #[arg(long, default_value = "fast", value_parser = ["fast", "strong"])]
+    pub verify: String,
+    /// Chunk size (64K..64M): big files are cut into chunks all streams share.
+    #[arg(long, default_value = "8M")]
+    pub chunk_size: String,
+    /// Cap the sending rate, e.g. 500M or 2g (bits per second).
+    #[arg(long)]
+    pub bwlimit: Option<String>,
+    /// Write with O_DIRECT on the receiving side (bypasses the page cache).
+    #[arg(long)]
+    pub direct: bool,
+    /// Flush data to disk before journaling a chunk and before renaming a file.
+    #[arg(long)]
+    pub sync: bool,
+    /// Reconnects allowed after a dropped connection before giving up.
+    #[arg(long, default_value_t = 8)]
+    pub retries: u32,
+    /// Send with read+write instead of sendfile.
+    #[arg(long)]
+    pub no_sendfile: bool,
+    /// Print one JSON document (schema fatpipe.copy) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar and no summary (errors still go to stderr).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    Err(crate::exit::usage("'fatpipe copy' is not built yet"))
+/// A validated copy request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Server host name or address.
+    pub host: String,
+    /// Server port.
+    pub port: u16,
+    /// What the transfer crate runs.
+    pub job: JobSpec,
+}
+
+/// The part of the plan the transfer crate needs (kept comparable for tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    /// Push or pull.
+    pub push: bool,
+    /// Export name.
+    pub export: String,
+    /// Remote paths (pull: sources; push: the destination).
+    pub remote: Vec<Vec<u8>>,
+    /// Local sources (push).
+    pub local_sources: Vec<PathBuf>,
+    /// Local destination (pull).
+    pub local_dest: PathBuf,
+    /// Chunk size.
+    pub chunk_size: u32,
+    /// Rate cap, bit/s.
+    pub bwlimit: Option<u64>,
+    /// Checksum.
+    pub strong: bool,
+}
+
+/// A `HOST:EXPORT/PATH` argument, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// Host (brackets removed from IPv6).
+    pub host: String,
+    /// Export name.
+    pub export: String,
+    /// Path inside the export, as typed (may be empty, may end with `/`).
+    pub path: Vec<u8>,
+}
+
+/// Splits `HOST:EXPORT/PATH`; `None` for a local path. As with scp, a
+/// colon counts only before the first slash (`./a:b` is local).
+pub fn parse_remote(arg: &[u8]) -> Option<Result<Remote, String>> {
+    let (host, rest) = if arg.first() == Some(&b'[') {
+        let end = arg.windows(2).position(|w| w == b"]:")?;
+        (&arg[1..end], &arg[end + 2..])
+    } else {
+        let colon = arg.iter().position(|&b| b == b':')?;
+        if arg[..colon].contains(&b'/') {
+            return None;
+        }
+        (&arg[..colon], &arg[colon + 1..])
+    };
+    let shown = String::from_utf8_lossy(arg);
+    if host.is_empty() {
+        return Some(Err(format!("'{shown}': missing the host before ':'")));
+    }
+    let Ok(host) = std::str::from_utf8(host) else {
+        return Some(Err(format!("'{shown}': the host is not valid text")));
+    };
+    let (export, path) = match rest.iter().position(|&b| b == b'/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &rest[rest.len()..]),
+    };
+    if export.is_empty() {
+        return Some(Err(format!(
+            "'{shown}': name an export after the host (HOST:EXPORT/PATH)"
+        )));
+    }
+    Some(Ok(Remote {
+        host: host.to_string(),
+        export: String::from_utf8_lossy(export).into_owned(),
+        path: path.to_vec(),
+    }))
+}
+
+/// Validates the arguments into a plan (no I/O).
+pub fn plan(args: &Args) -> anyhow::Result<Plan> {
+    let usage = |m: String| crate::exit::usage(m);
+    let (dest_arg, srcs) = args
+        .paths
+        .split_last()
+        .ok_or_else(|| usage("give at least one source and a destination".into()))?;
+    if srcs.is_empty() {
+        return Err(usage("give at least one source and a destination".into()));
+    }
+    if !(1..=session::MAX_STREAMS).contains(&args.parallel) {
+        return Err(usage(format!(
+            "-P/--parallel must be 1..={}",
+            session::MAX_STREAMS
+        )));
+    }
+    let chunk = units::parse_size(&args.chunk_size).map_err(|e| usage(e.to_string()))?;
+    let (lo, hi) = session::CHUNK_LIMITS;
+    if chunk < u64::from(lo) || chunk > u64::from(hi) {
+        return Err(usage(format!(
+            "--chunk-size must be between {} and {}",
+            units::format_bytes_iec(u64::from(lo)),
+            units::format_bytes_iec(u64::from(hi))
+        )));
+    }
+    let bwlimit = match &args.bwlimit {
+        Some(r) => {
+            let v = units::parse_rate(r).map_err(|e| usage(e.to_string()))?;
+            if v == 0 {
+                return Err(usage("--bwlimit must be above 0".into()));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let parse = |a: &OsString| {
+        parse_remote(a.as_encoded_bytes())
+            .transpose()
+            .map_err(usage)
+    };
+    let dest = parse(dest_arg)?;
+    let remote_srcs: Vec<Option<Remote>> = srcs.iter().map(parse).collect::<Result<_, _>>()?;
+    let mut job = JobSpec {
+        push: dest.is_some(),
+        export: String::new(),
+        remote: vec![],
+        local_sources: vec![],
+        local_dest: PathBuf::new(),
+        chunk_size: chunk as u32,
+        bwlimit,
+        strong: args.verify == "strong",
+    };
+    let host;
+    match dest {
+        Some(d) => {
+            if remote_srcs.iter().any(Option::is_some) {
+                return Err(usage(
+                    "both sides are remote: copy between a local path and one server".into(),
+                ));
+            }
+            host = d.host;
+            job.export = d.export;
+            job.remote = vec![d.path];
+            job.local_sources = srcs.iter().map(PathBuf::from).collect();
+        }
+        None => {
+            let mut first: Option<Remote> = None;
+            for r in remote_srcs {
+                let Some(r) = r else {
+                    return Err(usage(
+                        "neither side is remote: name the server as HOST:EXPORT/PATH".into(),
+                    ));
+                };
+                if let Some(f) = &first {
+                    if f.host != r.host || f.export != r.export {
+                        return Err(usage(
+                            "all remote sources must be on the same server and export".into(),
+                        ));
+                    }
+                }
+                job.remote.push(r.path.clone());
+                first.get_or_insert(r);
+            }
+            let Some(f) = first else {
+                return Err(usage("nothing to copy".into()));
+            };
+            host = f.host;
+            job.export = f.export;
+            job.local_dest = PathBuf::from(dest_arg);
+        }
+    }
+    Ok(Plan {
+        host,
+        port: args.port,
+        job,
+    })
+}
+
+/// Runs `fatpipe copy`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let plan = plan(&args)?;
+    let addr = resolve(&plan.host, plan.port)?;
+    let key = match &args.key_file {
+        Some(path) => {
+            Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
+        }
+        None => None,
+    };
+    let spec = &plan.job;
+    let algo = if spec.strong {
+        Algo::Blake3
+    } else {
+        Algo::Xxh3
+    };
+    let job = Job {
+        direction: if spec.push {
+            Direction::Push
+        } else {
+            Direction::Pull
+        },
+        export: spec.export.clone(),
+        remote: spec.remote.clone(),
+        local_sources: spec.local_sources.clone(),
+        local_dest: spec.local_dest.clone(),
+        recursive: args.recursive,
+        sync: args.sync,
+        direct: args.direct,
+        algo,
+        streams: args.parallel,
+        chunk_size: spec.chunk_size,
+        bwlimit: spec.bwlimit,
+        retries: args.retries,
+        sendfile: !args.no_sendfile,
+        corrupt_chunk: fatpipe_transfer::source::SourceOptions::corrupt_from_env(),
+    };
+    let link = EngineLink { addr, key };
+    let progress = Arc::new(Progress::default());
+    let show_bar = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let stop = Arc::new(AtomicBool::new(false));
+    let bar = show_bar.then(|| {
+        let (p, s) = (Arc::clone(&progress), Arc::clone(&stop));
+        std::thread::spawn(move || progress_bar(&p, &s))
+    });
+    let quiet = args.quiet;
+    let result = session::run_client(&link, &job, Arc::clone(&progress), &|line| {
+        if !quiet {
+            eprintln!("\r\x1b[Kfatpipe: copy: {line}");
+        }
+    });
+    stop.store(true, Ordering::SeqCst);
+    if let Some(b) = bar {
+        let _ = b.join();
+    }
+    let report = match result {
+        Ok(r) => r,
+        Err(CopyError::Usage(m)) => return Err(crate::exit::usage(m)),
+        Err(e) => return Err(anyhow::anyhow!(e)).context("copy"),
+    };
+    let out = to_schema(&args, &plan, &job, &report);
+    if args.json {
+        let mut stdout = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut stdout, &out)?;
+        writeln!(stdout)?;
+    } else if !args.quiet {
+        print_summary(&out);
+    }
+    for f in &out.failures {
+        eprintln!("fatpipe: copy: {}: {}", f.path, f.message);
+    }
+    for p in &out.problems {
+        eprintln!("fatpipe: copy: skipped {p}");
+    }
+    if out.files_failed > 0 || !out.failures.is_empty() {
+        anyhow::bail!(
+            "copy: {} of {} files failed (the journal is kept: re-run the same command to resume)",
+            out.failures.len().max(out.files_failed as usize),
+            out.files_total
+        );
+    }
+    if !out.problems.is_empty() {
+        anyhow::bail!("copy: {} source objects were skipped", out.problems.len());
+    }
+    Ok(())
+}
+
+/// The server's `copy` service.
+pub struct CopyService {
+    cfg: ServerConfig,
+}
+
+impl CopyService {
+    /// Builds the service from `--export NAME=DIR[:ro][:public]` values.
+    /// `keyed` is true when the server requires the pre-shared key.
+    pub fn new(exports: &[String], keyed: bool) -> anyhow::Result<CopyService> {
+        let mut parsed: Vec<Export> = Vec::new();
+        for e in exports {
+            let ex: Export = e.parse().map_err(crate::exit::usage)?;
+            if !ex.path.is_dir() {
+                return Err(crate::exit::usage(format!(
+                    "--export {e}: {} is not a directory",
+                    ex.path.display()
+                )));
+            }
+            if parsed.iter().any(|p| p.name == ex.name) {
+                return Err(crate::exit::usage(format!(
+                    "--export {e}: the name '{}' is used twice",
+                    ex.name
+                )));
+            }
+            if !ex.public && !keyed {
+                eprintln!(
+                    "fatpipe: server: export '{}' needs the key but the server has none: \
+                     add --key-file, or mark it :public",
+                    ex.name
+                );
+            }
+            parsed.push(ex);
+        }
+        Ok(CopyService {
+            cfg: ServerConfig {
+                exports: parsed,
+                keyed,
+                sendfile: true,
+            },
+        })
+    }
+}
+
+impl Service for CopyService {
+    fn name(&self) -> &'static str {
+        "copy"
+    }
+
+    fn serve(&self, session: ServerSession) -> ServiceResult {
+        let accept = |t: Duration| -> Result<TcpStream, String> {
+            session
+                .accept_data(t)
+                .map(|d| d.stream)
+                .map_err(|e| e.to_string())
+        };
+        session::serve(&self.cfg, &accept)
+            .map(|_| ())
+            .map_err(|e| e.into())
+    }
+}
+
+struct EngineLink {
+    addr: SocketAddr,
+    key: Option<fatpipe_proto::Key>,
+}
+
+struct EngineConn(ClientSession);
+
+impl Link for EngineLink {
+    fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
+        match fatpipe_engine::connect(self.addr, self.key.as_ref(), "copy", &[]) {
+            Ok(s) => Ok(Box::new(EngineConn(s))),
+            Err(e) => Err(classify(e)),
+        }
+    }
+}
+
+impl Conn for EngineConn {
+    fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
+        self.0.open_data(tag).map_err(classify)
+    }
+}
+
+fn classify(e: EngineError) -> CopyError {
+    if e.is_auth() {
+        return CopyError::Usage(format!("{e} (check --key-file)"));
+    }
+    match e {
+        EngineError::Io { .. } | EngineError::Timeout(_) => CopyError::Network(e.to_string()),
+        other => CopyError::Failed(other.to_string()),
+    }
+}
+
+fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| crate::exit::usage(format!("cannot resolve '{host}': {e}")))?
+        .next()
+        .ok_or_else(|| crate::exit::usage(format!("'{host}' has no address")))
+}
+
+fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyReport {
+    let secs = r.elapsed.as_secs_f64().max(1e-9);
+    let n = args.paths.len();
+    let show = |p: &OsString| p.to_string_lossy().into_owned();
+    CopyReport {
+        schema: COPY_SCHEMA.into(),
+        version: COPY_SCHEMA_VERSION,
+        direction: if plan.job.push {
+            CopyDirection::Push
+        } else {
+            CopyDirection::Pull
+        },
+        server: format!("{}:{}", plan.host, plan.port),
+        export: plan.job.export.clone(),
+        sources: args.paths[..n - 1].iter().map(show).collect(),
+        destination: show(&args.paths[n - 1]),
+        streams: u32::from(r.streams),
+        chunk_size: u64::from(job.chunk_size),
+        checksum: job.algo.name().into(),
+        sync: job.sync,
+        direct: job.direct,
+        bwlimit: job.bwlimit,
+        files_total: r.files_total,
+        files_verified: r.summary.files_verified,
+        files_skipped: r.summary.files_skipped,
+        files_failed: r.summary.files_failed.max(r.failures.len() as u64),
+        bytes_total: r.bytes_total,
+        bytes_transferred: r.bytes_moved,
+        chunks_resent: r.summary.chunks_resent,
+        reconnects: r.reconnects,
+        seconds: secs,
+        rate: (r.bytes_moved as f64 * 8.0 / secs) as u64,
+        files_per_sec: r.summary.files_verified as f64 / secs,
+        io_local: r.local_io.clone(),
+        io_remote: r.remote_io.clone(),
+        peak_rss_local: peak_rss(),
+        failures: r
+            .failures
+            .iter()
+            .map(|f| CopyFailure {
+                path: f.path.clone(),
+                message: f.message.clone(),
+            })
+            .collect(),
+        problems: r.problems.clone(),
+    }
+}
+
+fn print_summary(r: &CopyReport) {
+    let dur = Duration::from_secs_f64(r.seconds);
+    println!(
+        "copied {} of {} files ({} of {}) in {}: {}, {:.0} files/s",
+        r.files_verified,
+        r.files_total,
+        units::format_bytes(r.bytes_transferred),
+        units::format_bytes(r.bytes_total),
+        units::format_duration(dur),
+        units::format_rate(r.rate as f64),
+        r.files_per_sec
+    );
+    println!(
+        "verified {} files chunk by chunk ({}); {} already up to date; {} failed; {} chunks re-sent; {} reconnects",
+        r.files_verified, r.checksum, r.files_skipped, r.files_failed, r.chunks_resent, r.reconnects
+    );
+    println!(
+        "{} streams, {} chunks; I/O here: {}, on the server: {}",
+        r.streams,
+        units::format_bytes_iec(r.chunk_size),
+        r.io_local,
+        r.io_remote
+    );
+}
+
+fn progress_bar(p: &Progress, stop: &AtomicBool) {
+    let start = Instant::now();
+    let mut last = (Instant::now(), 0u64);
+    let mut rate = 0.0f64;
+    let mut err = std::io::stderr();
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(250));
+        let bytes = p.bytes.load(Ordering::Relaxed);
+        let total = p.total_bytes.load(Ordering::Relaxed);
+        let files = p.files.load(Ordering::Relaxed);
+        let tfiles = p.total_files.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let dt = now.duration_since(last.0).as_secs_f64();
+        if dt >= 0.5 {
+            let inst = bytes.saturating_sub(last.1) as f64 * 8.0 / dt;
+            rate = if rate == 0.0 {
+                inst
+            } else {
+                0.5 * rate + 0.5 * inst
+            };
+            last = (now, bytes);
+        }
+        let avg = bytes as f64 * 8.0 / start.elapsed().as_secs_f64().max(1e-3);
+        let pct = if total > 0 {
+            bytes as f64 * 100.0 / total as f64
+        } else {
+            0.0
+        };
+        let eta = if rate > 0.0 && total > bytes {
+            units::format_duration(Duration::from_secs_f64((total - bytes) as f64 * 8.0 / rate))
+        } else {
+            "-".into()
+        };
+        let _ = write!(
+            err,
+            "\r\x1b[K{} / {} ({pct:.0}%)  {files}/{tfiles} files  {} now  {} avg  ETA {eta}",
+            units::format_bytes(bytes),
+            units::format_bytes(total),
+            units::format_rate(rate),
+            units::format_rate(avg),
+        );
+        let _ = err.flush();
+    }
+    let _ = write!(err, "\r\x1b[K");
+}
+
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(v: &[&str]) -> Args {
+        let mut all = vec!["copy"];
+        all.extend_from_slice(v);
+        T::try_parse_from(all).unwrap().args
+    }
+
+    fn is_usage(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<crate::exit::UsageError>())
+    }
+
+    #[test]
+    fn remote_syntax() {
+        let r = parse_remote(b"dtn2:data/in/x").unwrap().unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.export.as_str(), &r.path[..]),
+            ("dtn2", "data", &b"in/x"[..])
+        );
+        let r = parse_remote(b"[::1]:pub").unwrap().unwrap();
+        assert_eq!((r.host.as_str(), &r.path[..]), ("::1", &b""[..]));
+        let r = parse_remote(b"h:data/").unwrap().unwrap();
+        assert_eq!(r.path, b"");
+        let r = parse_remote(b"h:data/dir/").unwrap().unwrap();
+        assert_eq!(r.path, b"dir/");
+        assert!(parse_remote(b"./a:b").is_none());
+        assert!(parse_remote(b"plain/path").is_none());
+        assert!(parse_remote(b":data/x").unwrap().is_err());
+        assert!(parse_remote(b"host:").unwrap().is_err());
+        assert!(parse_remote(b"host:/abs").unwrap().is_err());
+    }
+
+    #[test]
+    fn push_and_pull_plans() {
+        let p = plan(&args(&["-r", "a", "b/", "dtn:data/in/"])).unwrap();
+        assert!(p.job.push);
+        assert_eq!(p.host, "dtn");
+        assert_eq!(p.port, DEFAULT_PORT);
+        assert_eq!(p.job.remote, vec![b"in/".to_vec()]);
+        assert_eq!(
+            p.job.local_sources,
+            vec![PathBuf::from("a"), PathBuf::from("b/")]
+        );
+        assert_eq!(p.job.chunk_size, 8 << 20);
+
+        let p = plan(&args(&[
+            "dtn:data/x",
+            "dtn:data/y",
+            "out",
+            "--verify",
+            "strong",
+        ]))
+        .unwrap();
+        assert!(!p.job.push);
+        assert!(p.job.strong);
+        assert_eq!(p.job.remote, vec![b"x".to_vec(), b"y".to_vec()]);
+        assert_eq!(p.job.local_dest, PathBuf::from("out"));
+
+        let p = plan(&args(&[
+            "a",
+            "h:d",
+            "--bwlimit",
+            "500M",
+            "--chunk-size",
+            "1M",
+        ]))
+        .unwrap();
+        assert_eq!(p.job.bwlimit, Some(500_000_000));
+        assert_eq!(p.job.chunk_size, 1 << 20);
+    }
+
+    #[test]
+    fn bad_plans_are_usage_errors() {
+        for bad in [
+            &["a", "b"][..],
+            &["h:d/x", "g:d/y"],
+            &["h:d/x", "h:e/y", "out"],
+            &["h:d/x", "a", "out"],
+            &["a", "h:d", "--chunk-size", "1K"],
+            &["a", "h:d", "--chunk-size", "1G"],
+            &["a", "h:d", "--bwlimit", "fast"],
+            &["a", "h:d", "--bwlimit", "0"],
+            &["a", "h:d", "-P", "0"],
+            &["a", "h:d", "-P", "300"],
+            &["a", ":d"],
+        ] {
+            let e = plan(&args(bad)).expect_err(&format!("{bad:?}"));
+            assert!(is_usage(&e), "{bad:?}: {e}");
+        }
+        assert!(T::try_parse_from(["copy", "a", "h:d", "--verify", "sloppy"]).is_err());
+    }
+
+    #[test]
+    fn exports_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        assert!(
+            CopyService::new(&[format!("data={d}"), format!("pub={d}:ro:public")], true).is_ok()
+        );
+        for bad in [
+            format!("data={d}/missing"),
+            "nodir".to_string(),
+            format!("a b={d}"),
+        ] {
+            let e = CopyService::new(std::slice::from_ref(&bad), true)
+                .err()
+                .expect(&bad);
+            assert!(is_usage(&e), "{bad}");
+        }
+        let e = CopyService::new(&[format!("x={d}"), format!("x={d}")], true)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("twice"));
+    }
 }

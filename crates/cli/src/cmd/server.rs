@@ -37,6 +37,10 @@ pub struct Args {
     /// No per-session log lines on stderr.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Publish a directory to `fatpipe copy` (repeatable); `:ro` refuses
+    /// writes, `:public` serves it without the key.
+    #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
+    pub exports: Vec<String>,
 }
 
 /// Binds and serves until the process is stopped.
@@ -59,8 +63,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Arc::new(|line| eprintln!("fatpipe server: {line}"))
     };
+    let copy = super::copy::CopyService::new(&args.exports, key.is_some())?;
     let server = Server::builder()
         .service(TestService)
+        .service(copy)
         .key(key)
         .max_sessions(args.max_sessions)
         .preauth_timeout(preauth)

@@ -1,1 +1,530 @@
-//! Integration tests for this subcommand; its owner fills this module.
+//! `fatpipe copy` against a real `fatpipe server` on loopback.
+//!
+//! Every test starts its own server (`--port 0`, the port read from its
+//! first stdout line) with exports in the test's temp dir, runs the real
+//! client, and compares source and destination trees by content digest,
+//! size, mode, mtime and link target. The big-file test uses 256 MiB by
+//! default and the full 2 GiB with `FATPIPE_BIG_TESTS=1`.
+
+use std::collections::BTreeMap;
+use std::hash::Hasher;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::util::{self, assert_exit, Dir, Guard};
+
+/// A running server and what a client needs to reach it.
+struct Server {
+    guard: Guard,
+    port: u16,
+    key: PathBuf,
+}
+
+impl Server {
+    /// `fatpipe copy` with the port and key of this server.
+    fn copy(&self, dir: &Dir) -> Command {
+        let mut c = dir.cmd();
+        c.arg("copy")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--key-file")
+            .arg(&self.key);
+        c
+    }
+
+    fn kill(mut self) {
+        let _ = self.guard.0.kill();
+        let _ = self.guard.0.wait();
+    }
+}
+
+fn key_file(dir: &Dir) -> PathBuf {
+    let key = dir.path().join("key");
+    if !key.exists() {
+        std::fs::write(&key, "copy-test-key-0123456789\n").unwrap();
+    }
+    key
+}
+
+/// Starts `fatpipe server` with `exports` (NAME=DIR...) on `port` (0: any).
+fn server_on(dir: &Dir, exports: &[String], port: u16, env: &[(&str, &str)]) -> Server {
+    let key = key_file(dir);
+    let mut c = Command::new(util::bin());
+    c.current_dir(dir.path())
+        .args(["server", "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--key-file")
+        .arg(&key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for e in exports {
+        c.arg("--export").arg(e);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("spawn server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read server's first line");
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    Server {
+        guard: Guard(child),
+        port,
+        key,
+    }
+}
+
+fn server(dir: &Dir, exports: &[String]) -> Server {
+    server_on(dir, exports, 0, &[])
+}
+
+fn export(name: &str, path: &Path) -> String {
+    format!("{name}={}", path.display())
+}
+
+fn mkdir(p: &Path) -> PathBuf {
+    std::fs::create_dir_all(p).unwrap();
+    p.to_path_buf()
+}
+
+/// Fast pseudo-random bytes (xorshift64*), so data is neither zeros nor
+/// repetitive.
+fn random_file(path: &Path, len: u64, seed: u64) {
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for w in buf.chunks_exact_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            w.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+}
+
+/// What a copy must reproduce, per relative path: kind, mode, mtime (files),
+/// size and a content digest, link targets. Leftover temporaries show up too.
+fn digest_tree(root: &Path) -> BTreeMap<String, String> {
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let rel = p.strip_prefix(base).unwrap().to_string_lossy().into_owned();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let desc = if m.file_type().is_symlink() {
+                format!("link -> {}", std::fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                walk(base, &p, out);
+                format!("dir {:o}", m.mode() & 0o7777)
+            } else {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                let mut f = std::fs::File::open(&p).unwrap();
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = f.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    h.write(&buf[..n]);
+                }
+                format!(
+                    "file {:o} {}.{:09} {} {:016x}",
+                    m.mode() & 0o7777,
+                    m.mtime(),
+                    m.mtime_nsec(),
+                    m.len(),
+                    h.finish()
+                )
+            };
+            out.insert(rel, desc);
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn assert_same_tree(a: &Path, b: &Path) {
+    let (da, db) = (digest_tree(a), digest_tree(b));
+    if da != db {
+        let mut diff = String::new();
+        for k in da.keys().chain(db.keys()) {
+            if da.get(k) != db.get(k) {
+                diff.push_str(&format!("  {k}: {:?} vs {:?}\n", da.get(k), db.get(k)));
+            }
+        }
+        panic!("trees differ ({} vs {}):\n{diff}", a.display(), b.display());
+    }
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The awkward cases in one tree.
+fn odd_tree(root: &Path) -> PathBuf {
+    let t = mkdir(&root.join("tree"));
+    mkdir(&t.join("empty dir"));
+    let deep = mkdir(&t.join("ünï cödé/ｗｉｄｅ/deeper"));
+    std::fs::write(deep.join("small file.txt"), b"hello world\n").unwrap();
+    std::fs::write(t.join("zero length"), b"").unwrap();
+    std::fs::write(t.join("ä".repeat(127)), b"a 254-byte name").unwrap();
+    random_file(&t.join("multi chunk.bin"), 5 << 20, 1);
+    let sparse = std::fs::File::create(t.join("sparse")).unwrap();
+    sparse.set_len(64 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sparse, b"data in the middle", 20 << 20).unwrap();
+    symlink("ünï cödé/ｗｉｄｅ", t.join("link inside")).unwrap();
+    symlink("/etc/hostname", t.join("link outside")).unwrap();
+    std::fs::set_permissions(
+        t.join("zero length"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        deep.join("small file.txt"),
+        std::fs::Permissions::from_mode(0o751),
+    )
+    .unwrap();
+    t
+}
+
+#[test]
+fn push_and_pull_a_tree_with_odd_names() {
+    let dir = util::setup();
+    let src = odd_tree(&mkdir(&dir.path().join("src")));
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--json", "-P", "3", "--chunk-size", "1M"])
+            .arg(&src)
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["schema"], "fatpipe.copy");
+    assert_eq!(j["direction"], "push");
+    assert_eq!(j["files_total"], 5);
+    assert_eq!(j["files_verified"], 5);
+    assert_eq!(j["files_failed"], 0);
+    assert_same_tree(&src, &exp.join("tree"));
+    let sparse = std::fs::metadata(exp.join("tree/sparse")).unwrap();
+    assert!(sparse.blocks() * 512 < 8 << 20, "holes were filled");
+
+    // A second run finds everything up to date and moves nothing.
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--json"])
+            .arg(&src)
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(
+        (j["files_skipped"].as_u64(), j["bytes_transferred"].as_u64()),
+        (Some(5), Some(0))
+    );
+
+    // Pull it back under a new name, with BLAKE3.
+    let back = dir.path().join("back");
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "-q", "--verify", "strong", "127.0.0.1:data/tree"])
+            .arg(&back),
+    );
+    assert_exit(&out, 0);
+    assert_same_tree(&src, &back);
+}
+
+#[test]
+fn twenty_thousand_small_files() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("small"));
+    let payload: Vec<u8> = (0..16_384u32).map(|i| (i * 31 % 251) as u8).collect();
+    for d in 0..20 {
+        let sub = mkdir(&src.join(format!("d{d:02}/inner")));
+        for f in 0..1000 {
+            let mut p = payload.clone();
+            p[..8].copy_from_slice(&((d * 1000 + f) as u64).to_le_bytes());
+            std::fs::write(sub.join(format!("f{f:04}")), &p).unwrap();
+        }
+    }
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+    let t = Instant::now();
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--json"])
+            .arg(&src)
+            .arg("127.0.0.1:data"),
+    );
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["files_verified"], 20_000);
+    eprintln!(
+        "20,000 x 16 KiB pushed in {:?} ({} files/s)",
+        t.elapsed(),
+        j["files_per_sec"]
+    );
+    assert_same_tree(&src, &exp.join("small"));
+}
+
+#[test]
+fn big_file_push_and_pull() {
+    let big = std::env::var("FATPIPE_BIG_TESTS").as_deref() == Ok("1");
+    let size: u64 = if big { 2 << 30 } else { 256 << 20 };
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("big.bin"), size, 42);
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+    let out = util::run(
+        srv.copy(&dir)
+            .arg("--json")
+            .arg(src.join("big.bin"))
+            .arg("127.0.0.1:data/big.bin"),
+    );
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["bytes_transferred"].as_u64(), Some(size));
+    eprintln!(
+        "{} MiB pushed at {} bit/s via {}",
+        size >> 20,
+        j["rate"],
+        j["io_local"]
+    );
+    let back = mkdir(&dir.path().join("back"));
+    let out = util::run(
+        srv.copy(&dir)
+            .arg("-q")
+            .arg("127.0.0.1:data/big.bin")
+            .arg(&back),
+    );
+    assert_exit(&out, 0);
+    assert_same_tree(&src, &back);
+    assert_same_tree(&src, &exp);
+}
+
+/// Waits until `cond` holds (or panics after `limit`).
+fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// True once some chunks of an in-flight file are journaled under `dir`.
+fn journal_has_records(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.ends_with(".journal") && e.metadata().map(|m| m.len() > 36 + 41 * 3).unwrap_or(false)
+        })
+}
+
+#[test]
+fn resume_after_sigkill_of_the_client() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("f.bin"), 96 << 20, 7);
+    std::fs::write(src.join("small"), b"small").unwrap();
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+    // Slow enough (~40 MB/s) that the kill lands mid-file.
+    let mut c = srv.copy(&dir);
+    c.args(["-r", "-q", "--chunk-size", "1M", "--bwlimit", "320M"])
+        .arg(&src)
+        .arg("127.0.0.1:data/")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    wait_for(Duration::from_secs(20), "a journal", || {
+        journal_has_records(&exp.join("src"))
+    });
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(
+        !exp.join("src/f.bin").exists(),
+        "a partial file is under its final name"
+    );
+
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--json", "--chunk-size", "1M"])
+            .arg(&src)
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 0);
+    let j = json(&out);
+    let moved = j["bytes_transferred"].as_u64().unwrap();
+    assert!(
+        moved < 96 << 20,
+        "the re-run sent everything again ({moved} bytes)"
+    );
+    assert_same_tree(&src, &exp.join("src"));
+}
+
+#[test]
+fn resume_after_sigkill_of_the_server() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("f.bin"), 96 << 20, 9);
+    let exp = mkdir(&dir.path().join("export"));
+    let exports = [export("data", &exp)];
+    let srv = server(&dir, &exports);
+    let port = srv.port;
+    let mut c = srv.copy(&dir);
+    c.args([
+        "--json",
+        "--chunk-size",
+        "1M",
+        "--bwlimit",
+        "320M",
+        "--retries",
+        "20",
+    ])
+    .arg(src.join("f.bin"))
+    .arg("127.0.0.1:data/f.bin")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    wait_for(Duration::from_secs(20), "a journal", || {
+        journal_has_records(&exp)
+    });
+    srv.kill(); // SIGKILL
+    assert!(!exp.join("f.bin").exists());
+    // The client keeps retrying; a new server on the same port lets it finish.
+    let _srv2 = server_on(&dir, &exports, port, &[]);
+    let out = child.wait_with_output().unwrap();
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert!(j["reconnects"].as_u64().unwrap() >= 1, "{j}");
+    assert_same_tree(&src, &exp);
+}
+
+#[test]
+fn corrupted_chunk_is_detected_and_resent() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("f.bin"), 10 << 20, 3);
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server_on(
+        &dir,
+        &[export("data", &exp)],
+        0,
+        &[("FATPIPE_TEST_CORRUPT_CHUNK", "4")],
+    );
+    // Push: the client sends, so the hook goes on the client.
+    let out = util::run(
+        srv.copy(&dir)
+            .env("FATPIPE_TEST_CORRUPT_CHUNK", "2")
+            .args(["--json", "--chunk-size", "1M"])
+            .arg(src.join("f.bin"))
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 0);
+    assert_eq!(json(&out)["chunks_resent"], 1);
+    assert_same_tree(&src, &exp);
+    // Pull: the server sends, and its hook fires.
+    let back = mkdir(&dir.path().join("back"));
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["--json", "--chunk-size", "1M", "127.0.0.1:data/f.bin"])
+            .arg(&back),
+    );
+    assert_exit(&out, 0);
+    assert_eq!(json(&out)["chunks_resent"], 1);
+    assert_same_tree(&src, &back);
+}
+
+#[test]
+fn escapes_wrong_keys_and_read_only_are_refused() {
+    let dir = util::setup();
+    let outside = mkdir(&dir.path().join("outside"));
+    std::fs::write(outside.join("secret"), b"secret").unwrap();
+    let exp = mkdir(&dir.path().join("export"));
+    symlink(&outside, exp.join("out")).unwrap();
+    let ro = mkdir(&dir.path().join("ro"));
+    std::fs::write(ro.join("readme"), b"public data").unwrap();
+    let src = mkdir(&dir.path().join("src"));
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let srv = server(
+        &dir,
+        &[export("data", &exp), format!("{}:ro", export("pub", &ro))],
+    );
+
+    for dest in [
+        "127.0.0.1:data/../x",
+        "127.0.0.1:data/out/x",
+        "127.0.0.1:data/out/",
+    ] {
+        let out = util::run(srv.copy(&dir).arg(src.join("f")).arg(dest));
+        assert_exit(&out, 2);
+    }
+    for from in [
+        "127.0.0.1:data/out/secret",
+        "127.0.0.1:data/../outside/secret",
+    ] {
+        let out = util::run(srv.copy(&dir).arg(from).arg(dir.path().join("got")));
+        assert_exit(&out, 2);
+    }
+    assert!(!outside.join("x").exists() && !dir.path().join("got").exists());
+
+    let out = util::run(srv.copy(&dir).arg(src.join("f")).arg("127.0.0.1:pub/"));
+    assert_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
+    assert!(!ro.join("f").exists());
+    // Reading a read-only export is fine.
+    let out = util::run(
+        srv.copy(&dir)
+            .arg("127.0.0.1:pub/readme")
+            .arg(dir.path().join("readme")),
+    );
+    assert_exit(&out, 0);
+
+    let bad = dir.path().join("bad-key");
+    std::fs::write(&bad, "not-the-right-key-at-all").unwrap();
+    let out = util::run(
+        dir.cmd()
+            .args(["copy", "--port", &srv.port.to_string(), "--key-file"])
+            .arg(&bad)
+            .arg(src.join("f"))
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 2);
+    assert!(!exp.join("f").exists());
+
+    let out = util::run(srv.copy(&dir).arg(src.join("f")).arg("127.0.0.1:nope/"));
+    assert_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no export named"));
+}
