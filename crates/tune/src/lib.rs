@@ -26,6 +26,7 @@ pub mod emit;
 mod ethtool;
 pub mod host;
 pub mod plan;
+pub mod probe;
 pub mod rules;
 
 pub use adjust::{AdjustConfig, Adjuster, Sample};
