@@ -112,9 +112,14 @@ impl Shared {
 /// link, forever. Returns only if a device fails for good.
 pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::io::Error {
     sys::tight_timer_slack();
+    let spin = spin_window();
     let mut generation = shared.generation.load(Ordering::Acquire);
     let mut pipe = Pipe::new(&shared.dir_config(dir));
     let mut published = 0;
+    // When the last frame came in; while frames keep coming, the thread
+    // polls the device without sleeping for a few microseconds, which
+    // saves a wake-up and a ppoll per frame on a busy link.
+    let mut last_read: Nanos = 0;
     loop {
         let now = shared.now();
         while let Some((frame, due)) = pipe.front() {
@@ -133,22 +138,26 @@ pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::i
             published = now;
             *lock(&shared.stats[index(dir)]) = pipe.stats();
         }
-        let wait = pipe
-            .next_due()
-            .map_or(MAX_SLEEP, |due| {
-                Duration::from_nanos(due.saturating_sub(now))
-            })
-            .min(MAX_SLEEP);
-        match sys::wait_readable(input, wait) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => return e,
+        if now.saturating_sub(last_read) > spin {
+            let wait = pipe
+                .next_due()
+                .map_or(MAX_SLEEP, |due| {
+                    Duration::from_nanos(due.saturating_sub(now))
+                })
+                .min(MAX_SLEEP);
+            match sys::wait_readable(input, wait) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => return e,
+            }
         }
         for _ in 0..READ_BATCH {
             let got = match pipe.slot() {
                 Some(slot) => match sys::read(input, slot) {
                     Ok(Some(n)) => {
-                        pipe.admit(shared.now(), n);
+                        let t = shared.now();
+                        pipe.admit(t, n);
+                        last_read = t;
                         true
                     }
                     Ok(None) => false,
@@ -170,4 +179,12 @@ pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::i
             }
         }
     }
+}
+
+/// The busy-poll window in ns (`FATPIPE_LAB_SPIN_US`, default 0).
+fn spin_window() -> Nanos {
+    std::env::var("FATPIPE_LAB_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |us| us * 1000)
 }
