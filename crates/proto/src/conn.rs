@@ -125,7 +125,10 @@ fn reject_text(code: ErrorCode, reason: &str) -> String {
         ErrorCode::Service => "the service refused",
         ErrorCode::Other(_) => "refused",
     };
-    if reason.is_empty() {
+    // For key problems the fix is always the same; the server's wording
+    // would only repeat it.
+    let auth = matches!(code, ErrorCode::AuthFailed | ErrorCode::AuthRequired);
+    if reason.is_empty() || auth {
         format!("server refused: {what}")
     } else {
         format!("server refused: {what}: {reason}")
