@@ -170,6 +170,21 @@ pub fn tight_timer_slack() {
     }
 }
 
+/// Moves the calling thread to the real-time FIFO class at `priority`, so
+/// that compilers and benchmarks sharing the machine cannot make frames
+/// late. The thread sleeps whenever it has nothing due, and the kernel's
+/// real-time throttling still leaves others their share.
+pub fn realtime(priority: i32) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 means the calling thread; `param` is a valid struct.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Blocks until process `pid` exits (returns at once if it already has).
 pub fn wait_for_exit(pid: u32) -> io::Result<()> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
