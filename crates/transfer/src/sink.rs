@@ -7,10 +7,12 @@
 //! journal from an interrupted run, re-verifying the chunks it lists against
 //! the bytes on disk. What is left becomes the `Need` list sent to the sender.
 //!
-//! Data threads ([`Sink::receive`], one per connection) read a chunk into an
-//! aligned buffer, check its digest, and only then write it: bytes that
-//! failed their check never reach the file. A bad chunk is asked for again
-//! (a bounded number of times). A file lives under a temporary name until its
+//! Data threads ([`Sink::receive`], one per connection) read each chunk in
+//! 256 KiB pieces into an aligned buffer, hash each piece and write it into
+//! the file's temporary while it is still in cache, then compare the chunk's
+//! digest. Only a chunk that matches is journaled and counted; one that does
+//! not is asked for again (a bounded number of times) and its resend
+//! overwrites the same bytes of the temporary file. A file lives under a temporary name until its
 //! last chunk is in; then mode and mtime are applied and it is renamed into
 //! place, so the final name only ever holds a complete, verified file. Any
 //! per-file problem (full disk, permission, a file the sender could not
@@ -35,6 +37,7 @@ use crate::io::{datasync, punch_hole, AlignedBuf, ALIGN};
 use crate::journal::{journal_name, part_name, Identity, Journal};
 use crate::plan::{chunk_count, chunk_range, lock, to_ranges};
 use crate::relpath::RelPath;
+use crate::source::PIECE;
 use crate::wire::{
     invalid, write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Need, Summary, WireError,
     HEADER_LEN,
@@ -207,10 +210,11 @@ impl Sink {
 
     /// Receives chunks from one data connection until its `End`.
     pub fn receive(&self, stream: TcpStream) -> io::Result<()> {
-        let mut stream = io::BufReader::with_capacity(256 * 1024, stream);
-        let mut buf = AlignedBuf::new(0);
+        let mut stream = io::BufReader::with_capacity(PIECE, stream);
+        let mut buf = AlignedBuf::new(PIECE);
         let mut hdr = [0u8; HEADER_LEN];
         let mut digest = [0u8; 32];
+        let dl = self.opts.algo.digest_len();
         loop {
             stream.read_exact(&mut hdr)?;
             let h = ChunkHeader::decode(&hdr).map_err(invalid)?;
@@ -218,23 +222,59 @@ impl Sink {
                 return Ok(());
             }
             let (slot, chunk) = self.check_header(&h)?;
-            let len = h.len as usize;
+            let target = self.open_for_write(h.file, slot, chunk);
             if h.kind == ChunkKind::Hole {
-                self.store(h.file, slot, chunk, h.offset, None, None)?;
+                if let Some((file, _)) = target {
+                    match punch_hole(&file, h.offset, u64::from(h.len)) {
+                        Ok(()) => self.commit(h.file, slot, chunk, &file, None),
+                        Err(e) => self.fail(h.file, slot, self.describe(e), true),
+                    }
+                }
                 continue;
             }
-            buf.ensure(len);
-            let data = &mut buf.bytes_mut()[..len];
-            stream.read_exact(data)?;
-            let dl = self.opts.algo.digest_len();
+            // Piece by piece: each piece is hashed and written while it is
+            // still in cache. A chunk that then fails its check has written
+            // bytes only into the temporary file, at its own offsets, which
+            // the resend overwrites; it is never journaled.
+            let mut hasher = self.opts.algo.start(h.offset, u64::from(h.len));
+            let mut write_err = None;
+            let mut pos = 0usize;
+            while pos < h.len as usize {
+                let p = (h.len as usize - pos).min(PIECE);
+                let piece = &mut buf.bytes_mut()[..p];
+                stream.read_exact(piece)?;
+                hasher.update(piece);
+                if let (Some((file, direct)), None) = (&target, &write_err) {
+                    let off = h.offset + pos as u64;
+                    let r = match direct {
+                        Some(df) if p.is_multiple_of(ALIGN) && off.is_multiple_of(ALIGN as u64) => {
+                            self.direct_used.store(true, Ordering::Relaxed);
+                            df.write_all_at(piece, off)
+                        }
+                        _ => file.write_all_at(piece, off),
+                    };
+                    write_err = r.err();
+                }
+                pos += p;
+            }
             stream.read_exact(&mut digest[..dl])?;
-            let got = self.opts.algo.digest(h.offset, data);
-            let sent = Digest::from_slice(&digest[..dl]);
-            if Some(got) != sent {
+            let Some((file, _)) = target else { continue };
+            if let Some(e) = write_err {
+                self.fail(h.file, slot, self.describe(e), true);
+                continue;
+            }
+            let got = hasher.finish();
+            if Digest::from_slice(&digest[..dl]) != Some(got) {
                 self.bad_chunk(h.file, slot, chunk);
                 continue;
             }
-            self.store(h.file, slot, chunk, h.offset, Some(data), Some(got))?;
+            if self.opts.sync {
+                if let Err(e) = datasync(&file) {
+                    self.fail(h.file, slot, self.describe(e), true);
+                    continue;
+                }
+            }
+            self.commit(h.file, slot, chunk, &file, Some(got));
         }
     }
 
@@ -325,69 +365,52 @@ impl Sink {
         }
     }
 
-    fn store(
+    /// The temporary file to write chunk `chunk` into (created on first
+    /// use), or `None` when the chunk is not wanted (file settled, duplicate,
+    /// or the file could not be created — which fails it).
+    fn open_for_write(
         &self,
         idx: u32,
         slot: &Slot,
         chunk: u32,
-        offset: u64,
-        data: Option<&[u8]>,
-        digest: Option<Digest>,
-    ) -> io::Result<()> {
-        let (file, direct) = {
-            let mut st = lock(&slot.st);
-            if st.phase != Phase::Waiting || st.have.get(chunk as usize).copied().unwrap_or(true) {
-                return Ok(()); // late or duplicate: the file is settled already
-            }
-            if st.open.is_none() {
-                match self.create_part(idx, slot) {
-                    Ok(p) => st.open = Some(p),
-                    Err(e) => {
-                        drop(st);
-                        self.fail(idx, slot, self.describe(e), true);
-                        return Ok(());
-                    }
-                }
-            }
-            let Some(open) = st.open.as_ref() else {
-                return Ok(());
-            };
-            (Arc::clone(&open.file), open.direct.clone())
-        };
-        let len = chunk_range(slot.size, self.opts.chunk_size, chunk).map_or(0, |r| r.1);
-        let written = match data {
-            Some(d) => match &direct {
-                Some(df)
-                    if d.len().is_multiple_of(ALIGN) && offset.is_multiple_of(ALIGN as u64) =>
-                {
-                    self.direct_used.store(true, Ordering::Relaxed);
-                    df.write_all_at(d, offset)
-                }
-                _ => file.write_all_at(d, offset),
-            },
-            None => punch_hole(&file, offset, u64::from(len)),
-        }
-        .and_then(|()| {
-            if self.opts.sync {
-                datasync(&file)
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(e) = written {
-            self.fail(idx, slot, self.describe(e), true);
-            return Ok(());
-        }
+    ) -> Option<(Arc<File>, Option<Arc<File>>)> {
         let mut st = lock(&slot.st);
-        if st.phase != Phase::Waiting {
-            return Ok(());
+        if st.phase != Phase::Waiting || st.have.get(chunk as usize).copied().unwrap_or(true) {
+            return None;
+        }
+        if st.open.is_none() {
+            match self.create_part(idx, slot) {
+                Ok(p) => st.open = Some(p),
+                Err(e) => {
+                    drop(st);
+                    self.fail(idx, slot, self.describe(e), true);
+                    return None;
+                }
+            }
+        }
+        st.open
+            .as_ref()
+            .map(|o| (Arc::clone(&o.file), o.direct.clone()))
+    }
+
+    /// Records a verified, written chunk; finishes the file on its last one.
+    fn commit(&self, idx: u32, slot: &Slot, chunk: u32, file: &Arc<File>, digest: Option<Digest>) {
+        let len = chunk_range(slot.size, self.opts.chunk_size, chunk).map_or(0, |r| r.1);
+        let mut st = lock(&slot.st);
+        // The part may have been replaced (failed and reopened) meanwhile.
+        let same = st.open.as_ref().is_some_and(|o| Arc::ptr_eq(&o.file, file));
+        if st.phase != Phase::Waiting
+            || !same
+            || st.have.get(chunk as usize).copied().unwrap_or(true)
+        {
+            return;
         }
         if let (Some(open), Some(d)) = (st.open.as_mut(), digest.as_ref()) {
             if let Some(j) = open.journal.as_mut() {
                 if let Err(e) = j.record(chunk, d) {
                     drop(st);
                     self.fail(idx, slot, format!("journal: {e}"), true);
-                    return Ok(());
+                    return;
                 }
             }
         }
@@ -401,7 +424,7 @@ impl Sink {
             .fetch_add(u64::from(len), Ordering::Relaxed);
         if st.remaining == 0 {
             let open = st.open.take();
-            match self.finalize(idx, open) {
+            match self.finalize(idx, slot, open) {
                 Ok(()) => {
                     st.phase = Phase::Done;
                     drop(st);
@@ -415,7 +438,6 @@ impl Sink {
                 }
             }
         }
-        Ok(())
     }
 
     fn bad_chunk(&self, idx: u32, slot: &Slot, chunk: u32) {
@@ -597,7 +619,7 @@ impl Sink {
                 Some(o) => Some(o),
                 None => Some(self.create_part(idx, slot)?),
             };
-            self.finalize(idx, open)?;
+            self.finalize(idx, slot, open)?;
             st.phase = Phase::Done;
             self.verified.fetch_add(1, Ordering::Relaxed);
             self.progress.files.fetch_add(1, Ordering::Relaxed);
@@ -673,7 +695,8 @@ impl Sink {
         let file = parent.open_at(&pn, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
         if slot.sparse {
             beneath::set_len(file.as_raw_fd(), slot.size)?;
-        } else {
+        } else if slot.size > u64::from(self.opts.chunk_size).min(1 << 20) {
+            // Worth a system call only for files of some size.
             beneath::preallocate(file.as_raw_fd(), slot.size)?;
         }
         let journal = if slot.chunks > 1 {
@@ -700,7 +723,7 @@ impl Sink {
     }
 
     /// Mode, mtime, (fsync), rename into place, drop the journal.
-    fn finalize(&self, idx: u32, open: Option<OpenPart>) -> io::Result<()> {
+    fn finalize(&self, idx: u32, slot: &Slot, open: Option<OpenPart>) -> io::Result<()> {
         let e = &self.entries[idx as usize];
         let (parent, name) = self.parent_of(&e.path)?;
         if let Some(open) = open {
@@ -715,7 +738,10 @@ impl Sink {
         if self.opts.sync {
             parent.sync()?;
         }
-        parent.unlink_at(&journal_name(&name))
+        if slot.chunks > 1 {
+            parent.unlink_at(&journal_name(&name))?;
+        }
+        Ok(())
     }
 
     fn finish_dirs(&self) {
