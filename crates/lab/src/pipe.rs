@@ -38,6 +38,11 @@ pub struct DirStats {
     pub malformed: u64,
     /// Frames written more than 1 ms after their due time.
     pub late: u64,
+    /// Sum over written frames of how long after their due time they were
+    /// written, in ns (mean lateness = this / `frames_out`).
+    pub lateness_ns: u64,
+    /// The largest lateness of any frame, in ns.
+    pub max_lateness_ns: u64,
     /// Frames the receiving device refused.
     pub write_errors: u64,
     /// Bytes held in the backlog right now.
@@ -159,6 +164,11 @@ impl Pipe {
         }
     }
 
+    /// How many frames are held.
+    pub fn held(&self) -> usize {
+        self.ring.len()
+    }
+
     /// When the oldest frame is due, if any.
     pub fn next_due(&self) -> Option<Nanos> {
         self.ring.next_due()
@@ -173,9 +183,12 @@ impl Pipe {
     /// device refused it, at time `now`.
     pub fn delivered(&mut self, now: Nanos, ok: bool) {
         if let Some((_, due)) = self.ring.front() {
-            if now > due + LATE_AFTER {
+            let lateness = now.saturating_sub(due);
+            if lateness > LATE_AFTER {
                 self.stats.late += 1;
             }
+            self.stats.lateness_ns += lateness;
+            self.stats.max_lateness_ns = self.stats.max_lateness_ns.max(lateness);
             if ok {
                 self.stats.frames_out += 1;
             } else {

@@ -318,7 +318,7 @@ fn render_stats(s: &LabStats) -> String {
     );
     out += &format!("{:<22} {:>16} {:>16}\n", "", "a -> b", "b -> a");
     type Row = (&'static str, fn(&DirStats) -> String);
-    let rows: [Row; 13] = [
+    let rows: [Row; 15] = [
         ("frames in", |d| d.frames_in.to_string()),
         ("segments", |d| d.link.segments.to_string()),
         ("bytes", |d| units::format_bytes(d.link.bytes)),
@@ -332,6 +332,13 @@ fn render_stats(s: &LabStats) -> String {
         }),
         ("backlog now", |d| units::format_bytes(d.backlog_bytes)),
         ("late (>1 ms)", |d| d.late.to_string()),
+        ("mean lateness", |d| {
+            let ns = d.lateness_ns.checked_div(d.frames_out).unwrap_or(0);
+            units::format_duration(Duration::from_nanos(ns))
+        }),
+        ("max lateness", |d| {
+            units::format_duration(Duration::from_nanos(d.max_lateness_ns))
+        }),
         ("cut super-packets", |d| d.split_frames.to_string()),
         ("buffer overflows", |d| d.overflow_drops.to_string()),
     ];
