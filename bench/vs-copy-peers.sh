@@ -1,0 +1,402 @@
+#!/usr/bin/env bash
+# bench/vs-copy-peers.sh: fatpipe copy against GridFTP (globus-url-copy),
+# xrdcp, an rsync daemon and scp, with local cp -r as the physical reference.
+#
+# Two network namespaces joined by a veth pair (198.18.0.1/24 server side,
+# 198.18.0.2/24 client side, RFC 2544 benchmarking range). Every server runs
+# in the server namespace, every client in the client namespace; both see
+# the same file system, so each tool pushes the same source tree into its
+# own destination directory. Page cache is warm (the source is read once
+# before the first run), as in issue 4's reference figures.
+#
+# Datasets: one big file of pseudo-random data (BIG_MB, default 4096 MiB)
+# and SMALL_FILES files of SMALL_SIZE bytes (default 20,000 x 16 KiB) in
+# nested directories. Each tool gets its best parallel/pipelining options:
+#   fatpipe  -P $STREAMS, chunks shared by all streams, small files batched
+#   GridFTP  globus-url-copy -p $STREAMS (big), -cc $INFLIGHT -pp (small), -fast
+#   xrdcp    --streams $STREAMS (big), --parallel $INFLIGHT (small)
+#   rsync    daemon, -a -W (whole files; rsync has no parallelism)
+#   scp      aes128-gcm, one connection (scp has no parallelism)
+#   cp -r    local copy, the physical limit of this disk/page cache
+#
+# Every copy is verified (cmp for the big file, diff -r for the tree) and a
+# copy that differs is reported BAD and left out of the medians. Tools
+# alternate within each run, rotating the order, so drift hits all alike;
+# RUNS runs, medians and ratios printed. Peak RSS: the client's from
+# /usr/bin/time, the fatpipe server's VmHWM (restarted per dataset).
+#
+# Needs root (namespaces). Installs its apt packages if missing. Cleans up
+# namespaces and servers (by PID) on any exit.
+#
+# Settings (environment):
+#   RUNS=3 BIG_MB=4096 SMALL_FILES=20000 SMALL_SIZE=16384 STREAMS=4 INFLIGHT=8
+#   TOOLS="cp fatpipe gridftp xrdcp rsync scp"  DATASETS="big small"
+#   FATPIPE=path/to/fatpipe (default: build with cargo --release)
+set -euo pipefail
+
+RUNS=${RUNS:-3}
+BIG_MB=${BIG_MB:-4096}
+SMALL_FILES=${SMALL_FILES:-20000}
+SMALL_SIZE=${SMALL_SIZE:-16384}
+STREAMS=${STREAMS:-4}
+INFLIGHT=${INFLIGHT:-8}
+TOOLS=${TOOLS:-"cp fatpipe gridftp xrdcp rsync scp"}
+DATASETS=${DATASETS:-"big small"}
+
+SERVER_IP=198.18.0.1
+CLIENT_IP=198.18.0.2
+NS_S="fpcopy-s-$$"
+NS_C="fpcopy-c-$$"
+VETH_S="fpc$$s"
+VETH_C="fpc$$c"
+PORT_FATPIPE=5301
+PORT_GRIDFTP=2811
+PORT_XROOTD=1094
+PORT_RSYNC=8730
+PORT_SSH=2222
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /var/tmp/fatpipe-vs-copy.XXXXXX)
+chmod 755 "$work"
+declare -A SERVER_PID=()
+
+die() { echo "vs-copy-peers: $*" >&2; exit 2; }
+
+stop_server() {
+    local pid=${SERVER_PID[$1]:-}
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    unset "SERVER_PID[$1]"
+}
+
+cleanup() {
+    local name
+    for name in "${!SERVER_PID[@]}"; do
+        stop_server "$name"
+    done
+    ip netns del "$NS_S" 2>/dev/null || true
+    ip netns del "$NS_C" 2>/dev/null || true
+    rm -rf "/etc/netns/$NS_S" "/etc/netns/$NS_C" "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
+
+install_missing() {
+    local need=() pair cmd pkg
+    for pair in globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs \
+        xrdcp:xrootd-client xrootd:xrootd-server rsync:rsync /usr/sbin/sshd:openssh-server \
+        scp:openssh-client jq:jq /usr/bin/time:time python3:python3; do
+        cmd=${pair%%:*} pkg=${pair#*:}
+        command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+    done
+    if [ ${#need[@]} -gt 0 ]; then
+        echo "installing: ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+}
+
+build_fatpipe() {
+    if [ -n "${FATPIPE:-}" ]; then
+        [ -x "$FATPIPE" ] || die "FATPIPE=$FATPIPE is not executable"
+        return
+    fi
+    (cd "$here" && cargo build --release --quiet --bin fatpipe)
+    FATPIPE="${CARGO_TARGET_DIR:-$here/target}/release/fatpipe"
+    [ -x "$FATPIPE" ] || die "build did not produce $FATPIPE"
+}
+
+setup_net() {
+    # Per-namespace /etc/hosts (ip netns exec bind-mounts these): the
+    # GridFTP server looks its own address and host name up, and there is
+    # no DNS here.
+    local ns
+    for ns in "$NS_S" "$NS_C"; do
+        mkdir -p "/etc/netns/$ns"
+        printf '127.0.0.1 localhost\n%s fpbench-server %s\n%s fpbench-client\n' \
+            "$SERVER_IP" "$(hostname)" "$CLIENT_IP" >"/etc/netns/$ns/hosts"
+        : >"/etc/netns/$ns/resolv.conf"
+    done
+    ip netns add "$NS_S"
+    ip netns add "$NS_C"
+    ip link add "$VETH_S" type veth peer name "$VETH_C"
+    ip link set "$VETH_S" netns "$NS_S"
+    ip link set "$VETH_C" netns "$NS_C"
+    ip -n "$NS_S" addr add "$SERVER_IP/24" dev "$VETH_S"
+    ip -n "$NS_C" addr add "$CLIENT_IP/24" dev "$VETH_C"
+    ip -n "$NS_S" link set "$VETH_S" up
+    ip -n "$NS_C" link set "$VETH_C" up
+    ip -n "$NS_S" link set lo up
+    ip -n "$NS_C" link set lo up
+    ip netns exec "$NS_C" ping -c 1 -W 2 "$SERVER_IP" >/dev/null || die "veth link does not pass traffic"
+}
+
+make_data() {
+    mkdir -p "$work/src"
+    echo "making datasets: ${BIG_MB} MiB file, $SMALL_FILES x $SMALL_SIZE B files"
+    python3 - "$work/src" "$BIG_MB" "$SMALL_FILES" "$SMALL_SIZE" <<'EOF'
+import os, sys
+root, big_mb, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+block = os.urandom(64 << 20)
+with open(os.path.join(root, "big.bin"), "wb") as f:
+    left = big_mb << 20
+    i = 0
+    while left > 0:
+        b = block[i % 4096:] + block[:i % 4096]  # no two blocks alike
+        f.write(b[:min(left, len(b))])
+        left -= min(left, len(b))
+        i += 1
+seed = os.urandom(size + 4096)
+for k in range(n):
+    d = os.path.join(root, "small", "d%02d" % (k // 1000), "e%d" % (k // 100 % 10))
+    if k % 100 == 0:
+        os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%05d" % k), "wb") as f:
+        f.write(seed[k % 4096:k % 4096 + size])
+EOF
+    # Warm the page cache, as in the reference figures.
+    cat "$work/src/big.bin" >/dev/null
+    find "$work/src/small" -type f -exec cat {} + >/dev/null
+}
+
+# start_server NAME PORT CMD...: runs CMD in the server namespace and waits
+# until PORT listens. `ip netns exec` execs, so $! is the server itself.
+start_server() {
+    local name=$1 port=$2 i
+    shift 2
+    ip netns exec "$NS_S" "$@" >"$work/server-$name.log" 2>&1 &
+    SERVER_PID[$name]=$!
+    for i in $(seq 100); do
+        if ip netns exec "$NS_S" ss -Hltn "sport = :$port" | grep -q .; then
+            return 0
+        fi
+        kill -0 "${SERVER_PID[$name]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "--- $name server log:" >&2
+    tail -20 "$work/server-$name.log" >&2
+    return 1
+}
+
+# Destinations are world-writable: some servers drop to an unprivileged user.
+dest() { mkdir -p "$work/dst/$1" && chmod 1777 "$work/dst/$1" && echo "$work/dst/$1"; }
+
+start_fatpipe() {
+    echo "fatpipe-bench-key-$$" >"$work/key"
+    start_server fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
+        --key-file "$work/key" --export "dst=$(dest fatpipe)" -q
+}
+
+start_servers() {
+    local t failed=()
+    for t in $TOOLS; do
+        case $t in
+            cp) dest cp >/dev/null ;;
+            fatpipe) start_fatpipe || failed+=("$t") ;;
+            gridftp)
+                # Anonymous mode: no certificates; -s forks per connection in the
+                # foreground (non-forked root servers take one connection). It maps anonymous
+                # users to nobody, hence the world-writable destination.
+                dest gridftp >/dev/null
+                # It resolves its own host name, which fails inside the namespace.
+                start_server gridftp $PORT_GRIDFTP env GLOBUS_HOSTNAME=$SERVER_IP globus-gridftp-server -aa -anonymous-user nobody \
+                    -p $PORT_GRIDFTP -control-interface $SERVER_IP -data-interface $SERVER_IP \
+                    -s -log-level error || failed+=("$t") ;;
+            xrdcp)
+                dest xrdcp >/dev/null
+                mkdir -p "$work/xrd" && chmod 1777 "$work/xrd"
+                cat >"$work/xrootd.cfg" <<EOF
+xrd.port $PORT_XROOTD
+all.export $work/dst/xrdcp
+EOF
+                start_server xrdcp $PORT_XROOTD xrootd -c "$work/xrootd.cfg" -l "$work/xrd/xrootd.log" \
+                    -n fpbench -R nobody -a "$work/xrd/admin" || failed+=("$t") ;;
+            rsync)
+                cat >"$work/rsyncd.conf" <<EOF
+uid = root
+gid = root
+use chroot = no
+pid file = $work/rsyncd.pid
+[dst]
+    path = $(dest rsync)
+    read only = false
+EOF
+                start_server rsync $PORT_RSYNC rsync --daemon --no-detach --config="$work/rsyncd.conf" \
+                    --address=$SERVER_IP --port=$PORT_RSYNC || failed+=("$t") ;;
+            scp)
+                dest scp >/dev/null
+                mkdir -p /run/sshd
+                ssh-keygen -q -t ed25519 -N '' -f "$work/hostkey" <<<y >/dev/null
+                ssh-keygen -q -t ed25519 -N '' -f "$work/clientkey" <<<y >/dev/null
+                cp "$work/clientkey.pub" "$work/authorized_keys"
+                cat >"$work/sshd_config" <<EOF
+ListenAddress $SERVER_IP
+Port $PORT_SSH
+HostKey $work/hostkey
+PermitRootLogin prohibit-password
+AuthorizedKeysFile $work/authorized_keys
+StrictModes no
+UsePAM no
+PidFile none
+Subsystem sftp internal-sftp
+EOF
+                start_server scp $PORT_SSH /usr/sbin/sshd -D -e -f "$work/sshd_config" || failed+=("$t") ;;
+            *) die "unknown tool $t" ;;
+        esac
+    done
+    if [ ${#failed[@]} -gt 0 ]; then
+        echo "could not start: ${failed[*]} (left out)"
+        local keep=() x
+        for x in $TOOLS; do
+            case " ${failed[*]} " in *" $x "*) ;; *) keep+=("$x") ;; esac
+        done
+        TOOLS="${keep[*]}"
+    fi
+}
+
+# client_cmd TOOL DATASET: the command that copies DATASET into TOOL's
+# destination (run in the client namespace, except cp).
+client_cmd() {
+    local tool=$1 ds=$2 src d
+    d="$work/dst/$tool"
+    case $ds in big) src="$work/src/big.bin" ;; small) src="$work/src/small" ;; esac
+    case $tool in
+        cp) echo cp -r "$src" "$d/" ;;
+        fatpipe) echo "$FATPIPE" copy --port $PORT_FATPIPE --key-file "$work/key" -P "$STREAMS" -r -q \
+            "$src" "$SERVER_IP:dst/" ;;
+        gridftp)
+            case $ds in
+                big) echo globus-url-copy -fast -p "$STREAMS" -tcp-bs 4194304 "file://$src" \
+                    "ftp://$SERVER_IP:$PORT_GRIDFTP$d/big.bin" ;;
+                small) echo globus-url-copy -fast -r -cd -cc "$INFLIGHT" -pp "file://$src/" \
+                    "ftp://$SERVER_IP:$PORT_GRIDFTP$d/small/" ;;
+            esac ;;
+        xrdcp)
+            case $ds in
+                big) echo xrdcp -s -f --streams "$STREAMS" "$src" "root://$SERVER_IP:$PORT_XROOTD/$d/big.bin" ;;
+                small) echo xrdcp -s -f -r --parallel "$INFLIGHT" "$src" "root://$SERVER_IP:$PORT_XROOTD/$d/" ;;
+            esac ;;
+        rsync) echo rsync -a -W "$src" "rsync://$SERVER_IP:$PORT_RSYNC/dst/" ;;
+        scp) echo scp -q -r -P $PORT_SSH -i "$work/clientkey" -o StrictHostKeyChecking=no \
+            -o UserKnownHostsFile=/dev/null -c aes128-gcm@openssh.com "$src" "root@$SERVER_IP:$d/" ;;
+    esac
+}
+
+verify() { # verify TOOL DATASET
+    local d="$work/dst/$1"
+    case $2 in
+        big) cmp -s "$work/src/big.bin" "$d/big.bin" ;;
+        small) diff -rq "$work/src/small" "$d/small" >/dev/null ;;
+    esac
+}
+
+# run_one TOOL DATASET RUN: prints "seconds client_rss_kib" or "FAIL ..."/"BAD".
+run_one() {
+    local tool=$1 ds=$2 run=$3 out="$work/out-$1-$2-$3"
+    local -a cmd
+    read -r -a cmd <<<"$(client_cmd "$tool" "$ds")"
+    rm -rf "${work:?}/dst/$tool/"* "$work/dst/$tool/".[!.]* 2>/dev/null || true
+    sync
+    local -a wrap=(/usr/bin/time -f '%e %M' -o "$out.time")
+    if [ "$tool" != cp ]; then
+        wrap=(ip netns exec "$NS_C" "${wrap[@]}")
+    fi
+    if ! "${wrap[@]}" "${cmd[@]}" >"$out" 2>"$out.err"; then
+        echo "FAIL $(tail -1 "$out.err" | tr -s ' \n' ' ' | cut -c1-100)"
+        return
+    fi
+    if ! verify "$tool" "$ds"; then
+        echo "BAD (copy differs from source)"
+        return
+    fi
+    tail -1 "$out.time"
+}
+
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+col() { # col DATASET TOOL FIELD -> median of that field over good runs
+    awk -F'|' -v d="$1" -v t="$2" '$1 == d && $2 == t && $3 ~ /^[0-9]/ { print $3 }' "$work/res" |
+        awk -v f="$3" '{ print $f }' | median
+}
+
+rate() { # rate DATASET SECONDS -> GB/s (big) or files/s (small)
+    awk -v d="$1" -v s="$2" -v mb="$BIG_MB" -v n="$SMALL_FILES" 'BEGIN {
+        if (s == "-" || s == 0) { print "-"; exit }
+        if (d == "big") printf "%.2f", mb * 1048576 / s / 1e9; else printf "%.0f", n / s }'
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'; }
+
+main() {
+    install_missing
+    build_fatpipe
+    setup_net
+    make_data
+    start_servers
+    read -r load _ </proc/loadavg
+    echo "fatpipe copy vs peers: veth between namespaces, $STREAMS streams, $INFLIGHT files in flight, $RUNS runs, $(nproc) CPUs, kernel $(uname -r), load before: $load"
+    local tools=($TOOLS) ds run i k tool r
+    declare -A srv_rss=()
+    for ds in $DATASETS; do
+        # A fresh fatpipe server per dataset, so its VmHWM is this dataset's.
+        if [ -n "${SERVER_PID[fatpipe]:-}" ]; then
+            stop_server fatpipe
+            start_fatpipe || die "fatpipe server did not restart"
+        fi
+        for run in $(seq "$RUNS"); do
+            for i in "${!tools[@]}"; do
+                k=$(((i + run - 1) % ${#tools[@]}))
+                tool=${tools[$k]}
+                r=$(run_one "$tool" "$ds" "$run")
+                echo "  $ds run $run $tool: $r"
+                echo "$ds|$tool|$r" >>"$work/res"
+            done
+        done
+        if [ -n "${SERVER_PID[fatpipe]:-}" ]; then
+            srv_rss[$ds]=$(awk '/VmHWM/ { print $2 }' "/proc/${SERVER_PID[fatpipe]}/status")
+        fi
+    done
+
+    echo
+    printf '%-6s %-8s %10s %12s %14s %14s   %s\n' data tool seconds "rate" "client RSS" "server RSS" "runs (s)"
+    for ds in $DATASETS; do
+        for tool in "${tools[@]}"; do
+            local s unit srss=""
+            s=$(col "$ds" "$tool" 1)
+            unit=$([ "$ds" = big ] && echo GB/s || echo files/s)
+            [ "$tool" = fatpipe ] && srss="$((${srv_rss[$ds]:-0} / 1024)) MiB"
+            printf '%-6s %-8s %10s %12s %14s %14s   %s\n' "$ds" "$tool" "$s" "$(rate "$ds" "$s") $unit" \
+                "$(awk -v k="$(col "$ds" "$tool" 2)" 'BEGIN { if (k == "-") print "-"; else printf "%d MiB", k / 1024 }')" \
+                "$srss" \
+                "$(awk -F'|' -v d="$ds" -v t="$tool" '$1 == d && $2 == t { split($3, a, " "); printf "%s ", a[1] }' "$work/res")"
+        done
+    done
+
+    echo
+    for ds in $DATASETS; do
+        local fp best=- best_tool=- cpr peer
+        fp=$(rate "$ds" "$(col "$ds" fatpipe 1)")
+        for peer in "${tools[@]}"; do
+            case $peer in fatpipe | cp) continue ;; esac
+            local pr
+            pr=$(rate "$ds" "$(col "$ds" "$peer" 1)")
+            [ "$pr" = - ] && continue
+            if [ "$best" = - ] || awk -v a="$pr" -v b="$best" 'BEGIN { exit !(a > b) }'; then
+                best=$pr best_tool=$peer
+            fi
+        done
+        cpr=$(rate "$ds" "$(col "$ds" cp 1)")
+        case $ds in
+            big) echo "big file: fatpipe/best peer ($best_tool) = $(ratio "$fp" "$best") (target >= 1.2), fatpipe/cp = $(ratio "$fp" "$cpr") (target ~0.95)" ;;
+            small) echo "small files: fatpipe/best peer ($best_tool) = $(ratio "$fp" "$best") (target >= 2.0), fatpipe $fp files/s (target >= 4000), fatpipe/cp = $(ratio "$fp" "$cpr")" ;;
+        esac
+    done
+    echo "fatpipe RSS target: <= 64 MiB plus buffers ($STREAMS streams x (256 KiB piece + socket buffers))"
+    read -r load _ </proc/loadavg
+    echo "load after: $load (other work on this machine skews results; rerun when idle)"
+}
+
+main "$@"
