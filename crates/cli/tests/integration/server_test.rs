@@ -38,9 +38,7 @@ fn server(dir: &Dir, extra: &[&str]) -> (Guard, u16) {
 /// A `fatpipe test` command against `port`.
 fn test_cmd(dir: &Dir, port: u16, args: &[&str]) -> Command {
     let mut cmd = dir.cmd();
-    cmd.arg("test")
-        .arg(format!("127.0.0.1:{port}"))
-        .args(args);
+    cmd.arg("test").arg(format!("127.0.0.1:{port}")).args(args);
     cmd
 }
 
@@ -121,7 +119,11 @@ fn udp_counts_packets_loss_and_jitter() {
     assert_eq!(sum.lost, Some(sent - got));
     assert!(sum.jitter_ms.is_some());
     assert!(sum.out_of_order.is_some());
-    let r = json_test(&dir, port, &["-u", "-R", "-b", "5M", "-l", "64", "-t", "0.5"]);
+    let r = json_test(
+        &dir,
+        port,
+        &["-u", "-R", "-b", "5M", "-l", "64", "-t", "0.5"],
+    );
     assert!(r.end.sums[0].packets.unwrap_or(0) > 1000);
     let r = json_test(&dir, port, &["-u", "-b", "50M", "-l", "65507", "-t", "0.5"]);
     assert!(r.end.sums[0].bytes > 1_000_000);
@@ -144,7 +146,11 @@ fn many_streams() {
 fn json_stream_is_one_object_per_line() {
     let dir = setup();
     let (_srv, port) = server(&dir, &[]);
-    let out = run(&mut test_cmd(&dir, port, &["-t", "1", "-i", "0.25", "--json-stream"]));
+    let out = run(&mut test_cmd(
+        &dir,
+        port,
+        &["-t", "1", "-i", "0.25", "--json-stream"],
+    ));
     assert_exit(&out, 0);
     let lines: Vec<TestStreamLine> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -177,7 +183,11 @@ fn wrong_key_exits_2_with_one_clear_line() {
     std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
     std::fs::write(dir.path().join("wrong.key"), "incorrect pony staple\n").unwrap();
     let (_srv, port) = server(&dir, &["--key-file", "server.key"]);
-    let out = run(&mut test_cmd(&dir, port, &["-t", "0.3", "--key-file", "wrong.key"]));
+    let out = run(&mut test_cmd(
+        &dir,
+        port,
+        &["-t", "0.3", "--key-file", "wrong.key"],
+    ));
     assert_exit(&out, 2);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -187,6 +197,54 @@ fn wrong_key_exits_2_with_one_clear_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--key-file"));
     // The right key works.
     json_test(&dir, port, &["-t", "0.3", "--key-file", "server.key"]);
+}
+
+#[test]
+fn socket_options_are_applied_and_reported() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    let r = json_test(
+        &dir,
+        port,
+        &[
+            "-t",
+            "0.5",
+            "-M",
+            "1000",
+            "-C",
+            "reno",
+            "--fq-rate",
+            "200M",
+            "-w",
+            "64M",
+        ],
+    );
+    let local = &r.start.local[0];
+    assert!(local.mss > 0 && local.mss <= 1000, "MSS {}", local.mss);
+    assert_eq!(local.congestion, "reno");
+    // Pacing holds the stream near 200 Mbit/s.
+    let bps = r.end.sums[0].bits_per_second;
+    assert!((1.2e8..2.3e8).contains(&bps), "{bps} bit/s");
+    // The grant is reported, and a cap below the request is warned about.
+    let rmem_max: u64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if rmem_max > 0 && rmem_max < 64 << 20 {
+        assert!(
+            r.start.warnings.iter().any(|w| w.contains("capped")),
+            "{:?}",
+            r.start.warnings
+        );
+        assert!(local.rcvbuf <= rmem_max);
+    }
+    // An unknown congestion control is a warning, not a failure.
+    let r = json_test(&dir, port, &["-t", "0.3", "-C", "no-such-cc"]);
+    assert!(
+        r.start.warnings.iter().any(|w| w.contains("no-such-cc")),
+        "{:?}",
+        r.start.warnings
+    );
 }
 
 #[test]
@@ -216,9 +274,13 @@ fn hostile_control_connections_do_not_hurt_a_session() {
     let (_srv, port) = server(&dir, &["--preauth-timeout", "500ms"]);
     let addr = format!("127.0.0.1:{port}");
     let mut garbage = TcpStream::connect(&addr).unwrap();
-    garbage.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut oversized = TcpStream::connect(&addr).unwrap();
-    oversized.write_all(&[0x7f, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
+    oversized
+        .write_all(&[0x7f, 0xff, 0xff, 0xff, 1, 2, 3])
+        .unwrap();
     let mut stalled = TcpStream::connect(&addr).unwrap();
     // A test runs alongside them.
     let client = test_cmd(&dir, port, &["-t", "1", "--json"])

@@ -913,7 +913,10 @@ fn start_info(
                     .map(|s| s.congestion.as_str()),
             )
             .collect();
-        if let Some(other) = used.iter().find(|u| !u.is_empty() && *u != cc) {
+        let refused = warnings
+            .iter()
+            .any(|w| w.contains(&format!("congestion control '{cc}'")));
+        if let Some(other) = used.iter().find(|u| !refused && !u.is_empty() && *u != cc) {
             let line = format!("asked for congestion control '{cc}', the sender uses '{other}'");
             if !warnings.contains(&line) {
                 warnings.push(line);
