@@ -1026,6 +1026,7 @@ mod tests {
     struct TestLink {
         addr: std::net::SocketAddr,
         opened: Arc<Mutex<Vec<TcpStream>>>,
+        on_connect: Option<Box<dyn Fn() + Send + Sync>>,
     }
 
     struct TestConn {
@@ -1035,6 +1036,9 @@ mod tests {
 
     impl Link for TestLink {
         fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
+            if let Some(f) = &self.on_connect {
+                f();
+            }
             Ok(Box::new(TestConn {
                 addr: self.addr,
                 opened: Arc::clone(&self.opened),
@@ -1100,6 +1104,7 @@ mod tests {
             link: TestLink {
                 addr,
                 opened: Arc::new(Mutex::new(Vec::new())),
+                on_connect: None,
             },
             stop,
             results,
@@ -1392,6 +1397,110 @@ mod tests {
         );
         let results = srv.results.lock().unwrap();
         assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    }
+
+    #[test]
+    fn direct_and_sync_writes_are_identical() {
+        let src = tempfile::tempdir().unwrap();
+        // Aligned chunks go through O_DIRECT, the odd tail through the page cache.
+        std::fs::write(src.path().join("f"), pseudo_random(3 * 65536 + 1234, 5)).unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        j.direct = true;
+        j.sync = true;
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(rep.summary.files_verified, 1);
+        assert_eq!(snapshot(src.path()), snapshot(exp.path()));
+    }
+
+    #[test]
+    fn a_vanished_source_fails_alone_with_one_line() {
+        let src = tempfile::tempdir().unwrap();
+        let t = src.path().join("t");
+        std::fs::create_dir(&t).unwrap();
+        for n in ["a", "b", "c"] {
+            std::fs::write(t.join(n), pseudo_random(200_000, 1)).unwrap();
+        }
+        let exp = tempfile::tempdir().unwrap();
+        let mut srv = server(cfg(vec![export("data", exp.path(), false)]));
+        // The manifest is taken before connecting; "b" disappears after.
+        let gone = t.join("b");
+        srv.link.on_connect = Some(Box::new(move || {
+            let _ = std::fs::remove_file(&gone);
+        }));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![t.clone()];
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(rep.failures.len(), 1, "{:?}", rep.failures);
+        assert_eq!(rep.failures[0].path, "t/b");
+        assert!(
+            rep.failures[0].message.contains("vanished"),
+            "{:?}",
+            rep.failures
+        );
+        assert_eq!(rep.summary.files_verified, 2);
+        assert!(exp.path().join("t/a").exists() && exp.path().join("t/c").exists());
+        assert!(!exp.path().join("t/b").exists());
+    }
+
+    #[test]
+    fn a_full_disk_fails_that_file_alone_and_a_rerun_completes() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: mounting a small tmpfs needs root");
+            return;
+        }
+        let mnt = tempfile::tempdir().unwrap();
+        let m = mnt.path().display().to_string();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=3m", "fatpipe-test", &m])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount tmpfs here");
+            return;
+        }
+        struct Unmount(String);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+            }
+        }
+        let _u = Unmount(m.clone());
+        let src = tempfile::tempdir().unwrap();
+        let t = src.path().join("t");
+        std::fs::create_dir(&t).unwrap();
+        std::fs::write(t.join("fits"), pseudo_random(500_000, 2)).unwrap();
+        std::fs::write(t.join("too big"), pseudo_random(5 << 20, 3)).unwrap();
+        let srv = server(cfg(vec![export("data", mnt.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![t.clone()];
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(rep.failures.len(), 1, "{:?}", rep.failures);
+        assert_eq!(rep.failures[0].path, "t/too big");
+        assert!(
+            rep.failures[0].message.contains("no space left"),
+            "{:?}",
+            rep.failures
+        );
+        assert!(mnt.path().join("t/fits").exists());
+        assert!(
+            !mnt.path().join("t/too big").exists(),
+            "a partial file has its final name"
+        );
+        // Preallocation caught it before any byte moved. Free space (grow
+        // the tmpfs) and re-run: the file that fitted is skipped.
+        let remount = std::process::Command::new("mount")
+            .args(["-o", "remount,size=16m", &m])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(remount);
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+        assert_eq!(rep.summary.files_skipped, 1);
+        assert_eq!(snapshot(&t), snapshot(&mnt.path().join("t")));
     }
 
     #[test]
