@@ -68,7 +68,7 @@ lab_run() {
   local lab=$1 secs=$2; shift 2
   local t0 t1 g s0 s1
   t0=$(ticks "$lab"); s0=$(date +%s.%N)
-  g=$(iperf "fp-$lab-a" 198.18.0.2 -t "$secs" "$@")
+  g=$(iperf "fp-$lab-a" "$(lab_addr "$lab")" -t "$secs" "$@")
   t1=$(ticks "$lab"); s1=$(date +%s.%N)
   echo "$g $(awk -v a="$t0" -v b="$t1" -v hz="$HZ" -v s0="$s0" -v s1="$s1" 'BEGIN{printf "%.0f", (b-a)/hz/(s1-s0)*100}')"
 }

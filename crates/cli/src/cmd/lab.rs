@@ -217,11 +217,22 @@ fn list(json: bool) -> anyhow::Result<()> {
         let v: Vec<serde_json::Value> = labs
             .iter()
             .map(|l| {
+                let end = |e: End| {
+                    l.record.as_ref().map(|r| {
+                        serde_json::json!({
+                            "netns": r.netns(e),
+                            "ipv4": r.addr(e).to_string(),
+                            "ipv6": r.addr6(e).to_string(),
+                        })
+                    })
+                };
                 serde_json::json!({
                     "name": l.name,
                     "up": l.forwarder.is_some(),
                     "forwarder_pid": l.forwarder,
-                    "lab": l.record,
+                    "a": end(End::A),
+                    "b": end(End::B),
+                    "spec": l.record.as_ref().map(|r| &r.spec),
                 })
             })
             .collect();
