@@ -506,6 +506,9 @@ fn all_names() -> Vec<String> {
 
 fn ask(name: &str, req: &Request) -> Result<Response, Error> {
     state::validate_name(name)?;
+    if !sys::has_caps() {
+        return Err(Error::NotPermitted);
+    }
     if !state::dir(name).exists() {
         return Err(Error::NotFound(name.to_string()));
     }

@@ -26,12 +26,8 @@
 //! use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
 //!
 //! # fn main() -> Result<(), fatpipe_lab::Error> {
-//! let spec = LinkSpec {
-//!     rtt: Duration::from_millis(93),
-//!     rate_up: 1_000_000_000,
-//!     rate_down: 1_000_000_000,
-//!     ..LinkSpec::default()
-//! };
+//! // CERN - New York: 93 ms, 1 Gbit/s each way, a 1 BDP drop-tail queue.
+//! let spec = LinkSpec::new(Duration::from_millis(93), 1_000_000_000);
 //! // The owner makes the lab remove itself even if this process is killed.
 //! let opts = UpOptions { owner: Some(std::process::id()), ..UpOptions::default() };
 //! let lab = Lab::up("demo", &spec, &opts)?;

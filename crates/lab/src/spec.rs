@@ -150,6 +150,17 @@ pub struct LinkChange {
 }
 
 impl LinkSpec {
+    /// A symmetric link of `rtt` and `rate_bps` each way, everything else
+    /// default (no loss, a 1 BDP queue, MTU 1500).
+    pub fn new(rtt: Duration, rate_bps: u64) -> LinkSpec {
+        LinkSpec {
+            rtt,
+            rate_up: rate_bps,
+            rate_down: rate_bps,
+            ..LinkSpec::default()
+        }
+    }
+
     /// Checks that every value is one the emulator can honour.
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: &str| Err(Error::Invalid(m.to_string()));
