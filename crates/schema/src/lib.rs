@@ -10,6 +10,7 @@
 //!   changing a type here is changing a public interface.
 
 pub mod copy;
+pub mod path;
 pub mod test;
 pub mod tune;
 pub mod units;

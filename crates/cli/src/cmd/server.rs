@@ -66,6 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let copy = super::copy::CopyService::new(&args.exports, key.is_some())?;
     let server = Server::builder()
         .service(TestService)
+        .service(fatpipe_tune::probe::ProbeService)
         .service(copy)
         .key(key)
         .max_sessions(args.max_sessions)

@@ -10,5 +10,6 @@ mod util;
 mod copy;
 mod demo;
 mod lab;
+mod path;
 mod server_test;
 mod tune;

@@ -1,8 +1,233 @@
 //! Path probing: what `fatpipe path` measures and auto-tuning starts from.
 //!
-//! The pure parts ([`estimate`], [`mtu`]) turn timestamps and echoes into
-//! round-trip statistics, a bottleneck rate with a confidence, and a path
-//! MTU; they are tested with synthetic timestamps.
+//! A `probe` service on the server ([`ProbeService`]) and its client
+//! ([`run`]) exchange UDP echoes, Don't-Fragment MTU probes and packet
+//! trains over the same authenticated session as every other service; the
+//! server timestamps the trains in the kernel and reports the timestamps,
+//! so all arithmetic happens on the client in pure code:
+//!
+//! * [`estimate`]: round-trip statistics, and the bottleneck rate from the
+//!   dispersion of the trains with outlier filtering and a confidence;
+//! * [`mtu`]: the path-MTU search as a state machine;
+//! * [`wire`]: the UDP packets and control messages (size-capped, fuzzed);
+//! * [`report`]: the measured outcome turned into the versioned
+//!   [`PathReport`] with the planner's choice for this path.
+//!
+//! The socket plumbing ([`client`], [`server`], `sock`) is kept thin so that
+//! what can be wrong in the numbers is in the pure modules, where tests
+//! feed them synthetic timestamps.
 
+pub mod client;
 pub mod estimate;
 pub mod mtu;
+pub mod server;
+mod sock;
+pub mod wire;
+
+use std::net::SocketAddr;
+
+use fatpipe_schema::path::{
+    BottleneckReport, LossReport, MtuReport, PathReport, RttReport, PATH_SCHEMA,
+    PATH_SCHEMA_VERSION,
+};
+use fatpipe_schema::tune::{HostLimits, PathFacts};
+use fatpipe_schema::units::{bdp_bytes, format_rate};
+
+pub use client::{run, ProbeConfig, ProbeOutcome};
+pub use server::ProbeService;
+
+use crate::plan::{plan, Policy};
+
+/// Why a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The session could not be set up or broke (includes auth failures:
+    /// see [`ProbeError::is_auth`]).
+    #[error("{0}")]
+    Engine(#[from] fatpipe_engine::EngineError),
+    /// A socket operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer sent a message that does not decode.
+    #[error("malformed probe message: {0}")]
+    Decode(#[from] fatpipe_proto::DecodeError),
+    /// The peer broke the exchange (a message out of order).
+    #[error("{0}")]
+    Protocol(String),
+    /// A phase got no answer in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The server's probe service reported a failure.
+    #[error("server: {0}")]
+    Peer(String),
+}
+
+impl ProbeError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        ProbeError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True if the keys are missing or do not match (the user's to fix).
+    pub fn is_auth(&self) -> bool {
+        matches!(self, ProbeError::Engine(e) if e.is_auth())
+    }
+}
+
+/// Bytes of IP and UDP header in front of a probe's payload to `addr`.
+pub(crate) fn ip_overhead(addr: SocketAddr) -> usize {
+    match addr {
+        SocketAddr::V4(_) => 28,
+        SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => 28,
+        SocketAddr::V6(_) => 48,
+    }
+}
+
+/// The path facts a probe gives the planner: minimum RTT, the estimate
+/// (even a lower bound: better than none), the loss seen, the path MTU.
+pub fn facts(o: &ProbeOutcome) -> PathFacts {
+    let (sent, lost) = loss_counts(o);
+    PathFacts {
+        rtt_secs: o.rtt.min.as_secs_f64(),
+        bottleneck_rate: o.rate.as_ref().map(|r| r.rate.round() as u64),
+        loss_rate: if sent == 0 {
+            0.0
+        } else {
+            lost as f64 / sent as f64
+        },
+        mtu: o.mtu.path_mtu.unwrap_or(0),
+    }
+}
+
+/// Turns a probe into the report `fatpipe path` prints: statistics, BDP,
+/// the window one stream needs, and what the planner would choose for a
+/// test from this host (`local`, the sender) to the server (the receiver).
+pub fn report(
+    o: &ProbeOutcome,
+    server: &str,
+    local: Result<HostLimits, String>,
+    policy: &Policy,
+) -> PathReport {
+    let facts = facts(o);
+    let mut warnings = Vec::new();
+    let bottleneck = o.rate.as_ref().map(|r| {
+        if r.sender_limited {
+            warnings.push(
+                "this host could not send trains faster than they arrived: the rate is a lower bound"
+                    .to_string(),
+            );
+        }
+        if r.confidence < 0.4 {
+            warnings.push(format!(
+                "the trains disagree ({} to {}): treat the rate as rough",
+                format_rate(r.low),
+                format_rate(r.high)
+            ));
+        }
+        BottleneckReport {
+            rate: r.rate.round() as u64,
+            low: r.low.round() as u64,
+            high: r.high.round() as u64,
+            confidence: (r.confidence * 100.0).round() / 100.0,
+            confidence_label: estimate::confidence_label(r.confidence).into(),
+            lower_bound: r.sender_limited,
+            trains: r.trains,
+            used: r.used,
+            outliers: r.outliers,
+            rejected: r.rejected,
+            packet_bytes: o.train_packet,
+            packets_per_train: o.train_len,
+            kernel_timestamps: o.kernel_clock,
+        }
+    });
+    if o.rate.is_none() {
+        warnings.push("no packet train gave a rate estimate (too much loss?)".into());
+    }
+    if !o.kernel_clock {
+        warnings.push("the server timed packets in user space: the rate is less precise".into());
+    }
+    if let Err(e) = &o.route_mtu {
+        warnings.push(format!("path MTU not probed: {e}"));
+    }
+    let bdp = facts.bottleneck_rate.map(|rate| bdp_bytes(rate, o.rtt.min));
+    let plan = match (local, o.peer_limits.clone()) {
+        (Ok(s), Ok(r)) => Some(plan(&facts, &s, &r, policy)),
+        (Ok(s), Err(why)) => {
+            warnings.push(format!(
+                "server's host limits unknown ({why}): planned as if they were this host's"
+            ));
+            Some(plan(&facts, &s, &s, policy))
+        }
+        (Err(why), Ok(r)) => {
+            warnings.push(format!(
+                "this host's limits unknown ({why}): planned as if they were the server's"
+            ));
+            Some(plan(&facts, &r, &r, policy))
+        }
+        (Err(a), Err(b)) => {
+            warnings.push(format!(
+                "no plan: host limits unknown here ({a}) and at the server ({b})"
+            ));
+            None
+        }
+    };
+    let (sent, lost) = loss_counts(o);
+    PathReport {
+        schema: PATH_SCHEMA.into(),
+        version: PATH_SCHEMA_VERSION,
+        server: server.into(),
+        remote: o.remote.to_string(),
+        rtt: RttReport {
+            sent: o.rtt.sent,
+            received: o.rtt.received,
+            min_secs: o.rtt.min.as_secs_f64(),
+            avg_secs: o.rtt.avg.as_secs_f64(),
+            max_secs: o.rtt.max.as_secs_f64(),
+            stddev_secs: o.rtt.stddev.as_secs_f64(),
+        },
+        mtu: MtuReport {
+            path_mtu: o.mtu.path_mtu,
+            route_mtu: o.route_mtu.as_ref().ok().copied(),
+            route_mtu_error: o.route_mtu.as_ref().err().cloned(),
+            probes: o.mtu.probes,
+        },
+        bottleneck,
+        loss: LossReport {
+            echo_sent: u64::from(o.rtt.sent),
+            echo_lost: u64::from(o.rtt.sent - o.rtt.received),
+            train_sent: o.train_packets.0,
+            train_lost: o.train_packets.0.saturating_sub(o.train_packets.1),
+            rate: if sent == 0 {
+                0.0
+            } else {
+                lost as f64 / sent as f64
+            },
+        },
+        bdp,
+        single_stream_window: bdp,
+        single_stream_buffer: bdp.map(|b| b.saturating_mul(2)),
+        facts,
+        plan,
+        warnings,
+        duration_secs: o.elapsed.as_secs_f64(),
+    }
+}
+
+/// Probe packets sent and lost, echoes and trains together.
+fn loss_counts(o: &ProbeOutcome) -> (u64, u64) {
+    let echo_lost = u64::from(o.rtt.sent.saturating_sub(o.rtt.received));
+    let train_lost = o.train_packets.0.saturating_sub(o.train_packets.1);
+    (
+        u64::from(o.rtt.sent) + o.train_packets.0,
+        echo_lost + train_lost,
+    )
+}

@@ -1,0 +1,216 @@
+//! `fatpipe path`: the real binary against a real server, on loopback and
+//! on emulated long fat links (root).
+//!
+//! The loopback tests check that the probe runs end to end and that its
+//! output is what the schema says; only the lab tests can check accuracy,
+//! because only there is the true RTT and bottleneck known: each brings up
+//! a lab link with its own name, runs the server in namespace `b` and the
+//! probe from `a`, and compares with the configured link. Servers are
+//! ended by PID through their guard; a `Lab` removes itself when dropped
+//! (also on panic), and its owner is this process in case it is killed.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+use fatpipe_schema::path::{PathReport, PATH_SCHEMA, PATH_SCHEMA_VERSION};
+
+use crate::util::{self, assert_exit, run, setup, Guard};
+
+/// Reads the port from a server's first stdout line ("listening on IP:PORT").
+fn spawn_server(mut cmd: Command) -> (Guard, u16) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let guard = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the server's first line");
+    let port = line
+        .trim()
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+    (guard, port)
+}
+
+fn parse(out: &std::process::Output) -> PathReport {
+    assert_exit(out, 0);
+    let r: PathReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "report does not parse: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    assert_eq!(r.schema, PATH_SCHEMA);
+    assert_eq!(r.version, PATH_SCHEMA_VERSION);
+    r
+}
+
+#[test]
+fn loopback_probe_reports_small_rtt_mtu_rate_and_a_plan() {
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("127.0.0.1:{port}");
+    let r = parse(&run(dir
+        .cmd()
+        .args(["path", &host, "--count", "7", "--json"])));
+    assert_eq!(r.server, host);
+    assert_eq!((r.rtt.sent, r.rtt.received), (7, 7));
+    assert!(
+        r.rtt.min_secs > 0.0 && r.rtt.min_secs < 0.005,
+        "{:?}",
+        r.rtt
+    );
+    assert!(r.rtt.min_secs <= r.rtt.avg_secs && r.rtt.avg_secs <= r.rtt.max_secs);
+    // Loopback's MTU is 65536 (16436 on old kernels); the search must
+    // confirm the route's MTU, capped at the largest IPv4 packet.
+    let route = r.mtu.route_mtu.expect("route MTU on Linux");
+    assert!(route >= 16436, "{:?}", r.mtu);
+    assert_eq!(r.mtu.path_mtu, Some(route.min(65_535)), "{:?}", r.mtu);
+    let b = r.bottleneck.as_ref().expect("a rate estimate on loopback");
+    assert!(b.rate > 100_000_000, "{b:?}");
+    assert!(b.low <= b.rate && b.rate <= b.high, "{b:?}");
+    assert!((0.0..=1.0).contains(&b.confidence));
+    assert_eq!(r.loss.echo_lost, 0);
+    assert_eq!(r.facts.bottleneck_rate, Some(b.rate));
+    assert_eq!(r.bdp, r.single_stream_window);
+    let plan = r.plan.as_ref().expect("host limits are readable on Linux");
+    assert!(
+        plan.streams >= 1 && plan.reason.starts_with("auto:"),
+        "{plan:?}"
+    );
+
+    // The text for people has one line per measurement.
+    let out = run(dir.cmd().args(["path", &host, "-c", "3"]));
+    assert_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["rtt ", "mtu ", "rate ", "loss ", "bdp ", "auto:"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(want)),
+            "no {want:?} line in\n{text}"
+        );
+    }
+}
+
+#[test]
+fn bad_host_is_a_usage_error_in_one_line() {
+    let dir = setup();
+    for host in ["no-such-host.invalid", "127.0.0.1:notaport", "[::1"] {
+        let out = run(dir.cmd().args(["path", host]));
+        assert_exit(&out, 2);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("fatpipe: "), "{err}");
+    }
+    let out = run(dir.cmd().args(["path", "127.0.0.1", "--count", "0"]));
+    assert_exit(&out, 2);
+}
+
+#[test]
+fn wrong_key_is_a_usage_error_and_no_server_a_failure() {
+    let dir = setup();
+    std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
+    std::fs::write(dir.path().join("client.key"), "wrong horse battery\n").unwrap();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .args(["--key-file", "server.key"]);
+    let (srv, port) = spawn_server(cmd);
+    let host = format!("127.0.0.1:{port}");
+    let out = run(dir.cmd().args(["path", &host, "--key-file", "client.key"]));
+    assert_exit(&out, 2);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    let ok = parse(&run(dir.cmd().args([
+        "path",
+        &host,
+        "--key-file",
+        "server.key",
+        "-c",
+        "2",
+        "--json",
+    ])));
+    assert_eq!(ok.rtt.received, 2);
+    // Nothing listens once the server is gone: the probe fails (exit 1).
+    drop(srv);
+    let out = run(dir.cmd().args(["path", &host]));
+    assert_exit(&out, 1);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}
+
+/// The lab tests here run one at a time: two probes sharing two cores
+/// would each see the other's traffic in their timing.
+static LAB_SERIAL: Mutex<()> = Mutex::new(());
+
+/// Probes a lab link of `rtt` and `rate` three times and checks that every
+/// probe reports the RTT within 2 ms and the bottleneck within 15 %.
+fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
+    let _serial = LAB_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = fatpipe_lab::down(name);
+    let spec = LinkSpec {
+        rtt,
+        rate_up: rate,
+        rate_down: rate,
+        seed: 7,
+        ..LinkSpec::default()
+    };
+    let opts = UpOptions {
+        exe: Some(util::bin()),
+        owner: Some(std::process::id()),
+    };
+    // Dropped last (declared first): the lab goes down after the server.
+    let l = Lab::up(name, &spec, &opts).expect("lab up");
+    let mut cmd = l.command(End::B, util::bin());
+    cmd.args(["server", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("{}:{port}", l.addr(End::B));
+    for attempt in 0..3 {
+        let out = run(l
+            .command(End::A, util::bin())
+            .args(["path", &host, "--json"]));
+        let r = parse(&out);
+        let got_rtt = r.rtt.min_secs;
+        assert!(
+            (got_rtt - rtt.as_secs_f64()).abs() < 0.002,
+            "probe {attempt}: RTT {got_rtt} s on a {rtt:?} link"
+        );
+        let b = r.bottleneck.as_ref().expect("a rate estimate");
+        let err = (b.rate as f64 / rate as f64 - 1.0).abs();
+        assert!(
+            err < 0.15,
+            "probe {attempt}: bottleneck {} bit/s on a {rate} bit/s link ({:.1} % off): {b:?}",
+            b.rate,
+            err * 100.0
+        );
+        assert!(!b.lower_bound, "{b:?}");
+        assert_eq!(r.mtu.path_mtu, Some(1500), "{:?}", r.mtu);
+        assert_eq!(r.loss.echo_lost, 0);
+        eprintln!(
+            "{name}: rtt {:.2} ms, rate {:.1} Mbit/s ({:+.1} %), confidence {:.2}",
+            got_rtt * 1e3,
+            b.rate as f64 / 1e6,
+            (b.rate as f64 / rate as f64 - 1.0) * 100.0,
+            b.confidence
+        );
+    }
+}
+
+#[test]
+fn lab_path_reports_rtt_and_bottleneck_of_a_1gbit_40ms_link() {
+    if !util::need_root("lab_path_reports_rtt_and_bottleneck_of_a_1gbit_40ms_link") {
+        return;
+    }
+    lab_accuracy("path1g", Duration::from_millis(40), 1_000_000_000);
+}
+
+#[test]
+fn lab_path_reports_rtt_and_bottleneck_of_a_200mbit_93ms_link() {
+    if !util::need_root("lab_path_reports_rtt_and_bottleneck_of_a_200mbit_93ms_link") {
+        return;
+    }
+    lab_accuracy("path200m", Duration::from_millis(93), 200_000_000);
+}

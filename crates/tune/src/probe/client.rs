@@ -1,0 +1,494 @@
+//! The client half of the probe: RTT echoes, the MTU search, packet trains,
+//! then the server's train timestamps.
+//!
+//! One thread, one connected UDP socket, phases in a fixed order because
+//! each one sizes the next: the echoes give the RTT that sets every later
+//! timeout; the MTU search gives the packet size of the trains; the trains
+//! go last so their queueing cannot disturb the RTT samples. The socket has
+//! Don't Fragment set throughout, so no phase is silently fragmented.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use fatpipe_engine::{connect_with, ClientOptions, ClientSession, Control};
+use fatpipe_schema::tune::HostLimits;
+
+use super::estimate::{self, Arrival, RateEstimate, RttStats, TrainObs};
+use super::mtu::{MtuResult, MtuSearch};
+use super::sock;
+use super::wire::{
+    Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
+};
+use super::{ip_overhead, ProbeError};
+
+/// What to probe and how hard.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    /// The server's control address.
+    pub addr: SocketAddr,
+    /// Key and timeouts for the session.
+    pub options: ClientOptions,
+    /// RTT echoes to send.
+    pub echoes: u32,
+    /// Time between echoes.
+    pub echo_interval: Duration,
+    /// Packet trains to send.
+    pub trains: u32,
+    /// Largest packet size (IP bytes) the trains use; the path MTU if smaller.
+    pub max_train_packet: u32,
+    /// Most bytes per train; trains are sized to the rate the first one
+    /// shows, within this.
+    pub train_bytes: u32,
+}
+
+impl ProbeConfig {
+    /// Defaults for a probe of `addr`: 10 echoes 20 ms apart, 10 trains of
+    /// about 600 kB in packets of up to 9000 bytes.
+    pub fn new(addr: SocketAddr, options: ClientOptions) -> ProbeConfig {
+        ProbeConfig {
+            addr,
+            options,
+            echoes: 10,
+            echo_interval: Duration::from_millis(20),
+            trains: 10,
+            max_train_packet: 9000,
+            train_bytes: 600_000,
+        }
+    }
+}
+
+/// Packets in the first train, which sizes the others.
+const FIRST_TRAIN_LEN: u32 = 64;
+/// Fewest packets in a train.
+const MIN_TRAIN_LEN: u32 = 32;
+/// How long, at the bottleneck, the trains after the first should last.
+const TRAIN_SPAN: Duration = Duration::from_millis(4);
+
+/// Everything the probe measured, before it is turned into a report.
+#[derive(Debug, Clone)]
+pub struct ProbeOutcome {
+    /// The server's control address.
+    pub remote: SocketAddr,
+    /// Round-trip statistics of the echoes.
+    pub rtt: RttStats,
+    /// Local route MTU toward the server, or why it is unknown.
+    pub route_mtu: Result<u32, String>,
+    /// The MTU search's outcome.
+    pub mtu: MtuResult,
+    /// IP size of the train packets.
+    pub train_packet: u32,
+    /// Packets per train (of the last train: the first one is shorter).
+    pub train_len: u32,
+    /// The bottleneck estimate; `None` when no train gave one.
+    pub rate: Option<RateEstimate>,
+    /// True when the server timed every arrival in the kernel.
+    pub kernel_clock: bool,
+    /// Train packets sent and received.
+    pub train_packets: (u64, u64),
+    /// The server's host limits, or why they are unknown.
+    pub peer_limits: Result<HostLimits, String>,
+    /// How long the probe took.
+    pub elapsed: Duration,
+}
+
+/// Runs every phase against the server at `cfg.addr`.
+pub fn run(cfg: &ProbeConfig) -> Result<ProbeOutcome, ProbeError> {
+    let started = Instant::now();
+    let session = connect_with(
+        cfg.addr,
+        &cfg.options,
+        SERVICE,
+        &ProbeParams::current().encode(),
+    )?;
+    let control = session.control().clone();
+    let result = probe(cfg, &session, &control, started);
+    match &result {
+        Ok(_) => {
+            let _ = control.send(&ProbeMsg::Done.encode());
+            control.close("");
+        }
+        Err(e) => control.close(&e.to_string()),
+    }
+    result
+}
+
+fn probe(
+    cfg: &ProbeConfig,
+    session: &ClientSession,
+    control: &Control,
+    started: Instant,
+) -> Result<ProbeOutcome, ProbeError> {
+    let (udp_port, peer_limits) = match recv_msg(control, Duration::from_secs(10))? {
+        ProbeMsg::Ready {
+            udp_port,
+            limits,
+            limits_error,
+        } => (
+            udp_port,
+            limits.ok_or_else(|| limits_error.unwrap_or_else(|| "not sent".into())),
+        ),
+        other => return Err(unexpected(&other, "Ready")),
+    };
+    let server_udp = SocketAddr::new(cfg.addr.ip(), udp_port);
+    let local = match server_udp {
+        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    };
+    let udp = UdpSocket::bind(local).map_err(|e| ProbeError::io("bind UDP", e))?;
+    udp.connect(server_udp)
+        .map_err(|e| ProbeError::io(format!("connect UDP to {server_udp}"), e))?;
+    let v6 = server_udp.is_ipv6() && ip_overhead(server_udp) == 48;
+    let df = sock::set_df_probe(&udp, v6);
+    let mut io = Udp {
+        sock: udp,
+        buf: vec![0; MAX_DATAGRAM],
+        epoch: Instant::now(),
+    };
+    hello(&mut io, session)?;
+    let rtt = echoes(&mut io, cfg)?;
+    let timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
+    let overhead = ip_overhead(server_udp) as u32;
+    let route_mtu = match df {
+        Ok(()) => sock::route_mtu(&io.sock, v6).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("cannot set Don't Fragment: {e}")),
+    };
+    let floor = if v6 { 1280 } else { 576 };
+    let mtu = match &route_mtu {
+        Ok(route) => {
+            let ceiling = (*route).min(MAX_DATAGRAM as u32 + overhead);
+            search_mtu(
+                &mut io,
+                MtuSearch::new(floor, ceiling, 2),
+                overhead,
+                timeout,
+            )?
+        }
+        Err(_) => MtuResult {
+            path_mtu: None,
+            probes: 0,
+        },
+    };
+    let train_packet = mtu
+        .path_mtu
+        .unwrap_or(1500)
+        .min(cfg.max_train_packet)
+        .max(floor);
+    let max_len = (cfg.train_bytes / train_packet).clamp(MIN_TRAIN_LEN, MAX_TRAIN_LEN);
+    let trains = cfg.trains.clamp(1, MAX_TRAINS);
+    let _ = fatpipe_sys::buffers::set_send_buffer(
+        &io.sock,
+        u64::from(train_packet) * u64::from(max_len) * 2,
+        false,
+    );
+    let shape = TrainShape {
+        packet: train_packet,
+        payload: train_packet.saturating_sub(overhead) as usize,
+        max_len,
+    };
+    let sent = send_trains(&mut io, trains, &shape, timeout)?;
+    control.send(&ProbeMsg::Collect.encode())?;
+    let mut obs: Vec<TrainObs> = sent
+        .iter()
+        .map(|&(len, send_span_ns)| TrainObs {
+            sent: len,
+            ip_bytes: train_packet,
+            send_span_ns,
+            arrivals: Vec::new(),
+        })
+        .collect();
+    let kernel_clock = loop {
+        match recv_msg(control, Duration::from_secs(10))? {
+            ProbeMsg::Train { train, arrivals } => {
+                if let Some(t) = obs.get_mut(train as usize) {
+                    t.arrivals = arrivals
+                        .into_iter()
+                        .map(|(index, at_ns, ip_bytes)| Arrival {
+                            index,
+                            at_ns,
+                            ip_bytes,
+                        })
+                        .collect();
+                }
+            }
+            ProbeMsg::Collected { kernel_clock, .. } => break kernel_clock,
+            other => return Err(unexpected(&other, "Train or Collected")),
+        }
+    };
+    let received: u64 = obs.iter().map(|t| t.arrivals.len() as u64).sum();
+    let sent_packets: u64 = obs.iter().map(|t| u64::from(t.sent)).sum();
+    // The length the sizing settled on (the last train's) is the one to show.
+    let train_len = obs.last().map_or(0, |t| t.sent);
+    Ok(ProbeOutcome {
+        remote: cfg.addr,
+        rtt,
+        route_mtu,
+        mtu,
+        train_packet,
+        train_len,
+        rate: estimate::combine(&obs),
+        kernel_clock,
+        train_packets: (sent_packets, received),
+        peer_limits,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The UDP socket and what every phase needs around it.
+struct Udp {
+    sock: UdpSocket,
+    buf: Vec<u8>,
+    epoch: Instant,
+}
+
+impl Udp {
+    fn send(&self, packet: Packet, total: usize) -> io::Result<()> {
+        let mut out = Vec::with_capacity(total.max(packet.header_len()));
+        packet.encode(&mut out, total);
+        self.sock.send(&out).map(|_| ())
+    }
+
+    /// The next probe reply before `deadline`; `None` when time runs out.
+    /// Datagrams that do not decode are skipped.
+    fn recv_until(&mut self, deadline: Instant) -> Result<Option<Packet>, ProbeError> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.sock
+                .set_read_timeout(Some(left))
+                .map_err(|e| ProbeError::io("set UDP timeout", e))?;
+            match self.sock.recv(&mut self.buf) {
+                Ok(n) => {
+                    if let Ok(p) = Packet::decode(&self.buf[..n]) {
+                        return Ok(Some(p));
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                // An ICMP error from an earlier datagram (port unreachable):
+                // the server's socket is gone.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(ProbeError::io("UDP probe refused by the server host", e))
+                }
+                Err(e) => return Err(ProbeError::io("receive UDP reply", e)),
+            }
+        }
+    }
+}
+
+/// Proves the session's cookie from this UDP address, retrying for 5 s.
+fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < give_up {
+        io.send(
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+            0,
+        )
+        .map_err(|e| ProbeError::io("send UDP hello", e))?;
+        let wait = (Instant::now() + Duration::from_millis(250)).min(give_up);
+        while let Some(p) = io.recv_until(wait)? {
+            if p == Packet::HelloAck {
+                return Ok(());
+            }
+        }
+    }
+    Err(ProbeError::Timeout(
+        "no UDP reply from the server in 5 s (is UDP filtered on the path?)".into(),
+    ))
+}
+
+/// Sends `cfg.echoes` echoes `cfg.echo_interval` apart and collects replies.
+fn echoes(io: &mut Udp, cfg: &ProbeConfig) -> Result<RttStats, ProbeError> {
+    let n = cfg.echoes.max(1);
+    let mut samples = Vec::with_capacity(n as usize);
+    let mut seen = HashSet::new();
+    let mut sent = 0u32;
+    let mut next = Instant::now();
+    let mut last_deadline = None;
+    loop {
+        let now = Instant::now();
+        if sent < n && now >= next {
+            let sent_ns = io.epoch.elapsed().as_nanos() as u64;
+            io.send(Packet::Echo { seq: sent, sent_ns }, 0)
+                .map_err(|e| ProbeError::io("send echo", e))?;
+            sent += 1;
+            next += cfg.echo_interval;
+            if sent == n {
+                let slowest = samples.iter().copied().max().unwrap_or(Duration::ZERO);
+                last_deadline = Some(now + (slowest * 3).max(Duration::from_secs(1)));
+            }
+            continue;
+        }
+        let wait_until = match last_deadline {
+            Some(d) if samples.len() as u32 == n || now >= d => break,
+            Some(d) => d,
+            None => next,
+        };
+        if let Some(Packet::EchoReply { seq, sent_ns }) = io.recv_until(wait_until)? {
+            let at = io.epoch.elapsed().as_nanos() as u64;
+            if seq < sent && sent_ns <= at && seen.insert(seq) {
+                samples.push(Duration::from_nanos(at - sent_ns));
+            }
+        }
+    }
+    estimate::rtt_stats(sent, &samples).ok_or_else(|| {
+        ProbeError::Timeout(format!("none of {sent} echoes came back from the server"))
+    })
+}
+
+/// Drives the MTU search with padded probes.
+fn search_mtu(
+    io: &mut Udp,
+    mut search: MtuSearch,
+    overhead: u32,
+    timeout: Duration,
+) -> Result<MtuResult, ProbeError> {
+    let mut seq = 0u32;
+    while let Some(size) = search.poll_probe() {
+        seq += 1;
+        let payload = size.saturating_sub(overhead) as usize;
+        match io.send(Packet::Mtu { seq, size }, payload) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                search.handle_too_big(size);
+                continue;
+            }
+            Err(e) => return Err(ProbeError::io(format!("send MTU probe of {size} B"), e)),
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match io.recv_until(deadline)? {
+                Some(Packet::MtuAck { size: acked, .. }) => {
+                    search.handle_ack(acked);
+                    if search.pending() != Some(size) {
+                        break;
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    search.handle_timeout(size);
+                    break;
+                }
+            }
+        }
+    }
+    Ok(search.result())
+}
+
+/// Packet size and bounds of the trains.
+struct TrainShape {
+    /// IP bytes per packet.
+    packet: u32,
+    /// UDP payload bytes per packet.
+    payload: usize,
+    /// Most packets per train (the configured train bytes).
+    max_len: u32,
+}
+
+/// Sends the trains, each after the previous one's last packet arrived (or
+/// timed out), so no train queues behind another. Returns each train's
+/// length and send span in ns.
+///
+/// The first train is short ([`FIRST_TRAIN_LEN`]); the rate it shows sizes
+/// the others to span about [`TRAIN_SPAN`] at the bottleneck. A fixed size
+/// would either overflow the queue of a slow link (a 600 kB train into a
+/// 50 Mbit/s × 40 ms link's 250 kB queue loses half of itself) or span too
+/// little time on a fast one for the receiver's timer to resolve.
+fn send_trains(
+    io: &mut Udp,
+    trains: u32,
+    shape: &TrainShape,
+    timeout: Duration,
+) -> Result<Vec<(u32, u64)>, ProbeError> {
+    let mut batch = fatpipe_sys::udp::SendBatch::new();
+    let mut out = Vec::with_capacity(trains as usize);
+    let mut len = FIRST_TRAIN_LEN.min(shape.max_len);
+    // Until a train reports, assume a slow (10 Mbit/s) bottleneck to drain.
+    let mut rate = 10e6;
+    for train in 0..trains {
+        let packets: Vec<Vec<u8>> = (0..len)
+            .map(|index| {
+                let mut buf = Vec::with_capacity(shape.payload);
+                Packet::Train {
+                    train,
+                    index,
+                    count: len,
+                }
+                .encode(&mut buf, shape.payload);
+                buf
+            })
+            .collect();
+        let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+        let t0 = Instant::now();
+        let mut done = 0;
+        while done < refs.len() {
+            let b = batch
+                .send(&io.sock, &refs[done..])
+                .map_err(|e| ProbeError::io("send packet train", e))?;
+            if b.datagrams == 0 {
+                return Err(ProbeError::Protocol(
+                    "the kernel accepted no train packet".into(),
+                ));
+            }
+            done += b.datagrams;
+        }
+        out.push((len, t0.elapsed().as_nanos() as u64));
+        let drain = Duration::from_secs_f64(
+            (f64::from(len) * f64::from(shape.packet) * 8.0 / rate * 2.0).min(5.0),
+        );
+        let deadline = Instant::now() + timeout + drain;
+        let mut acked = None;
+        while let Some(p) = io.recv_until(deadline)? {
+            if let Packet::TrainAck {
+                train: t,
+                received,
+                span_ns,
+            } = p
+            {
+                if t == train {
+                    acked = Some((received, span_ns));
+                    break;
+                }
+            }
+        }
+        len = match acked {
+            Some((received, span_ns)) if received >= 2 && span_ns > 0 => {
+                let bytes = f64::from(received - 1) * f64::from(shape.packet);
+                rate = bytes * 8.0 / (span_ns as f64 * 1e-9);
+                let want = rate / 8.0 * TRAIN_SPAN.as_secs_f64() / f64::from(shape.packet);
+                (want.round() as u32).clamp(MIN_TRAIN_LEN, shape.max_len)
+            }
+            // The train's tail was lost: a short queue or a lossy path.
+            // Shorter trains lose less of themselves.
+            _ => MIN_TRAIN_LEN.min(shape.max_len),
+        };
+    }
+    Ok(out)
+}
+
+fn recv_msg(control: &Control, timeout: Duration) -> Result<ProbeMsg, ProbeError> {
+    let bytes = control
+        .recv(Some(timeout))?
+        .ok_or_else(|| ProbeError::Timeout("waiting for the probe server".into()))?;
+    match ProbeMsg::decode(&bytes)? {
+        ProbeMsg::Error { message } => Err(ProbeError::Peer(message)),
+        m => Ok(m),
+    }
+}
+
+fn unexpected(got: &ProbeMsg, want: &str) -> ProbeError {
+    ProbeError::Protocol(format!(
+        "expected {want} from the server, got {}",
+        got.name()
+    ))
+}

@@ -1,0 +1,277 @@
+//! The server half of the probe: a [`Service`] that answers echoes and MTU
+//! probes and timestamps packet trains on a UDP socket of its own.
+//!
+//! Two threads per session: the session thread answers probes on the UDP
+//! socket and records train arrivals, and a helper thread runs the control
+//! channel (answering `Collect`, ending on `Done`, an idle limit or the
+//! server's shutdown). UDP is used for everything timed because TCP's
+//! acknowledgements, retransmissions and coalescing would blur exactly what
+//! is being measured.
+//!
+//! The UDP socket answers only the address that proved the session's cookie
+//! in a `Hello`, and only with small replies (echoes and acknowledgements are
+//! never larger than what they answer), so it cannot be used to reflect or
+//! amplify traffic toward a third party. What it stores is capped by
+//! [`MAX_TRAINS`] × [`MAX_TRAIN_LEN`] arrivals, and the session by
+//! [`SESSION_LIMIT`].
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fatpipe_engine::{Control, ServerSession, Service, ServiceResult, Shutdown};
+
+use super::sock;
+use super::wire::{
+    ArrivalWire, Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
+};
+use super::{ip_overhead, ProbeError};
+use crate::host::{is_privileged, Host};
+
+/// The longest one probe session may last.
+pub const SESSION_LIMIT: Duration = Duration::from_secs(120);
+/// A session whose client says nothing on the control channel this long ends.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(30);
+/// Receive buffer asked for the UDP socket: a whole train must fit while
+/// the thread is descheduled.
+const RECV_BUFFER: u64 = 8 << 20;
+/// How often the UDP thread looks at the stop flag.
+const UDP_POLL: Duration = Duration::from_millis(100);
+
+/// The probe service: register with `Server::builder().service(ProbeService)`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProbeService;
+
+impl Service for ProbeService {
+    fn name(&self) -> &'static str {
+        SERVICE
+    }
+
+    fn check(&self, params: &[u8]) -> Result<(), String> {
+        ProbeParams::decode(params)
+            .map(|_| ())
+            .map_err(|e| format!("probe parameters: {e}"))
+    }
+
+    fn serve(&self, session: ServerSession) -> ServiceResult {
+        serve(&session).map_err(|e| {
+            let msg = ProbeMsg::Error {
+                message: e.to_string(),
+            };
+            let _ = session.control().send(&msg.encode());
+            Box::new(e) as Box<dyn std::error::Error + Send + Sync>
+        })
+    }
+}
+
+/// What the UDP thread recorded.
+#[derive(Debug, Default)]
+struct Record {
+    trains: BTreeMap<u32, Vec<ArrivalWire>>,
+    arrivals: usize,
+    user_clock: bool,
+    ignored: u64,
+}
+
+fn serve(session: &ServerSession) -> Result<(), ProbeError> {
+    let ip = session.local_addr().ip();
+    let udp = UdpSocket::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| ProbeError::io(format!("bind UDP on {ip}"), e))?;
+    let port = udp
+        .local_addr()
+        .map_err(|e| ProbeError::io("read UDP address", e))?
+        .port();
+    // Best effort: a smaller buffer only risks drops in long trains, which
+    // the estimate tolerates.
+    let _ = fatpipe_sys::buffers::set_recv_buffer(&udp, RECV_BUFFER, is_privileged());
+    let kernel_clock = sock::enable_rx_timestamps(&udp).is_ok();
+    udp.set_read_timeout(Some(UDP_POLL))
+        .map_err(|e| ProbeError::io("set UDP timeout", e))?;
+    let (limits, limits_error) = match Host::live().limits(is_privileged()) {
+        Ok(l) => (Some(l), None),
+        Err(e) => (None, Some(e)),
+    };
+    let control = session.control();
+    control.send(
+        &ProbeMsg::Ready {
+            udp_port: port,
+            limits,
+            limits_error,
+        }
+        .encode(),
+    )?;
+    let record = Mutex::new(Record {
+        user_clock: !kernel_clock,
+        ..Record::default()
+    });
+    let stop = AtomicBool::new(false);
+    // The session is not `Sync` (it holds the data-connection queue), so it
+    // stays on this thread with the UDP loop; the control loop gets clones.
+    let shutdown = session.shutdown().clone();
+    std::thread::scope(|s| {
+        let control_thread = s.spawn(|| {
+            let r = control_loop(control, &shutdown, &record, &stop);
+            stop.store(true, Ordering::Relaxed);
+            r
+        });
+        let udp_result = udp_loop(session, &udp, &stop, &record);
+        stop.store(true, Ordering::Relaxed);
+        let result = control_thread
+            .join()
+            .unwrap_or_else(|_| Err(ProbeError::Protocol("control thread panicked".into())));
+        result.and(udp_result)
+    })
+}
+
+fn control_loop(
+    control: &Control,
+    shutdown: &Shutdown,
+    record: &Mutex<Record>,
+    stop: &AtomicBool,
+) -> Result<(), ProbeError> {
+    let start = Instant::now();
+    let mut last = start;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if shutdown.is_set() {
+            return Err(ProbeError::Protocol("the server is shutting down".into()));
+        }
+        if start.elapsed() > SESSION_LIMIT {
+            return Err(ProbeError::Timeout(format!(
+                "probe session longer than {} s",
+                SESSION_LIMIT.as_secs()
+            )));
+        }
+        let Some(bytes) = control.recv(Some(Duration::from_secs(1)))? else {
+            if last.elapsed() > IDLE_LIMIT {
+                return Err(ProbeError::Timeout("client idle".into()));
+            }
+            continue;
+        };
+        last = Instant::now();
+        match ProbeMsg::decode(&bytes)? {
+            ProbeMsg::Collect => {
+                let (trains, user_clock, ignored) = {
+                    let r = lock(record);
+                    (r.trains.clone(), r.user_clock, r.ignored)
+                };
+                for (train, arrivals) in trains {
+                    control.send(&ProbeMsg::Train { train, arrivals }.encode())?;
+                }
+                control.send(
+                    &ProbeMsg::Collected {
+                        kernel_clock: !user_clock,
+                        ignored,
+                    }
+                    .encode(),
+                )?;
+            }
+            ProbeMsg::Done => return Ok(()),
+            other => {
+                return Err(ProbeError::Protocol(format!(
+                    "unexpected {} from the client",
+                    other.name()
+                )))
+            }
+        }
+    }
+}
+
+fn udp_loop(
+    session: &ServerSession,
+    udp: &UdpSocket,
+    stop: &AtomicBool,
+    record: &Mutex<Record>,
+) -> Result<(), ProbeError> {
+    let epoch = Instant::now();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut out = Vec::with_capacity(64);
+    let mut peer: Option<SocketAddr> = None;
+    while !stop.load(Ordering::Relaxed) && !session.shutdown().is_set() {
+        let (n, from, stamp) = match sock::recv_timestamped(udp, &mut buf) {
+            Ok(x) => x,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(ProbeError::io("receive UDP probe", e)),
+        };
+        let Ok(packet) = Packet::decode(&buf[..n]) else {
+            lock(record).ignored += 1;
+            continue;
+        };
+        let reply = match packet {
+            Packet::Hello { cookie } => {
+                if peer.is_none_or(|p| p == from) && session.cookie_matches(&cookie) {
+                    peer = Some(from);
+                    Some(Packet::HelloAck)
+                } else {
+                    None
+                }
+            }
+            _ if peer != Some(from) => None,
+            Packet::Echo { seq, sent_ns } => Some(Packet::EchoReply { seq, sent_ns }),
+            Packet::Mtu { seq, size } => Some(Packet::MtuAck { seq, size }),
+            Packet::Train {
+                train,
+                index,
+                count,
+            } => {
+                let at_ns = stamp.unwrap_or_else(|| epoch.elapsed().as_nanos() as u64);
+                let ip_bytes = (n + ip_overhead(from)) as u32;
+                let mut r = lock(record);
+                if stamp.is_none() {
+                    r.user_clock = true;
+                }
+                let room = r.arrivals < (MAX_TRAINS * MAX_TRAIN_LEN) as usize;
+                let known = r.trains.len() < MAX_TRAINS as usize || r.trains.contains_key(&train);
+                if room && known && train < MAX_TRAINS {
+                    r.arrivals += 1;
+                    let list = r.trains.entry(train).or_default();
+                    list.push((index, at_ns, ip_bytes));
+                    let received = list.len() as u32;
+                    let first = list.iter().map(|a| a.1).min().unwrap_or(at_ns);
+                    (index + 1 == count).then_some(Packet::TrainAck {
+                        train,
+                        received,
+                        span_ns: at_ns.saturating_sub(first),
+                    })
+                } else {
+                    r.ignored += 1;
+                    None
+                }
+            }
+            // Replies travel server to client only.
+            Packet::HelloAck
+            | Packet::EchoReply { .. }
+            | Packet::MtuAck { .. }
+            | Packet::TrainAck { .. } => None,
+        };
+        match reply {
+            Some(p) => {
+                out.clear();
+                p.encode(&mut out, 0);
+                // A lost reply is the client's to notice; nothing to do here.
+                let _ = udp.send_to(&out, from);
+            }
+            None if !matches!(packet, Packet::Train { .. }) => lock(record).ignored += 1,
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,533 @@
+//! The probe service's messages: UDP probe packets (binary) and control
+//! messages (JSON over the session's control channel).
+//!
+//! **UDP packets** are what is timed, so they are small fixed binary
+//! headers that cost nothing to build at line rate: magic `FPPB`, version,
+//! kind, then the kind's fields (big-endian). MTU probes and train packets
+//! are padded to the size under test; the padding is ignored. The session's
+//! cookie in [`Packet::Hello`] is what lets the server accept the client's
+//! UDP address: a datagram from anywhere else is dropped unread.
+//!
+//! **Control messages** ([`ProbeMsg`]) are JSON, like the test service's:
+//! they are few, not timed, and readable in a capture; the frame cap
+//! (64 KiB) bounds what `serde_json` parses, and [`ProbeMsg::decode`]
+//! checks the lengths serde cannot (arrivals per train).
+//!
+//! Both decoders read untrusted bytes, never panic, and are fuzzed
+//! (`fuzz/fuzz_targets/probe_msg.rs`).
+//!
+//! The exchange: `Open("probe", ProbeParams)` → `Ready{udp_port, limits}` →
+//! UDP `Hello` ⇄ `HelloAck` → `Echo` ⇄ `EchoReply` (RTT) → `Mtu` ⇄ `MtuAck`
+//! (path MTU) → `Train` packets, each train answered by a `TrainAck` →
+//! control `Collect` → `Train` reports, one per train, then `Collected` →
+//! `Done`.
+
+use fatpipe_proto::coding::{DecodeError, Reader};
+use fatpipe_proto::{Cookie, MAX_PAYLOAD};
+use fatpipe_schema::tune::HostLimits;
+use serde::{Deserialize, Serialize};
+
+/// The service name clients open.
+pub const SERVICE: &str = "probe";
+/// Version of both message sets; a server refuses others.
+pub const PROBE_VERSION: u32 = 1;
+/// First bytes of every probe datagram.
+pub const MAGIC: [u8; 4] = *b"FPPB";
+/// Largest datagram either side reads (the largest IPv4 UDP payload).
+pub const MAX_DATAGRAM: usize = 65_507;
+/// Most packets in one train.
+pub const MAX_TRAIN_LEN: u32 = 1024;
+/// Most trains in one session.
+pub const MAX_TRAINS: u32 = 64;
+
+/// Header bytes of every probe datagram (magic, version, kind).
+const HEADER: usize = 6;
+
+/// One probe datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packet {
+    /// Client → server: "this UDP address is the session with this cookie".
+    Hello {
+        /// The session's cookie.
+        cookie: Cookie,
+    },
+    /// Server → client: the hello was accepted.
+    HelloAck,
+    /// Client → server: please echo.
+    Echo {
+        /// Sequence number.
+        seq: u32,
+        /// Client's send time (ns, its own clock), echoed back unchanged.
+        sent_ns: u64,
+    },
+    /// Server → client: the echo.
+    EchoReply {
+        /// As in the echo.
+        seq: u32,
+        /// As in the echo.
+        sent_ns: u64,
+    },
+    /// Client → server: an MTU probe padded to `size` bytes of IP packet.
+    Mtu {
+        /// Sequence number.
+        seq: u32,
+        /// IP packet size this probe was sent at.
+        size: u32,
+    },
+    /// Server → client: the probe of `size` arrived (small, so the reply
+    /// path's MTU does not matter).
+    MtuAck {
+        /// As in the probe.
+        seq: u32,
+        /// As in the probe.
+        size: u32,
+    },
+    /// Client → server: one packet of a train, padded to the train's size.
+    Train {
+        /// Train number.
+        train: u32,
+        /// Position in the train.
+        index: u32,
+        /// Packets in the train.
+        count: u32,
+    },
+    /// Server → client: the last packet of a train arrived.
+    TrainAck {
+        /// Train number.
+        train: u32,
+        /// Packets of it received so far.
+        received: u32,
+        /// Time from its first to its last arrival (ns): enough for the
+        /// client to size the next trains before the full report.
+        span_ns: u64,
+    },
+}
+
+impl Packet {
+    /// Bytes of this packet before any padding.
+    pub fn header_len(&self) -> usize {
+        HEADER
+            + match self {
+                Packet::Hello { .. } => 32,
+                Packet::HelloAck => 0,
+                Packet::Echo { .. } | Packet::EchoReply { .. } => 12,
+                Packet::Mtu { .. } | Packet::MtuAck { .. } => 8,
+                Packet::Train { .. } => 12,
+                Packet::TrainAck { .. } => 16,
+            }
+    }
+
+    /// Appends the packet to `out`, then zero padding up to `total` bytes
+    /// (no padding when `total` is at most the header).
+    pub fn encode(&self, out: &mut Vec<u8>, total: usize) {
+        let start = out.len();
+        out.extend_from_slice(&MAGIC);
+        out.push(PROBE_VERSION as u8);
+        let put32 = |out: &mut Vec<u8>, v: u32| out.extend_from_slice(&v.to_be_bytes());
+        match *self {
+            Packet::Hello { cookie } => {
+                out.push(1);
+                out.extend_from_slice(&cookie);
+            }
+            Packet::HelloAck => out.push(2),
+            Packet::Echo { seq, sent_ns } | Packet::EchoReply { seq, sent_ns } => {
+                out.push(if matches!(self, Packet::Echo { .. }) {
+                    3
+                } else {
+                    4
+                });
+                put32(out, seq);
+                out.extend_from_slice(&sent_ns.to_be_bytes());
+            }
+            Packet::Mtu { seq, size } | Packet::MtuAck { seq, size } => {
+                out.push(if matches!(self, Packet::Mtu { .. }) {
+                    5
+                } else {
+                    6
+                });
+                put32(out, seq);
+                put32(out, size);
+            }
+            Packet::Train {
+                train,
+                index,
+                count,
+            } => {
+                out.push(7);
+                put32(out, train);
+                put32(out, index);
+                put32(out, count);
+            }
+            Packet::TrainAck {
+                train,
+                received,
+                span_ns,
+            } => {
+                out.push(8);
+                put32(out, train);
+                put32(out, received);
+                out.extend_from_slice(&span_ns.to_be_bytes());
+            }
+        }
+        pad(out, start, total);
+    }
+
+    /// Decodes one datagram. Padding is accepted after MTU probes and
+    /// train packets only; anything else must end with its last field.
+    pub fn decode(buf: &[u8]) -> Result<Packet, DecodeError> {
+        if buf.len() > MAX_DATAGRAM {
+            return Err(DecodeError::TooLarge {
+                len: buf.len(),
+                max: MAX_DATAGRAM,
+            });
+        }
+        let mut r = Reader::new(buf);
+        if r.array::<4>()? != MAGIC {
+            return Err(DecodeError::Invalid("probe magic"));
+        }
+        if u32::from(r.u8()?) != PROBE_VERSION {
+            return Err(DecodeError::Invalid("probe version"));
+        }
+        let kind = r.u8()?;
+        let (packet, padded) = match kind {
+            1 => (Packet::Hello { cookie: r.array()? }, false),
+            2 => (Packet::HelloAck, false),
+            3 => (
+                Packet::Echo {
+                    seq: r.u32()?,
+                    sent_ns: r.u64()?,
+                },
+                false,
+            ),
+            4 => (
+                Packet::EchoReply {
+                    seq: r.u32()?,
+                    sent_ns: r.u64()?,
+                },
+                false,
+            ),
+            5 => (
+                Packet::Mtu {
+                    seq: r.u32()?,
+                    size: r.u32()?,
+                },
+                true,
+            ),
+            6 => (
+                Packet::MtuAck {
+                    seq: r.u32()?,
+                    size: r.u32()?,
+                },
+                false,
+            ),
+            7 => {
+                let train = r.u32()?;
+                let index = r.u32()?;
+                let count = r.u32()?;
+                if count == 0 || count > MAX_TRAIN_LEN || index >= count {
+                    return Err(DecodeError::Invalid("train position"));
+                }
+                (
+                    Packet::Train {
+                        train,
+                        index,
+                        count,
+                    },
+                    true,
+                )
+            }
+            8 => (
+                Packet::TrainAck {
+                    train: r.u32()?,
+                    received: r.u32()?,
+                    span_ns: r.u64()?,
+                },
+                false,
+            ),
+            k => return Err(DecodeError::UnknownType(k)),
+        };
+        if !padded {
+            r.finish()?;
+        }
+        Ok(packet)
+    }
+}
+
+/// What the client opens the service with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeParams {
+    /// Must be [`PROBE_VERSION`].
+    pub version: u32,
+}
+
+impl ProbeParams {
+    /// The parameters of this version.
+    pub fn current() -> ProbeParams {
+        ProbeParams {
+            version: PROBE_VERSION,
+        }
+    }
+
+    /// JSON bytes for `Open`.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parses and checks the client's parameters.
+    pub fn decode(buf: &[u8]) -> Result<ProbeParams, DecodeError> {
+        if buf.len() > MAX_PAYLOAD {
+            return Err(DecodeError::TooLarge {
+                len: buf.len(),
+                max: MAX_PAYLOAD,
+            });
+        }
+        let p: ProbeParams =
+            serde_json::from_slice(buf).map_err(|_| DecodeError::Invalid("probe params"))?;
+        if p.version != PROBE_VERSION {
+            return Err(DecodeError::Invalid("probe version"));
+        }
+        Ok(p)
+    }
+}
+
+/// One arrival as the server reports it: index in the train, receive time
+/// in ns (the server's clock, any epoch), IP packet size.
+pub type ArrivalWire = (u32, u64, u32);
+
+/// Control messages of the probe service, both directions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ProbeMsg {
+    /// Server → client: where to send UDP probes, and the server's limits
+    /// (for the planner), or why they could not be read.
+    Ready {
+        /// The server's probe UDP port (same IP as the control connection).
+        udp_port: u16,
+        /// The server's socket-buffer limits and congestion controls.
+        limits: Option<HostLimits>,
+        /// Why `limits` is missing.
+        limits_error: Option<String>,
+    },
+    /// Client → server: send the train timestamps.
+    Collect,
+    /// Server → client: the arrivals of one train.
+    Train {
+        /// Train number.
+        train: u32,
+        /// Arrivals in receive order.
+        arrivals: Vec<ArrivalWire>,
+    },
+    /// Server → client: every train was reported.
+    Collected {
+        /// True when every timestamp came from the kernel (SO_TIMESTAMPNS);
+        /// false when some were taken in user space after `recv`.
+        kernel_clock: bool,
+        /// Probe datagrams dropped because they did not decode or came from
+        /// an unknown address.
+        ignored: u64,
+    },
+    /// Client → server: finished; end the session.
+    Done,
+    /// Server → client: the server failed.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+impl ProbeMsg {
+    /// The message's name, for errors (never its contents, which may be long).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProbeMsg::Ready { .. } => "Ready",
+            ProbeMsg::Collect => "Collect",
+            ProbeMsg::Train { .. } => "Train",
+            ProbeMsg::Collected { .. } => "Collected",
+            ProbeMsg::Done => "Done",
+            ProbeMsg::Error { .. } => "Error",
+        }
+    }
+
+    /// JSON bytes for the control channel.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parses a control payload and checks what serde cannot.
+    pub fn decode(buf: &[u8]) -> Result<ProbeMsg, DecodeError> {
+        if buf.len() > MAX_PAYLOAD {
+            return Err(DecodeError::TooLarge {
+                len: buf.len(),
+                max: MAX_PAYLOAD,
+            });
+        }
+        let msg: ProbeMsg =
+            serde_json::from_slice(buf).map_err(|_| DecodeError::Invalid("probe message"))?;
+        match &msg {
+            ProbeMsg::Train { train, arrivals } => {
+                if *train >= MAX_TRAINS || arrivals.len() > MAX_TRAIN_LEN as usize {
+                    return Err(DecodeError::Invalid("train report"));
+                }
+                if arrivals
+                    .iter()
+                    .any(|&(i, _, b)| i >= MAX_TRAIN_LEN || b as usize > MAX_DATAGRAM + 48)
+                {
+                    return Err(DecodeError::Invalid("train arrival"));
+                }
+            }
+            ProbeMsg::Error { message } if message.len() > 4096 => {
+                return Err(DecodeError::Invalid("error text"));
+            }
+            _ => {}
+        }
+        Ok(msg)
+    }
+}
+
+fn pad(out: &mut Vec<u8>, start: usize, total: usize) {
+    let len = out.len() - start;
+    if total > len {
+        out.resize(start + total, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_packets() -> Vec<Packet> {
+        vec![
+            Packet::Hello { cookie: [7; 32] },
+            Packet::HelloAck,
+            Packet::Echo {
+                seq: 3,
+                sent_ns: u64::MAX - 1,
+            },
+            Packet::EchoReply {
+                seq: u32::MAX,
+                sent_ns: 5,
+            },
+            Packet::Mtu { seq: 1, size: 1500 },
+            Packet::MtuAck { seq: 1, size: 9000 },
+            Packet::Train {
+                train: 2,
+                index: 399,
+                count: 400,
+            },
+            Packet::TrainAck {
+                train: 2,
+                received: 398,
+                span_ns: 4_800_000,
+            },
+        ]
+    }
+
+    #[test]
+    fn packets_round_trip_and_lengths_match() {
+        for p in all_packets() {
+            let mut out = Vec::new();
+            p.encode(&mut out, 0);
+            assert_eq!(out.len(), p.header_len(), "{p:?}");
+            assert_eq!(Packet::decode(&out), Ok(p));
+        }
+    }
+
+    #[test]
+    fn padding_only_where_allowed() {
+        for p in all_packets() {
+            let mut out = Vec::new();
+            p.encode(&mut out, 1472);
+            assert_eq!(out.len(), 1472);
+            let got = Packet::decode(&out);
+            match p {
+                Packet::Mtu { .. } | Packet::Train { .. } => assert_eq!(got, Ok(p)),
+                _ => assert!(matches!(got, Err(DecodeError::TrailingBytes(_))), "{p:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_datagrams_are_refused() {
+        let mut out = Vec::new();
+        Packet::Echo { seq: 1, sent_ns: 2 }.encode(&mut out, 0);
+        for cut in 0..out.len() {
+            assert!(Packet::decode(&out[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = out.clone();
+        bad[0] = b'X';
+        assert_eq!(
+            Packet::decode(&bad),
+            Err(DecodeError::Invalid("probe magic"))
+        );
+        bad = out.clone();
+        bad[4] = 9;
+        assert!(Packet::decode(&bad).is_err());
+        bad = out.clone();
+        bad[5] = 0xee;
+        assert_eq!(Packet::decode(&bad), Err(DecodeError::UnknownType(0xee)));
+        let mut train = Vec::new();
+        Packet::Train {
+            train: 0,
+            index: 0,
+            count: 1,
+        }
+        .encode(&mut train, 0);
+        // index beyond count, count beyond the cap
+        train[13] = 5;
+        assert!(Packet::decode(&train).is_err());
+        train[13] = 0;
+        train[14..18].copy_from_slice(&(MAX_TRAIN_LEN + 1).to_be_bytes());
+        assert!(Packet::decode(&train).is_err());
+        assert!(matches!(
+            Packet::decode(&vec![0; MAX_DATAGRAM + 1]),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn control_messages_round_trip() {
+        let msgs = [
+            ProbeMsg::Ready {
+                udp_port: 40000,
+                limits: None,
+                limits_error: Some("no /proc".into()),
+            },
+            ProbeMsg::Collect,
+            ProbeMsg::Train {
+                train: 3,
+                arrivals: vec![(0, 10, 1500), (1, 22, 1500)],
+            },
+            ProbeMsg::Collected {
+                kernel_clock: true,
+                ignored: 0,
+            },
+            ProbeMsg::Done,
+            ProbeMsg::Error {
+                message: "boom".into(),
+            },
+        ];
+        for m in msgs {
+            assert_eq!(ProbeMsg::decode(&m.encode()), Ok(m));
+        }
+        let p = ProbeParams::current();
+        assert_eq!(ProbeParams::decode(&p.encode()), Ok(p));
+    }
+
+    #[test]
+    fn control_messages_are_checked() {
+        assert!(ProbeMsg::decode(b"{\"type\":\"nope\"}").is_err());
+        assert!(ProbeMsg::decode(b"\xff\xfe").is_err());
+        let too_many = ProbeMsg::Train {
+            train: 0,
+            arrivals: vec![(0, 0, 1500); MAX_TRAIN_LEN as usize + 1],
+        };
+        assert!(ProbeMsg::decode(&too_many.encode()).is_err());
+        let bad_train = ProbeMsg::Train {
+            train: MAX_TRAINS,
+            arrivals: vec![],
+        };
+        assert!(ProbeMsg::decode(&bad_train.encode()).is_err());
+        assert!(ProbeParams::decode(b"{\"version\":2}").is_err());
+        assert!(ProbeParams::decode(b"").is_err());
+    }
+}
