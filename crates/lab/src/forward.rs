@@ -128,19 +128,10 @@ pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::i
     let mut pipe = Pipe::new(&shared.dir_config(dir));
     let mut published = 0;
     // When the last frame came in; while frames keep coming, the thread
-    // polls the device without sleeping for a few microseconds, which
-    // saves a wake-up and a ppoll per frame on a busy link.
+    // polls the device without sleeping for `spin` ns.
     let mut last_read: Nanos = 0;
     loop {
-        let mut now = shared.now();
-        while let Some((frame, due)) = pipe.front() {
-            now = shared.now();
-            if due > now {
-                break;
-            }
-            let ok = sys::write(output, frame).is_ok();
-            pipe.delivered(now, ok);
-        }
+        let mut now = deliver_due(&mut pipe, output, shared);
         let g = shared.generation.load(Ordering::Acquire);
         if g != generation {
             generation = g;
@@ -150,29 +141,16 @@ pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::i
             published = now;
             *lock(&shared.stats[index(dir)]) = pipe.stats();
         }
-        if now.saturating_sub(last_read) > spin {
-            let until_due = pipe.next_due().map(|due| due.saturating_sub(now));
-            let quiet = pipe.held() <= SPIN_MAX_HELD;
-            let wait = match until_due {
-                Some(d) if quiet && d <= SPIN_LEAD => Duration::ZERO,
-                Some(d) if quiet => Duration::from_nanos(d - SPIN_LEAD),
-                Some(d) => Duration::from_nanos(d),
-                None => MAX_SLEEP,
-            }
-            .min(MAX_SLEEP);
-            match sys::wait_readable(input, wait) {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => return e,
-            }
-        }
+        // Read while frames are waiting, writing out whatever falls due in
+        // between: on a busy link this costs a read and a write per frame
+        // and no poll at all.
+        let mut got_any = false;
         for _ in 0..READ_BATCH {
             let got = match pipe.slot() {
                 Some(slot) => match sys::read(input, slot) {
                     Ok(Some(n)) => {
-                        let t = shared.now();
-                        pipe.admit(t, n);
-                        last_read = t;
+                        now = shared.now();
+                        pipe.admit(now, n);
                         true
                     }
                     Ok(None) => false,
@@ -189,9 +167,41 @@ pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::i
             if !got {
                 break;
             }
-            if pipe.next_due().is_some_and(|d| d <= shared.now()) {
-                break;
+            got_any = true;
+            now = deliver_due(&mut pipe, output, shared);
+        }
+        if got_any {
+            last_read = now;
+            continue;
+        }
+        if now.saturating_sub(last_read) <= spin {
+            continue;
+        }
+        let until_due = pipe.next_due().map(|due| due.saturating_sub(now));
+        let quiet = pipe.held() <= SPIN_MAX_HELD;
+        let wait = match until_due {
+            Some(d) if quiet && d <= SPIN_LEAD => Duration::ZERO,
+            Some(d) if quiet => Duration::from_nanos(d - SPIN_LEAD),
+            Some(d) => Duration::from_nanos(d),
+            None => MAX_SLEEP,
+        }
+        .min(MAX_SLEEP);
+        if let Err(e) = sys::wait_readable(input, wait) {
+            return e;
+        }
+    }
+}
+
+/// Writes every frame that is due; returns the time of the last look.
+fn deliver_due(pipe: &mut Pipe, output: RawFd, shared: &Shared) -> Nanos {
+    loop {
+        let now = shared.now();
+        match pipe.front() {
+            Some((frame, due)) if due <= now => {
+                let ok = sys::write(output, frame).is_ok();
+                pipe.delivered(now, ok);
             }
+            _ => return now,
         }
     }
 }
