@@ -15,8 +15,10 @@ use crate::model::{Counters, DirConfig, Link, Nanos, Segment, Verdict};
 use crate::packet::{self, Layout, VnetHdr, VNET_HDR_LEN};
 use crate::ring::PacketRing;
 
-/// The largest frame a TUN device hands over: header plus a 64 KB packet.
-pub const MAX_FRAME: usize = VNET_HDR_LEN + 65_536;
+/// The largest frame a TUN device hands over: header plus a 64 KB GSO
+/// packet (the legacy GSO limit), with room for an IPv6 header on top of a
+/// full 16-bit payload length so nothing is ever read truncated.
+pub const MAX_FRAME: usize = VNET_HDR_LEN + 40 + 65_535 + 64;
 
 /// A frame delivered this much after its due time counts as late.
 pub const LATE_AFTER: Nanos = 1_000_000;
