@@ -145,8 +145,8 @@ pub fn run_client(
 /// Events the session thread waits on.
 #[derive(Debug)]
 pub(crate) enum Ev {
-    /// A worker finished.
-    Done(u32),
+    /// A worker finished, with its error if it failed.
+    Done(u32, Option<String>),
     /// The peer said something.
     Peer(TestMsg),
     /// The control connection failed or closed.
@@ -457,7 +457,8 @@ fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> R
         }
         if let Some(ev) = side.next_event() {
             match ev {
-                Ev::Done(id) => {
+                Ev::Done(_, Some(err)) => return Err(EngineError::Service(err)),
+                Ev::Done(id, None) => {
                     if side.on_done(id) {
                         control.send(&TestMsg::SendDone.encode())?;
                     }
@@ -519,7 +520,8 @@ fn client_loop(
         }
         if let Some(ev) = side.next_event() {
             match ev {
-                Ev::Done(id) => {
+                Ev::Done(_, Some(err)) => return Err(EngineError::Service(err)),
+                Ev::Done(id, None) => {
                     if side.on_done(id) {
                         control.send(&TestMsg::SendDone.encode())?;
                     }
