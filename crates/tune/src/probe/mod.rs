@@ -43,20 +43,20 @@ use crate::plan::{plan, Policy};
 pub enum ProbeError {
     /// The session could not be set up or broke (includes auth failures:
     /// see [`ProbeError::is_auth`]).
-    #[error("{0}")]
+    #[error(transparent)]
     Engine(#[from] fatpipe_engine::EngineError),
-    /// A socket operation failed.
-    #[error("{context}: {source}")]
+    /// A socket operation failed. (The error is shown, not chained, so a
+    /// one-line report does not print it twice.)
+    #[error("{context}: {error}")]
     Io {
         /// What was being done.
         context: String,
         /// The system's error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The peer sent a message that does not decode.
     #[error("malformed probe message: {0}")]
-    Decode(#[from] fatpipe_proto::DecodeError),
+    Decode(fatpipe_proto::DecodeError),
     /// The peer broke the exchange (a message out of order).
     #[error("{0}")]
     Protocol(String),
@@ -70,16 +70,22 @@ pub enum ProbeError {
 
 impl ProbeError {
     /// Wraps an I/O error with what was being done.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub fn io(context: impl Into<String>, error: std::io::Error) -> Self {
         ProbeError::Io {
             context: context.into(),
-            source,
+            error,
         }
     }
 
     /// True if the keys are missing or do not match (the user's to fix).
     pub fn is_auth(&self) -> bool {
         matches!(self, ProbeError::Engine(e) if e.is_auth())
+    }
+}
+
+impl From<fatpipe_proto::DecodeError> for ProbeError {
+    fn from(e: fatpipe_proto::DecodeError) -> Self {
+        ProbeError::Decode(e)
     }
 }
 
