@@ -86,6 +86,9 @@ impl Lab {
     /// A handle on a lab that is already up; dropping it leaves it up.
     pub fn open(name: &str) -> Result<Lab, Error> {
         let rec = state::read_record(name)?;
+        if !sys::has_caps() {
+            return Err(Error::NotPermitted);
+        }
         Ok(Lab {
             rec,
             child: None,

@@ -57,7 +57,7 @@ enum Cmd {
     Down {
         /// The lab.
         name: Option<String>,
-        /// Remove every lab.
+        /// Remove every lab on this machine, whoever started it.
         #[arg(long, conflicts_with = "name")]
         all: bool,
     },
