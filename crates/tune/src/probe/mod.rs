@@ -237,3 +237,120 @@ fn loss_counts(o: &ProbeOutcome) -> (u64, u64) {
         echo_lost + train_lost,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::estimate::{RateEstimate, RttStats};
+    use super::mtu::MtuResult;
+    use super::*;
+
+    fn limits(max: u64) -> HostLimits {
+        HostLimits {
+            rmem_max: max,
+            wmem_max: max,
+            tcp_rmem: [4096, 131072, max],
+            tcp_wmem: [4096, 16384, max],
+            congestion: vec!["cubic".into(), "bbr".into()],
+            privileged: false,
+        }
+    }
+
+    fn outcome() -> ProbeOutcome {
+        let ms = Duration::from_millis;
+        ProbeOutcome {
+            remote: "198.18.0.2:5301".parse().unwrap(),
+            rtt: RttStats {
+                sent: 10,
+                received: 9,
+                min: ms(93),
+                avg: ms(94),
+                max: ms(97),
+                stddev: ms(1),
+            },
+            route_mtu: Ok(1500),
+            mtu: MtuResult {
+                path_mtu: Some(1500),
+                probes: 1,
+            },
+            train_packet: 1500,
+            train_len: 333,
+            rate: Some(RateEstimate {
+                rate: 1e9,
+                low: 0.99e9,
+                high: 1.01e9,
+                confidence: 0.93,
+                trains: 10,
+                used: 10,
+                outliers: 0,
+                rejected: 0,
+                sender_limited: false,
+            }),
+            kernel_clock: true,
+            train_packets: (990, 980),
+            peer_limits: Ok(limits(64 << 20)),
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn report_has_bdp_window_loss_and_the_plan() {
+        let r = report(&outcome(), "lab", Ok(limits(64 << 20)), &Policy::default());
+        // 1 Gbit/s × 93 ms = 11.625 MB
+        assert_eq!(r.bdp, Some(11_625_000));
+        assert_eq!(r.single_stream_window, Some(11_625_000));
+        assert_eq!(r.single_stream_buffer, Some(23_250_000));
+        assert_eq!((r.loss.echo_lost, r.loss.train_lost), (1, 10));
+        assert!((r.loss.rate - 11.0 / 1000.0).abs() < 1e-12);
+        assert_eq!(r.facts.loss_rate, r.loss.rate);
+        assert_eq!(r.facts.mtu, 1500);
+        assert_eq!(r.facts.bottleneck_rate, Some(1_000_000_000));
+        let b = r.bottleneck.as_ref().unwrap();
+        assert_eq!(b.confidence_label, "high");
+        assert!(!b.lower_bound);
+        let plan = r.plan.as_ref().unwrap();
+        assert_eq!(plan.bdp, Some(11_625_000));
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        assert_eq!(r.schema, PATH_SCHEMA);
+    }
+
+    #[test]
+    fn report_says_what_it_could_not_know() {
+        let mut o = outcome();
+        o.peer_limits = Err("no /proc".into());
+        o.kernel_clock = false;
+        o.route_mtu = Err("cannot set Don't Fragment".into());
+        if let Some(rate) = o.rate.as_mut() {
+            rate.sender_limited = true;
+            rate.confidence = 0.1;
+        }
+        let r = report(&o, "lab", Ok(limits(4 << 20)), &Policy::default());
+        assert!(r.plan.is_some());
+        let all = r.warnings.join("\n");
+        for want in [
+            "lower bound",
+            "disagree",
+            "user space",
+            "MTU not probed",
+            "server's host limits",
+        ] {
+            assert!(all.contains(want), "no {want:?} in {all}");
+        }
+        assert!(r.bottleneck.as_ref().unwrap().lower_bound);
+
+        o.rate = None;
+        let r = report(&o, "lab", Err("no /proc here".into()), &Policy::default());
+        assert_eq!((r.bdp, r.single_stream_window), (None, None));
+        assert!(r.plan.is_none());
+        assert!(r.warnings.iter().any(|w| w.starts_with("no plan")));
+        assert!(r.warnings.iter().any(|w| w.contains("no packet train")));
+    }
+
+    #[test]
+    fn ip_overhead_by_family() {
+        assert_eq!(ip_overhead("1.2.3.4:5".parse().unwrap()), 28);
+        assert_eq!(ip_overhead("[::ffff:1.2.3.4]:5".parse().unwrap()), 28);
+        assert_eq!(ip_overhead("[2001:2::2]:5".parse().unwrap()), 48);
+    }
+}

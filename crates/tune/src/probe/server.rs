@@ -275,3 +275,149 @@ fn udp_loop(
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+    use std::time::Duration;
+
+    use fatpipe_engine::{connect, Server, Shutdown};
+
+    use super::*;
+    use crate::probe::wire::ProbeParams;
+
+    /// A server with only the probe service on loopback, run on a thread.
+    fn start() -> (SocketAddr, Shutdown) {
+        let server = Server::builder()
+            .service(ProbeService)
+            .bind("127.0.0.1:0".parse().unwrap())
+            .unwrap();
+        let addr = server.local_addr();
+        let stop = server.shutdown_handle();
+        std::thread::spawn(move || server.run());
+        (addr, stop)
+    }
+
+    fn udp_to(addr: SocketAddr) -> UdpSocket {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s
+    }
+
+    fn send(s: &UdpSocket, p: Packet) {
+        let mut out = Vec::new();
+        p.encode(&mut out, 0);
+        s.send(&out).unwrap();
+    }
+
+    fn reply(s: &UdpSocket) -> Option<Packet> {
+        let mut buf = [0u8; 256];
+        let n = s.recv(&mut buf).ok()?;
+        Packet::decode(&buf[..n]).ok()
+    }
+
+    #[test]
+    fn udp_answers_only_the_address_that_proved_the_cookie() {
+        let (addr, stop) = start();
+        let session = connect(addr, None, SERVICE, &ProbeParams::current().encode()).unwrap();
+        let ready = session
+            .control()
+            .recv(Some(Duration::from_secs(5)))
+            .unwrap();
+        let Ok(ProbeMsg::Ready { udp_port, .. }) = ProbeMsg::decode(&ready.unwrap()) else {
+            panic!("no Ready");
+        };
+        let udp_addr = SocketAddr::new(addr.ip(), udp_port);
+        let echo = Packet::Echo { seq: 1, sent_ns: 9 };
+
+        let stranger = udp_to(udp_addr);
+        send(&stranger, echo);
+        assert_eq!(reply(&stranger), None, "echo before any hello");
+        send(&stranger, Packet::Hello { cookie: [0; 32] });
+        assert_eq!(reply(&stranger), None, "hello with a wrong cookie");
+
+        let client = udp_to(udp_addr);
+        send(
+            &client,
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+        );
+        assert_eq!(reply(&client), Some(Packet::HelloAck));
+        send(&client, echo);
+        assert_eq!(
+            reply(&client),
+            Some(Packet::EchoReply { seq: 1, sent_ns: 9 })
+        );
+
+        // Knowing the cookie is not enough once the address is bound.
+        send(
+            &stranger,
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+        );
+        assert_eq!(reply(&stranger), None);
+        send(&stranger, echo);
+        assert_eq!(reply(&stranger), None);
+
+        // A train's last packet is acknowledged with what arrived; the
+        // report then carries every arrival with a kernel timestamp.
+        for index in [0, 1, 3] {
+            send(
+                &client,
+                Packet::Train {
+                    train: 0,
+                    index,
+                    count: 4,
+                },
+            );
+        }
+        match reply(&client) {
+            Some(Packet::TrainAck {
+                train: 0,
+                received: 3,
+                span_ns,
+            }) => {
+                assert!(span_ns < 1_000_000_000)
+            }
+            other => panic!("{other:?}"),
+        }
+        let control = session.control();
+        control.send(&ProbeMsg::Collect.encode()).unwrap();
+        let msg = |c: &fatpipe_engine::Control| {
+            ProbeMsg::decode(&c.recv(Some(Duration::from_secs(5))).unwrap().unwrap()).unwrap()
+        };
+        match msg(control) {
+            ProbeMsg::Train { train: 0, arrivals } => {
+                let idx: Vec<u32> = arrivals.iter().map(|a| a.0).collect();
+                assert_eq!(idx, [0, 1, 3]);
+                assert!(arrivals.iter().all(|a| a.2 == 28 + 18));
+            }
+            other => panic!("{other:?}"),
+        }
+        match msg(control) {
+            ProbeMsg::Collected {
+                kernel_clock,
+                ignored,
+            } => {
+                assert!(kernel_clock);
+                // stranger: echo, bad hello, good hello, echo
+                assert_eq!(ignored, 4);
+            }
+            other => panic!("{other:?}"),
+        }
+        control.send(&ProbeMsg::Done.encode()).unwrap();
+        stop.trigger();
+    }
+
+    #[test]
+    fn bad_params_are_refused_before_the_session() {
+        let (addr, stop) = start();
+        let err = connect(addr, None, SERVICE, b"{\"version\":99}").unwrap_err();
+        assert!(err.to_string().contains("probe"), "{err}");
+        stop.trigger();
+    }
+}
