@@ -257,16 +257,16 @@ EOF
     fi
 }
 
-# client_cmd TOOL DATASET: the command that copies DATASET into TOOL's
-# destination (run in the client namespace, except cp).
+# client_cmd TOOL DATASET RUN: the command that copies DATASET into TOOL's
+# destination for this run (run in the client namespace, except cp).
 client_cmd() {
-    local tool=$1 ds=$2 src d
-    d="$work/dst/$tool"
+    local tool=$1 ds=$2 run=$3 src d
+    d="$work/dst/$tool/$ds-$run"
     case $ds in big) src="$work/src/big.bin" ;; small) src="$work/src/small" ;; esac
     case $tool in
         cp) echo cp -r "$src" "$d/" ;;
         fatpipe) echo "$FATPIPE" copy --port $PORT_FATPIPE --key-file "$work/key" -P "$STREAMS" -r -q \
-            "$src" "$SERVER_IP:dst/" ;;
+            "$src" "$SERVER_IP:dst/$ds-$run/" ;;
         gridftp)
             case $ds in
                 big) echo globus-url-copy -fast -p "$STREAMS" -tcp-bs 4194304 "file://$src" \
@@ -279,14 +279,14 @@ client_cmd() {
                 big) echo xrdcp -s -f --streams "$STREAMS" "$src" "root://$SERVER_IP:$PORT_XROOTD/$d/big.bin" ;;
                 small) echo xrdcp -s -f -r --parallel "$INFLIGHT" "$src" "root://$SERVER_IP:$PORT_XROOTD/$d/" ;;
             esac ;;
-        rsync) echo rsync -a -W "$src" "rsync://$SERVER_IP:$PORT_RSYNC/dst/" ;;
+        rsync) echo rsync -a -W "$src" "rsync://$SERVER_IP:$PORT_RSYNC/dst/$ds-$run/" ;;
         scp) echo scp -q -r -P $PORT_SSH -i "$work/clientkey" -o StrictHostKeyChecking=no \
             -o UserKnownHostsFile=/dev/null -c aes128-gcm@openssh.com "$src" "root@$SERVER_IP:$d/" ;;
     esac
 }
 
-verify() { # verify TOOL DATASET
-    local d="$work/dst/$1"
+verify() { # verify TOOL DATASET RUN
+    local d="$work/dst/$1/$2-$3"
     case $2 in
         big) cmp -s "$work/src/big.bin" "$d/big.bin" ;;
         small) diff -rq "$work/src/small" "$d/small" >/dev/null ;;
@@ -294,11 +294,17 @@ verify() { # verify TOOL DATASET
 }
 
 # run_one TOOL DATASET RUN: prints "seconds client_rss_kib" or "FAIL ..."/"BAD".
+# Each run writes into a fresh directory. Small-file trees are kept until
+# the end: deleting 20,000 files right before the next run would make ext4
+# search for inodes not recently freed, a cost of the benchmark, not of
+# any tool. Big files are deleted (space) - one inode does not matter.
 run_one() {
     local tool=$1 ds=$2 run=$3 out="$work/out-$1-$2-$3"
     local -a cmd
-    read -r -a cmd <<<"$(client_cmd "$tool" "$ds")"
-    rm -rf "${work:?}/dst/$tool/"* "$work/dst/$tool/".[!.]* 2>/dev/null || true
+    read -r -a cmd <<<"$(client_cmd "$tool" "$ds" "$run")"
+    rm -rf "$work/dst/$tool/big-"*
+    mkdir -p "$work/dst/$tool/$ds-$run"
+    chmod 1777 "$work/dst/$tool/$ds-$run"
     sync
     local -a wrap=(/usr/bin/time -f '%e %M' -o "$out.time")
     if [ "$tool" != cp ]; then
@@ -308,7 +314,7 @@ run_one() {
         echo "FAIL $(tail -1 "$out.err" | tr -s ' \n' ' ' | cut -c1-100)"
         return
     fi
-    if ! verify "$tool" "$ds"; then
+    if ! verify "$tool" "$ds" "$run"; then
         echo "BAD (copy differs from source)"
         return
     fi
