@@ -310,7 +310,7 @@ pub fn serve(
                     chunk_size: req.chunk_size,
                     algo: req.algo,
                     sendfile: cfg.sendfile,
-                    bwlimit: None,
+                    bwlimit: (req.bwlimit > 0).then_some(req.bwlimit),
                     corrupt_chunk: SourceOptions::corrupt_from_env(),
                 },
                 progress,
@@ -360,6 +360,7 @@ pub fn run_source(
         }
     }
     src.plan(&needs);
+    src.account_done_before(&needs);
     src.set_control(ctrl.try_clone().map_err(net)?);
     let teardown = Teardown::new(&ctrl, &data)?;
     let mut threads = Vec::new();
@@ -545,7 +546,7 @@ pub fn run_sink(
 }
 
 /// The most manifest entries one session accepts.
-pub const MAX_ENTRIES: usize = 50_000_000;
+pub const MAX_ENTRIES: usize = 16_000_000;
 
 enum ServerPlan {
     Pull(Manifest),
@@ -868,6 +869,7 @@ fn client_session(
             algo: job.algo,
             streams: job.streams,
             chunk_size: job.chunk_size,
+            bwlimit: job.bwlimit.unwrap_or(0),
             export: job.export.as_bytes().to_vec(),
             paths,
         }),

@@ -120,6 +120,37 @@ impl Source {
         }
     }
 
+    /// Counts what the receiver already has (skipped files, resumed chunks)
+    /// as done, so a progress display of a resumed copy ends at 100%.
+    pub fn account_done_before(&self, needs: &[crate::wire::Need]) {
+        let mut needed_bytes = 0u64;
+        let mut needed_files = 0u64;
+        for n in needs {
+            let size = self.size_of(n.file);
+            needed_files += 1;
+            for &(a, b) in &n.ranges {
+                for c in a..b {
+                    needed_bytes +=
+                        chunk_range(size, self.opts.chunk_size, c).map_or(0, |r| u64::from(r.1));
+                }
+            }
+        }
+        let files = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+            .count() as u64;
+        let total: u64 = (0..self.entries.len() as u32)
+            .map(|f| self.size_of(f))
+            .sum();
+        self.progress
+            .bytes
+            .store(total.saturating_sub(needed_bytes), Ordering::Relaxed);
+        self.progress
+            .files
+            .store(files.saturating_sub(needed_files), Ordering::Relaxed);
+    }
+
     /// Gives the sender the control connection it reports failures on.
     pub fn set_control(&self, ctrl: TcpStream) {
         *lock(&self.ctrl) = Some(ctrl);
@@ -130,8 +161,8 @@ impl Source {
     pub fn handle(&self, msg: Msg) -> Result<bool, String> {
         match msg {
             Msg::Resend { file, chunk } => {
-                if self.size_of(file) == 0 && self.entries.get(file as usize).is_none() {
-                    return Err(format!("resend of unknown file {file}"));
+                if chunk_range(self.size_of(file), self.opts.chunk_size, chunk).is_none() {
+                    return Err(format!("resend of unknown chunk {chunk} of file {file}"));
                 }
                 self.queue.push_front(crate::plan::Unit {
                     chunks: vec![ChunkRef { file, chunk }],

@@ -99,6 +99,9 @@ pub struct Request {
     pub streams: u16,
     /// Chunk size in bytes.
     pub chunk_size: u32,
+    /// Sending-rate cap in bit/s (0: none); the sender honours it, so a
+    /// pull is capped on the server.
+    pub bwlimit: u64,
     /// The export name.
     pub export: Vec<u8>,
     /// Pull: export-relative sources. Push: one entry, the destination.
@@ -387,6 +390,7 @@ impl Msg {
                 w.u8(r.algo.code());
                 w.u16(r.streams);
                 w.u32(r.chunk_size);
+                w.u64(r.bwlimit);
                 w.bytes(&r.export);
                 w.u32(r.paths.len() as u32);
                 for p in &r.paths {
@@ -481,6 +485,7 @@ impl Msg {
                 let algo = Algo::from_code(code).ok_or(unknown("checksum", code))?;
                 let streams = r.u16()?;
                 let chunk_size = r.u32()?;
+                let bwlimit = r.u64()?;
                 let export = r.bytes(MAX_TEXT)?.to_vec();
                 let n = r.count(MAX_REQUEST_PATHS, 2)?;
                 let mut paths = Vec::with_capacity(n);
@@ -496,6 +501,7 @@ impl Msg {
                     algo,
                     streams,
                     chunk_size,
+                    bwlimit,
                     export,
                     paths,
                 })
@@ -823,6 +829,7 @@ mod tests {
                 algo: Algo::Blake3,
                 streams: 8,
                 chunk_size: 8 << 20,
+                bwlimit: 1_000_000_000,
                 export: b"data".to_vec(),
                 paths: vec![b"a/b".to_vec(), b"../evil".to_vec()],
             }),
