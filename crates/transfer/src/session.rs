@@ -525,7 +525,7 @@ pub fn run_sink(
     let result = sink.wait();
     match result {
         Ok(summary) => {
-            let sent = write_msg(&mut ctrl, &Msg::Done(summary.clone()));
+            let sent = sink.send_done(&summary);
             for t in threads {
                 let _ = t.join();
             }

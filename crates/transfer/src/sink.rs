@@ -203,6 +203,16 @@ impl Sink {
         }
     }
 
+    /// Reports `Done` on the control connection (through the same lock as
+    /// every other report, so frames never interleave).
+    pub fn send_done(&self, summary: &Summary) -> io::Result<()> {
+        let mut c = lock(&self.ctrl);
+        match c.as_mut() {
+            Some(stream) => write_msg(stream, &Msg::Done(summary.clone())),
+            None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        }
+    }
+
     /// True when no file is waiting for data.
     pub fn is_complete(&self) -> bool {
         lock(&self.state).pending == 0
