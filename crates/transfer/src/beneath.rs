@@ -3,17 +3,14 @@
 //! Every file the transfer touches on a server, and every path a peer names,
 //! is reached from a directory file descriptor ([`Dir`]) — the export root or
 //! the destination base — never from a joined path string. Multi-component
-//! paths are resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
-//! where the kernel has it (Linux 5.6+), so `..` and symlinks that point out
-//! of the tree fail with `EXDEV`. Older kernels fall back to opening one
-//! component at a time with `O_NOFOLLOW`, which refuses every symlink on the
-//! way (stricter, never looser). Single-name operations (`mkdirat`,
-//! `renameat`, `symlinkat`, ...) take a name already validated to contain no
-//! `/`, relative to a directory resolved this way.
-//!
-//! The system-call crate (`fatpipe-sys`) was not available when this module
-//! was written; these helpers are private to the transfer crate and small
-//! enough to move there later.
+//! paths are resolved by `fatpipe_sys::open_beneath`: `openat2(RESOLVE_BENEATH
+//! | RESOLVE_NO_MAGICLINKS)` where the kernel has it, so `..` and symlinks
+//! that point out of the tree fail, and one `O_NOFOLLOW` component at a time
+//! on older kernels (stricter, never looser). A trailing symlink is never
+//! followed. Single-name operations (`mkdirat`, `renameat`, `symlinkat`,
+//! `readdir`, ...) take a name already validated to contain no `/`, relative
+//! to a directory resolved this way; the system-call crate has no
+//! descriptor-relative versions of those, so they live here.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -21,7 +18,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::relpath::RelPath;
 
@@ -123,45 +119,35 @@ impl Dir {
     }
 
     /// Opens `rel` beneath this directory with `flags` (and `mode` if creating).
+    /// A trailing symlink is never followed (and counts as an escape).
     pub fn open_beneath(
         &self,
         rel: &RelPath,
         flags: i32,
         mode: u32,
     ) -> Result<OwnedFd, ResolveError> {
-        let flags = flags | libc::O_CLOEXEC | libc::O_NOFOLLOW;
-        if OPENAT2.load(Ordering::Relaxed) != NO_OPENAT2 {
-            match openat2(self.raw(), rel, flags, mode) {
-                Ok(fd) => return Ok(fd),
-                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                    OPENAT2.store(NO_OPENAT2, Ordering::Relaxed);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-                    return Err(ResolveError::Escapes)
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                    return Err(ResolveError::Escapes)
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-                    // O_DIRECTORY on a trailing symlink says ENOTDIR: tell
-                    // "a link we refuse to follow" from "a plain file".
-                    let probe = openat2(
-                        self.raw(),
-                        rel,
-                        libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                        0,
-                    );
-                    if let Ok(fd) = probe {
-                        if matches!(fstat(fd.as_raw_fd()), Ok(m) if m.kind == Kind::Symlink) {
-                            return Err(ResolveError::Escapes);
-                        }
+        let flags = flags | libc::O_NOFOLLOW;
+        match fatpipe_sys::open_beneath(&self.fd, rel.as_path(), flags, mode as libc::mode_t) {
+            Ok(f) => Ok(f.into()),
+            Err(e) if fatpipe_sys::is_escape(&e) => Err(ResolveError::Escapes),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                // O_DIRECTORY on a trailing symlink says ENOTDIR: tell "a
+                // link we refuse to follow" from "a plain file".
+                let probe = fatpipe_sys::open_beneath(
+                    &self.fd,
+                    rel.as_path(),
+                    libc::O_PATH | libc::O_NOFOLLOW,
+                    0,
+                );
+                if let Ok(f) = probe {
+                    if matches!(fstat(f.as_raw_fd()), Ok(m) if m.kind == Kind::Symlink) {
+                        return Err(ResolveError::Escapes);
                     }
-                    return Err(ResolveError::Io(e));
                 }
-                Err(e) => return Err(ResolveError::Io(e)),
+                Err(ResolveError::Io(e))
             }
+            Err(e) => Err(ResolveError::Io(e)),
         }
-        self.open_stepwise(rel, flags, mode)
     }
 
     /// Opens a single name in this directory, never following a symlink.
@@ -367,22 +353,11 @@ pub fn set_file_mode(fd: RawFd, mode: u32) -> io::Result<()> {
     check(unsafe { libc::fchmod(fd, mode as libc::mode_t) })
 }
 
-/// Reserves `len` bytes for a file about to be written. File systems without
-/// `fallocate` fall back to setting the length; `ENOSPC` is reported.
-pub fn preallocate(fd: RawFd, len: u64) -> io::Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    // SAFETY: valid fd.
-    let rc = unsafe { libc::fallocate64(fd, 0, 0, len as libc::off64_t) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => set_len(fd, len),
-        _ => Err(e),
-    }
+/// Reserves `len` bytes for a file about to be written (`fallocate` via
+/// the system-call crate; file systems without it get the length set).
+/// `ENOSPC` is reported.
+pub fn preallocate(file: &std::fs::File, len: u64) -> io::Result<()> {
+    fatpipe_sys::preallocate(file, len).map(drop)
 }
 
 /// Sets a file's length (holes where nothing was written).
@@ -404,78 +379,6 @@ pub fn next_data(fd: RawFd, off: u64) -> io::Result<Option<u64>> {
         return Err(e);
     }
     Ok(Some(r as u64))
-}
-
-const NO_OPENAT2: u8 = 2;
-static OPENAT2: AtomicU8 = AtomicU8::new(0);
-
-impl Dir {
-    fn open_stepwise(&self, rel: &RelPath, flags: i32, mode: u32) -> Result<OwnedFd, ResolveError> {
-        let bytes = rel.as_bytes();
-        let comps: Vec<&[u8]> = bytes.split(|&b| b == b'/').collect();
-        let mut cur: Option<OwnedFd> = None;
-        for (i, comp) in comps.iter().enumerate() {
-            let base = cur.as_ref().map(|f| f.as_raw_fd()).unwrap_or(self.raw());
-            let last = i + 1 == comps.len();
-            let (f, m) = if last {
-                (flags, mode)
-            } else {
-                (
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    0,
-                )
-            };
-            let c = cpath(comp)?;
-            // SAFETY: valid fd and C string; result checked.
-            let fd = unsafe { libc::openat(base, c.as_ptr(), f, m as libc::c_uint) };
-            match owned(fd) {
-                Ok(fd) => cur = Some(fd),
-                Err(e) => {
-                    if e.raw_os_error() == Some(libc::ELOOP)
-                        || (e.raw_os_error() == Some(libc::ENOTDIR) && is_symlink(base, comp))
-                    {
-                        return Err(ResolveError::Escapes);
-                    }
-                    return Err(ResolveError::Io(e));
-                }
-            }
-        }
-        cur.ok_or(ResolveError::Io(io::Error::from(
-            io::ErrorKind::InvalidInput,
-        )))
-    }
-}
-
-fn is_symlink(dir: RawFd, name: &[u8]) -> bool {
-    let Ok(c) = cpath(name) else { return false };
-    // SAFETY: zeroed stat is a valid out-parameter; fd and string valid.
-    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::fstatat64(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    rc == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFLNK
-}
-
-fn openat2(dir: RawFd, rel: &RelPath, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    let c = rel.to_cstring();
-    // SAFETY: open_how is plain data; zeroed is a valid start.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = flags as u64;
-    how.mode = if flags & libc::O_CREAT != 0 {
-        mode as u64
-    } else {
-        0
-    };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: valid fd, C string and open_how of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir,
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    owned(fd as i32)
 }
 
 fn owned(fd: i32) -> io::Result<OwnedFd> {
@@ -557,14 +460,6 @@ mod tests {
             dir.dir_beneath(Some(&rel("out"))),
             Err(ResolveError::Escapes)
         ));
-        // The stepwise fallback is at least as strict.
-        assert!(matches!(
-            dir.open_stepwise(&rel("out/secret"), libc::O_RDONLY | libc::O_NOFOLLOW, 0),
-            Err(ResolveError::Escapes)
-        ));
-        assert!(dir
-            .open_stepwise(&rel("d/f"), libc::O_RDONLY | libc::O_NOFOLLOW, 0)
-            .is_ok());
     }
 
     #[test]

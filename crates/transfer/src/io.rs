@@ -1,10 +1,8 @@
 //! Small I/O helpers shared by the sender and the receiver: an aligned
 //! buffer (O_DIRECT needs 4 KiB alignment), positioned reads that report a
-//! shrinking file, `sendfile`, hole punching, flushing, and a shared rate
-//! limiter for `--bwlimit`.
-//!
-//! The system-call crate's `sendfile` had not landed when this was written;
-//! the few calls here are private to transfer and can move there.
+//! shrinking file, hole punching, flushing, TCP keepalive, and a shared rate
+//! limiter for `--bwlimit`. (`sendfile`, `openat2` and `fallocate` come
+//! from `fatpipe-sys`; these few it does not offer.)
 
 use std::alloc::{self, Layout};
 use std::fs::File;
@@ -90,31 +88,6 @@ pub fn pread_exact(file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-    }
-    Ok(())
-}
-
-/// Sends `len` bytes of `file` from `off` to socket `sock` with `sendfile(2)`.
-pub fn sendfile_all(sock: RawFd, file: &File, off: u64, len: usize) -> io::Result<()> {
-    let mut pos = off as libc::off64_t;
-    let mut left = len;
-    while left > 0 {
-        // SAFETY: valid descriptors and offset pointer.
-        let n = unsafe { libc::sendfile64(sock, file.as_raw_fd(), &mut pos, left) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file shrank while being copied",
-            ));
-        }
-        left -= n as usize;
     }
     Ok(())
 }

@@ -707,7 +707,7 @@ impl Sink {
             beneath::set_len(file.as_raw_fd(), slot.size)?;
         } else if slot.size > u64::from(self.opts.chunk_size).min(1 << 20) {
             // Worth a system call only for files of some size.
-            beneath::preallocate(file.as_raw_fd(), slot.size)?;
+            beneath::preallocate(&file, slot.size)?;
         }
         let journal = if slot.chunks > 1 {
             let id = self.identity_of(idx, slot);

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::beneath;
 use crate::hash::Algo;
-use crate::io::{pread_exact, sendfile_all, AlignedBuf, Limiter};
+use crate::io::{pread_exact, AlignedBuf, Limiter};
 use crate::manifest::{open_origin, Origin};
 use crate::plan::{chunk_range, lock, ChunkRef, Queue};
 use crate::wire::{write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Summary};
@@ -216,7 +216,6 @@ impl Source {
 
     /// Sends queued units on `stream` until the queue closes, then `End`.
     pub fn send(&self, stream: TcpStream) -> io::Result<()> {
-        let raw = stream.as_raw_fd();
         let mut w = BufWriter::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
         while let Some(unit) = self.queue.pop() {
@@ -224,7 +223,7 @@ impl Source {
                 if lock(&self.failed).contains(&c.file) {
                     continue;
                 }
-                match self.send_chunk(&mut w, raw, c, &mut buf) {
+                match self.send_chunk(&mut w, c, &mut buf) {
                     Ok(()) => {}
                     Err(SendError::Net(e)) => return Err(e),
                     Err(SendError::File(message)) => self.fail_local(c.file, message),
@@ -260,7 +259,6 @@ impl Source {
     fn send_chunk(
         &self,
         w: &mut BufWriter<TcpStream>,
-        raw: i32,
         c: ChunkRef,
         buf: &mut AlignedBuf,
     ) -> Result<(), SendError> {
@@ -300,6 +298,11 @@ impl Source {
                 return Ok(());
             }
         }
+        if len as usize > PIECE {
+            // Start reading the whole chunk now (cold cache, disk arrays):
+            // the pieces below then find it in memory. Advice only.
+            let _ = fatpipe_sys::fadvise(&file, off, u64::from(len), fatpipe_sys::Advice::WillNeed);
+        }
         let n = self.chunks_sent.fetch_add(1, Ordering::Relaxed) + 1;
         let corrupt = self.opts.corrupt_chunk == Some(n);
         let use_sendfile = self.opts.sendfile && !corrupt && len as usize >= PIECE;
@@ -325,8 +328,12 @@ impl Source {
                 l.take(p as u64);
             }
             if use_sendfile {
-                match sendfile_all(raw, &file, off + pos, p) {
-                    Ok(()) => self.used_sendfile.store(true, Ordering::Relaxed),
+                match fatpipe_sys::sendfile_all(w.get_ref(), &file, off + pos, p as u64) {
+                    Ok(t) => {
+                        if t.path == fatpipe_sys::IoPath::Sendfile {
+                            self.used_sendfile.store(true, Ordering::Relaxed);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                         // The file shrank after the first check: the bytes
                         // already on the wire no longer add up; the session
