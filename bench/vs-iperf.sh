@@ -150,7 +150,7 @@ run_client() {
     local -a cmd
     case $tool in
         fatpipe)
-            cmd=("$FATPIPE" test $SERVER_IP --port $PORT_FATPIPE -P "$n" -t "$DURATION" --json)
+            cmd=("$FATPIPE" test $SERVER_IP --port $PORT_FATPIPE -P "$n" -t "${DURATION}s" --json)
             [ "$zc" = 1 ] && cmd+=(-Z) ;;
         iperf3)
             cmd=(iperf3 -c $SERVER_IP -p $PORT_IPERF3 -P "$n" -t "$DURATION" -J)
