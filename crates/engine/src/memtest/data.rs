@@ -17,7 +17,7 @@ use std::net::{Shutdown, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::testmsg::{Protocol, Role, SocketSetup, StreamSample, TestParams};
@@ -28,6 +28,9 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// Bytes a TCP receiver lets accumulate before it wakes (`SO_RCVLOWAT`).
 const RCV_LOWAT: u64 = 256 * 1024;
+
+/// Bytes all TCP receivers of one end may park below their marks together.
+const RCV_LOWAT_TOTAL: u64 = 32 << 20;
 
 /// Longest a TCP receiver sleeps with bytes waiting below the low mark.
 const RECV_TICK: Duration = Duration::from_millis(20);
@@ -84,15 +87,25 @@ pub(crate) struct Stream {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub params: TestParams,
-    /// When senders stop (start + omit + duration); `None` with `-n`.
-    pub send_until: Option<Instant>,
+    /// The test clock, set once every worker is spawned and waiting.
+    pub clock: OnceLock<Clock>,
+    /// Workers wait here until the clock is set, so that spawning a
+    /// thousand threads does not eat into the first streams' time.
+    pub gate: (Mutex<bool>, Condvar),
     /// Bytes left to send at this end with `-n`.
     pub budget: Option<AtomicU64>,
     /// Everything stops (abort or end).
     pub stop: AtomicBool,
     /// UDP receivers stop (the peer's senders are done and the queue drained).
     pub udp_recv_stop: AtomicBool,
+}
+
+/// When the test started and when its senders stop.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
     pub start: Instant,
+    /// start + omit + duration; `None` with `-n`.
+    pub send_until: Option<Instant>,
 }
 
 impl Shared {
@@ -120,12 +133,61 @@ impl Shared {
         }
     }
 
+    /// A shared state whose clock is not yet started.
+    pub fn new(params: TestParams) -> Shared {
+        Shared {
+            budget: params.bytes.map(AtomicU64::new),
+            params,
+            clock: OnceLock::new(),
+            gate: (Mutex::new(false), Condvar::new()),
+            stop: AtomicBool::new(false),
+            udp_recv_stop: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the clock now and releases the workers.
+    pub fn go(&self) -> Clock {
+        let start = Instant::now();
+        let p = &self.params;
+        let send_until = p.bytes.is_none().then(|| {
+            start + Duration::from_millis(p.omit_ms) + Duration::from_millis(p.duration_ms)
+        });
+        let clock = *self.clock.get_or_init(|| Clock { start, send_until });
+        self.release();
+        clock
+    }
+
+    /// Releases the workers (after `go`, or to let them see `stop`).
+    pub fn release(&self) {
+        *crate::control::lock(&self.gate.0) = true;
+        self.gate.1.notify_all();
+    }
+
+    fn wait_for_go(&self) {
+        let mut open = crate::control::lock(&self.gate.0);
+        while !*open {
+            open = self
+                .gate
+                .1
+                .wait(open)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// The test start (now, before `go`; workers never ask that early).
+    pub fn start(&self) -> Instant {
+        self.clock.get().map_or_else(Instant::now, |c| c.start)
+    }
+
     fn past_deadline(&self) -> bool {
-        self.send_until.is_some_and(|d| Instant::now() >= d)
+        self.clock
+            .get()
+            .and_then(|c| c.send_until)
+            .is_some_and(|d| Instant::now() >= d)
     }
 
     fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.start().elapsed().as_nanos() as u64
     }
 }
 
@@ -143,6 +205,7 @@ pub(crate) fn spawn(
         .name(format!("stream {id}"))
         .stack_size(256 * 1024)
         .spawn(move || {
+            shared.wait_for_go();
             let result = match (&*sock, role) {
                 (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared),
                 (Sock::Tcp(s), Role::Recv) => tcp_recv(s, &counters, &shared),
@@ -228,11 +291,14 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     // timeout bounds how late a slow stream's bytes are counted (recv
     // returns what it has when it expires), and the kernel wakes us early
     // anyway under memory pressure or at end of file.
+    // With hundreds of streams the parked bytes add up against the host's
+    // TCP memory limit (tcp_mem), so the mark shrinks as streams grow.
     let granted = fatpipe_sys::get_recv_buffer(s).unwrap_or(0);
+    let per_stream = (RCV_LOWAT_TOTAL / u64::from(sh.params.total_streams())).max(16 * 1024);
     let lowat = if sh.params.window.is_some() {
-        (granted / 4).min(RCV_LOWAT)
+        (granted / 4).min(RCV_LOWAT).min(per_stream)
     } else {
-        RCV_LOWAT
+        RCV_LOWAT.min(per_stream)
     };
     let _ = set_rcvlowat(s, lowat);
     s.set_read_timeout(Some(RECV_TICK))?;
@@ -604,14 +670,7 @@ mod tests {
     }
 
     fn shared(bytes: Option<u64>) -> Shared {
-        Shared {
-            params: params(bytes),
-            send_until: None,
-            budget: bytes.map(AtomicU64::new),
-            stop: AtomicBool::new(false),
-            udp_recv_stop: AtomicBool::new(false),
-            start: Instant::now(),
-        }
+        Shared::new(params(bytes))
     }
 
     fn datagram(seq: u64, sent_ns: u64) -> Vec<u8> {

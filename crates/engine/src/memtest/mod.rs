@@ -16,7 +16,7 @@ pub(crate) mod data;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -118,7 +118,7 @@ pub fn run_client(
     spawn_reader(control.clone(), tx.clone(), Arc::clone(&finished));
     control.send(&TestMsg::Start.encode())?;
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
-    let mut side = Side::start(p.clone(), streams, Role::Send, tx, rx)?;
+    let mut side = Side::start(p.clone(), streams, tx, rx)?;
     let result = client_loop(&mut side, &control, p, &start_info, on_progress);
     let cpu_local = cpu_use_since(cpu0);
     side.stop();
@@ -178,35 +178,32 @@ struct Side {
 type IntervalSample = (u32, Duration, Duration, bool, Vec<StreamSample>);
 
 impl Side {
-    /// Starts every worker now. `_role_hint` documents which end this is.
+    /// Spawns every worker, then starts the clock and releases them.
     fn start(
         params: TestParams,
         streams: Vec<Stream>,
-        _role_hint: Role,
         tx: Sender<Ev>,
         rx: Receiver<Ev>,
     ) -> Result<Side> {
-        let start = Instant::now();
         let omit = Duration::from_millis(params.omit_ms);
         let interval = Duration::from_millis(params.interval_ms);
-        let send_until = params
-            .bytes
-            .is_none()
-            .then(|| start + omit + Duration::from_millis(params.duration_ms));
-        let shared = Arc::new(data::Shared {
-            budget: params.bytes.map(AtomicU64::new),
-            params,
-            send_until,
-            stop: AtomicBool::new(false),
-            udp_recv_stop: AtomicBool::new(false),
-            start,
-        });
+        let shared = Arc::new(data::Shared::new(params));
         let mut workers = Vec::with_capacity(streams.len());
         for s in &streams {
-            let handle = data::spawn(s, &shared, tx.clone())
-                .map_err(|e| EngineError::io("start a stream thread", e))?;
-            workers.push(handle);
+            match data::spawn(s, &shared, tx.clone()) {
+                Ok(handle) => workers.push(handle),
+                Err(e) => {
+                    // Let the ones already waiting see the stop and end.
+                    shared.stop.store(true, Ordering::Relaxed);
+                    shared.release();
+                    for w in workers {
+                        let _ = w.join();
+                    }
+                    return Err(EngineError::io("start a stream thread", e));
+                }
+            }
         }
+        let start = shared.go().start;
         let n = streams.len();
         let senders_running = streams.iter().filter(|s| s.role == Role::Send).count();
         Ok(Side {
@@ -281,11 +278,11 @@ impl Side {
             return None;
         }
         let end = if now >= self.next_tick {
-            self.next_tick - self.shared.start
+            self.next_tick - self.shared.start()
         } else if self.done() && !self.closed {
             self.closed = true;
-            let end = now - self.shared.start;
-            let begin = self.next_tick - self.interval - self.shared.start;
+            let end = now - self.shared.start();
+            let begin = self.next_tick - self.interval - self.shared.start();
             if end.saturating_sub(begin) < self.interval / 10 {
                 return None;
             }
@@ -293,14 +290,18 @@ impl Side {
         } else {
             return None;
         };
-        let begin = (self.next_tick - self.interval) - self.shared.start;
+        let begin = (self.next_tick - self.interval) - self.shared.start();
         let snaps: Vec<_> = self.streams.iter().map(data::snapshot).collect();
-        let samples = self
+        let samples: Vec<StreamSample> = self
             .streams
             .iter()
             .zip(self.last.iter().zip(&snaps))
             .map(|(s, (a, b))| data::sample(s, a, b, 0))
             .collect();
+        if self.closed && samples.iter().all(|x| x.bytes == 0) {
+            // Only the UDP drain or the last FIN: nothing worth a line.
+            return None;
+        }
         let omitted = end <= self.omit;
         if omitted {
             self.at_omit = snaps.clone();
@@ -329,6 +330,7 @@ impl Side {
     /// Stops and joins every worker.
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.release();
         data::shutdown_all(&self.streams);
         for w in self.workers.drain(..) {
             let _ = w.join();
@@ -420,7 +422,7 @@ fn serve(session: &ServerSession) -> Result<()> {
     let finished = Arc::new(AtomicBool::new(false));
     spawn_reader(control.clone(), tx.clone(), Arc::clone(&finished));
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
-    let mut side = Side::start(p.clone(), streams, Role::Recv, tx, rx)?;
+    let mut side = Side::start(p.clone(), streams, tx, rx)?;
     let result = server_loop(&mut side, control, session);
     let cpu = cpu_seconds_since(cpu0);
     side.stop();
@@ -431,7 +433,7 @@ fn serve(session: &ServerSession) -> Result<()> {
     send_split(
         control,
         TestMsg::Final {
-            elapsed_ms: side.shared.start.elapsed().as_millis() as u64,
+            elapsed_ms: side.shared.start().elapsed().as_millis() as u64,
             streams: side.totals(),
             cpu,
             more: false,
