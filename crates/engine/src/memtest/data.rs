@@ -512,6 +512,13 @@ pub(crate) struct Snapshot {
     last_ns: u64,
 }
 
+impl Snapshot {
+    /// Bytes moved so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
 /// Reads a stream's counters.
 pub(crate) fn snapshot(s: &Stream) -> Snapshot {
     let c = &s.counters;

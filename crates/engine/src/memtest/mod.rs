@@ -172,6 +172,11 @@ struct Side {
     udp_drain_at: Option<Instant>,
     /// The closing partial interval was considered.
     closed: bool,
+    /// Bytes moved at the last tick, and when that total last changed:
+    /// a peer that stops moving data without closing is given up on.
+    moved: u64,
+    last_progress: Instant,
+    stall_limit: Duration,
 }
 
 /// Index, start and end (after the test start), omitted, per-stream samples.
@@ -204,6 +209,7 @@ impl Side {
             }
         }
         let start = shared.go().start;
+        let stall_limit = stall_limit(&shared.params);
         let n = streams.len();
         let senders_running = streams.iter().filter(|s| s.role == Role::Send).count();
         Ok(Side {
@@ -221,6 +227,9 @@ impl Side {
             omit_ns: 0,
             udp_drain_at: None,
             closed: false,
+            moved: 0,
+            last_progress: start,
+            stall_limit,
             streams,
         })
     }
@@ -302,6 +311,11 @@ impl Side {
             // Only the UDP drain or the last FIN: nothing worth a line.
             return None;
         }
+        let moved: u64 = snaps.iter().map(data::Snapshot::bytes).sum();
+        if moved != self.moved {
+            self.moved = moved;
+            self.last_progress = now;
+        }
         let omitted = end <= self.omit;
         if omitted {
             self.at_omit = snaps.clone();
@@ -316,6 +330,17 @@ impl Side {
 
     fn done(&self) -> bool {
         self.running == 0
+    }
+
+    /// An error once no stream has moved a byte for too long.
+    fn check_stall(&self) -> Result<()> {
+        if !self.done() && self.last_progress.elapsed() > self.stall_limit {
+            return Err(EngineError::Timeout(format!(
+                "no data moved for {} s; the peer stalled",
+                self.stall_limit.as_secs()
+            )));
+        }
+        Ok(())
     }
 
     /// Totals since the warm-up, per stream.
@@ -454,6 +479,7 @@ fn serve(session: &ServerSession) -> Result<()> {
 
 fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> Result<()> {
     loop {
+        side.check_stall()?;
         if session.shutdown().is_set() {
             return Err(EngineError::Service("the server is shutting down".into()));
         }
@@ -515,6 +541,7 @@ fn client_loop(
         Some(Instant::now() + budget)
     };
     loop {
+        side.check_stall()?;
         if give_up.is_some_and(|g| Instant::now() > g) {
             return Err(EngineError::Timeout(
                 "waiting for the server to finish the test".into(),
@@ -578,6 +605,17 @@ fn client_loop(
             return Ok((merged, remote_final, remote_cpu));
         }
     }
+}
+
+/// How long a test may go without moving a byte before it is abandoned:
+/// a minute, or three datagram times for a very slow UDP test.
+fn stall_limit(p: &TestParams) -> Duration {
+    let base = Duration::from_secs(60);
+    if p.protocol == Protocol::Udp && p.bitrate > 0 {
+        let per_packet = f64::from(p.length) * 8.0 / p.bitrate as f64;
+        return base.max(Duration::from_secs_f64((per_packet * 3.0).min(86_400.0)));
+    }
+    base
 }
 
 fn new_stream(id: u32, role: Role, sock: Sock, p: &TestParams) -> Stream {
