@@ -289,10 +289,7 @@ impl Server {
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(x) => x,
-                Err(e) if self.shared.shutdown.is_set() => {
-                    let _ = e;
-                    return Ok(());
-                }
+                Err(_) if self.shared.shutdown.is_set() => return Ok(()),
                 // Out of descriptors or a connection reset before accept:
                 // keep serving the others after a breath.
                 Err(_) => {

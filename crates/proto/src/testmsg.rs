@@ -242,6 +242,9 @@ pub enum TestMsg {
     Attached {
         /// Per stream.
         streams: Vec<SocketSetup>,
+        /// What the server's host refused or capped (e.g. buffer sizes).
+        #[serde(default)]
+        warnings: Vec<String>,
         /// More `Attached` messages follow.
         more: bool,
     },
@@ -308,14 +311,23 @@ impl TestMsg {
             return vec![self];
         }
         let halves = match self {
-            TestMsg::Attached { streams, more } if streams.len() > 1 => {
+            TestMsg::Attached {
+                streams,
+                warnings,
+                more,
+            } if streams.len() > 1 => {
                 let (a, b) = halve(streams);
                 (
                     TestMsg::Attached {
                         streams: a,
+                        warnings,
                         more: true,
                     },
-                    TestMsg::Attached { streams: b, more },
+                    TestMsg::Attached {
+                        streams: b,
+                        warnings: Vec::new(),
+                        more,
+                    },
                 )
             }
             TestMsg::Interval {

@@ -105,7 +105,7 @@ pub fn run_client(
     let (streams, remote_setup) = match p.protocol {
         Protocol::Tcp => {
             let streams = open_tcp_streams(&session, p, &mut warnings)?;
-            let remote = recv_attached(&control)?;
+            let remote = recv_attached(&control, &mut warnings)?;
             (streams, remote)
         }
         Protocol::Udp => open_udp_streams(&session, p, &udp_ports, &mut warnings)?,
@@ -119,7 +119,7 @@ pub fn run_client(
     control.send(&TestMsg::Start.encode())?;
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
     let mut side = Side::start(p.clone(), streams, tx, rx)?;
-    let result = client_loop(&mut side, &control, p, &start_info, on_progress);
+    let result = client_loop(&mut side, &control, p, on_progress);
     let cpu_local = cpu_use_since(cpu0);
     side.stop();
     finished.store(true, Ordering::Relaxed);
@@ -428,16 +428,17 @@ fn serve(session: &ServerSession) -> Result<()> {
         }
     }
     let setups: Vec<SocketSetup> = streams.iter().map(|s| s.setup.clone()).collect();
+    // The same refusal on every stream is one line, not a thousand.
+    let mut seen = std::collections::HashSet::new();
+    warnings.retain(|w| seen.insert(w.clone()));
     send_split(
         control,
         TestMsg::Attached {
             streams: setups,
+            warnings,
             more: false,
         },
     )?;
-    // Warnings about the server's sockets reach the user through the
-    // setups (granted sizes); keep the server's log quiet about them.
-    drop(warnings);
     match recv_msg(control, SETUP_TIMEOUT, "waiting for Start")? {
         TestMsg::Start => {}
         TestMsg::Stop => return Ok(()),
@@ -524,7 +525,6 @@ fn client_loop(
     side: &mut Side,
     control: &Control,
     p: &TestParams,
-    start: &schema::TestStart,
     on_progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(Vec<schema::TestInterval>, Vec<StreamSample>, CpuSample)> {
     let mut local: BTreeMap<u32, LocalInterval> = BTreeMap::new();
@@ -577,9 +577,8 @@ fn client_loop(
                     return Err(EngineError::Service(format!("server: {message}")))
                 }
                 Ev::Peer(other) => return Err(unexpected(&other, "Interval or Final")),
-                Ev::PeerGone(e) if final_done => {
-                    let _ = e;
-                }
+                // The server may hang up once its Final is out.
+                Ev::PeerGone(_) if final_done => {}
                 Ev::PeerGone(e) => return Err(e),
             }
         }
@@ -601,7 +600,6 @@ fn client_loop(
             merged.push(iv);
         }
         if side.done() && side.closed && final_done {
-            let _ = start;
             return Ok((merged, remote_final, remote_cpu));
         }
     }
@@ -709,8 +707,13 @@ fn open_udp_streams(
         match control.recv(Some(left.min(Duration::from_millis(50))))? {
             None => continue,
             Some(bytes) => match TestMsg::decode(&bytes)? {
-                TestMsg::Attached { streams, more } => {
+                TestMsg::Attached {
+                    streams,
+                    warnings: theirs,
+                    more,
+                } => {
                     remote.extend(streams);
+                    add_server_warnings(warnings, theirs);
                     if !more {
                         break;
                     }
@@ -741,8 +744,8 @@ fn open_udp_streams(
 /// Server side of the UDP hellos: learn each stream's client address from
 /// a hello that carries the session cookie, and connect to it.
 fn bind_udp_peers(socks: &[UdpSocket], session: &ServerSession) -> Result<()> {
-    // The cookie is not exposed to services directly; the hello carries the
-    // one the client got, and the control connection's peer IP must match.
+    // The hello must carry this session's cookie and come from the control
+    // connection's IP; anything else is ignored.
     let peer_ip = session.peer_addr().ip();
     let mut bound = vec![false; socks.len()];
     for u in socks {
@@ -785,17 +788,31 @@ fn bind_udp_peers(socks: &[UdpSocket], session: &ServerSession) -> Result<()> {
     Ok(())
 }
 
-fn recv_attached(control: &Control) -> Result<Vec<SocketSetup>> {
+fn recv_attached(control: &Control, warnings: &mut Vec<String>) -> Result<Vec<SocketSetup>> {
     let mut all = Vec::new();
     loop {
         match recv_msg(control, SETUP_TIMEOUT, "waiting for Attached")? {
-            TestMsg::Attached { streams, more } => {
+            TestMsg::Attached {
+                streams,
+                warnings: theirs,
+                more,
+            } => {
                 all.extend(streams);
+                add_server_warnings(warnings, theirs);
                 if !more {
                     return Ok(all);
                 }
             }
             other => return Err(unexpected(&other, "Attached")),
+        }
+    }
+}
+
+fn add_server_warnings(warnings: &mut Vec<String>, theirs: Vec<String>) {
+    for w in theirs {
+        let line = format!("server: {w}");
+        if !warnings.contains(&line) {
+            warnings.push(line);
         }
     }
 }
@@ -929,20 +946,6 @@ fn start_info(
         recv_path: s.recv_path.clone(),
     };
     let mut warnings = warnings;
-    if let Some(w) = p.window {
-        // The server's grants, as one line per kind of cap.
-        let min_rcv = remote.iter().map(|s| s.rcvbuf).min().unwrap_or(w);
-        let min_snd = remote.iter().map(|s| s.sndbuf).min().unwrap_or(w);
-        for (what, got) in [("receive", min_rcv), ("send", min_snd)] {
-            if got < w {
-                warnings.push(format!(
-                    "server {what} buffer capped at {} of the {} asked; tune the server host",
-                    fatpipe_schema::units::format_bytes_iec(got),
-                    fatpipe_schema::units::format_bytes_iec(w)
-                ));
-            }
-        }
-    }
     if let Some(cc) = &p.congestion {
         let used: Vec<&str> = streams
             .iter()
