@@ -184,3 +184,80 @@ fn recv_times_out_without_losing_the_channel() {
     );
     stop.trigger();
 }
+
+fn test_params(protocol: fatpipe_proto::testmsg::Protocol) -> fatpipe_proto::testmsg::TestParams {
+    use fatpipe_proto::testmsg::{Direction, Protocol, TestParams};
+    TestParams {
+        protocol,
+        streams: 2,
+        direction: Direction::Both,
+        duration_ms: 300,
+        bytes: None,
+        omit_ms: 100,
+        interval_ms: 100,
+        window: None,
+        mss: None,
+        congestion: None,
+        fq_rate: None,
+        zerocopy: false,
+        length: if protocol == Protocol::Tcp {
+            65536
+        } else {
+            1000
+        },
+        bitrate: 10_000_000,
+    }
+}
+
+#[test]
+fn memtest_runs_in_process_both_ways_tcp_and_udp() {
+    use fatpipe_proto::testmsg::Protocol;
+    use fatpipe_schema::test::Direction;
+    let server = Server::builder()
+        .service(memtest::TestService)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let stop = server.shutdown_handle();
+    std::thread::spawn(move || server.run());
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let plan = memtest::TestPlan {
+            server: addr.to_string(),
+            addr,
+            options: ClientOptions::default(),
+            params: test_params(protocol),
+        };
+        let mut starts = 0;
+        let mut intervals = 0;
+        let report = memtest::run_client(&plan, &mut |p| match p {
+            memtest::Progress::Start(_) => starts += 1,
+            memtest::Progress::Interval(_) => intervals += 1,
+        })
+        .unwrap();
+        assert_eq!(starts, 1);
+        assert!(intervals >= 3, "{protocol:?}: {intervals} intervals");
+        // The first interval is the omitted warm-up.
+        assert!(report.intervals[0].omitted);
+        assert!(!report.intervals[1].omitted);
+        let dirs: Vec<_> = report.end.sums.iter().map(|s| s.direction).collect();
+        assert_eq!(dirs, vec![Some(Direction::Up), Some(Direction::Down)]);
+        for s in &report.end.streams {
+            assert!(s.bytes > 0, "{protocol:?} stream {:?} moved nothing", s.id);
+            // Measured after the warm-up: about 300 ms, not 400.
+            assert!(
+                (0.2..0.39).contains(&s.seconds),
+                "{protocol:?} stream {:?}: {} s",
+                s.id,
+                s.seconds
+            );
+        }
+        if protocol == Protocol::Udp {
+            // 10 Mbit/s of 1000-byte datagrams over the measured 0.3 s.
+            for s in &report.end.streams {
+                let sent = s.packets_sent.unwrap_or(0);
+                assert!((340..=420).contains(&sent), "sent {sent}");
+            }
+        }
+    }
+    stop.trigger();
+}
