@@ -44,7 +44,7 @@ fn test_cmd(dir: &Dir, port: u16, args: &[&str]) -> Command {
 
 /// Runs a test with `--json`, asserts exit 0, returns the parsed report.
 fn json_test(dir: &Dir, port: u16, args: &[&str]) -> TestReport {
-    let out = run(&mut test_cmd(dir, port, args).arg("--json"));
+    let out = run(test_cmd(dir, port, args).arg("--json"));
     assert_exit(&out, 0);
     let report: TestReport = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
