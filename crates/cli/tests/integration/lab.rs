@@ -149,15 +149,18 @@ fn iperf3_json(lab: &LabGuard, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["iperf3", "-c", &b];
     all.extend_from_slice(args);
     all.push("-J");
-    // The server may take a moment to listen.
-    for _ in 0..20 {
+    // The server may take a moment to listen. iperf3 3.12 exits 0 even when
+    // it could not connect, so the JSON's "error" decides.
+    let mut last = serde_json::Value::Null;
+    for _ in 0..30 {
         let out = util::run(&mut lab.exec("a", &all));
-        if out.status.success() {
-            return serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+        last = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        if out.status.success() && last.get("error").is_none() && last.get("end").is_some() {
+            return last;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("iperf3 client never connected");
+    panic!("iperf3 client never ran: {last}");
 }
 
 fn iperf3_server(lab: &LabGuard, port: &str) -> Guard {
