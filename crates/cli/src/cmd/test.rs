@@ -318,11 +318,14 @@ fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
     } else {
         format!("{} s", s.duration_s)
     };
+    let server = if s.server == s.server_addr {
+        s.server.clone()
+    } else {
+        format!("{} ({})", s.server, s.server_addr)
+    };
     writeln!(
         out,
-        "Connected to {} ({}): {} x {}, {dir}, {what}",
-        s.server,
-        s.server_addr,
+        "Connected to {server}: {} x {}, {dir}, {what}",
         s.streams,
         s.protocol.to_uppercase()
     )?;
