@@ -498,6 +498,15 @@ fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyRe
 
 fn print_summary(r: &CopyReport) {
     let dur = Duration::from_secs_f64(r.seconds);
+    if r.files_verified == 0 && r.files_failed == 0 && r.files_skipped == r.files_total {
+        println!(
+            "nothing to copy: all {} files ({}) are already up to date (checked in {})",
+            r.files_total,
+            units::format_bytes(r.bytes_total),
+            units::format_duration(dur)
+        );
+        return;
+    }
     println!(
         "copied {} of {} files ({} of {}) in {}: {}, {:.0} files/s",
         r.files_verified,
