@@ -115,81 +115,111 @@ impl Shared {
     }
 }
 
-/// Forwards frames from `input` to `output` through direction `dir` of the
-/// link, forever. Returns only if a device fails for good.
-pub fn forward(dir: Dir, input: RawFd, output: RawFd, shared: &Shared) -> std::io::Error {
+/// One direction a forwarding thread serves: frames from `input` go
+/// through direction `dir` of the link to `output`.
+#[derive(Debug, Clone, Copy)]
+pub struct Lane {
+    /// Which way through the link.
+    pub dir: Dir,
+    /// The TUN device frames are read from.
+    pub input: RawFd,
+    /// The TUN device frames are written to.
+    pub output: RawFd,
+}
+
+/// Forwards frames on every lane (one or both directions), forever.
+/// Returns only if a device fails for good.
+pub fn forward(lanes: &[Lane], shared: &Shared) -> std::io::Error {
     sys::tight_timer_slack();
     if std::env::var("FATPIPE_LAB_RT").as_deref() != Ok("0") {
         // Best effort: without it the link still works, only less punctually.
         let _ = sys::realtime(10);
     }
-    let spin = spin_window();
     let mut generation = shared.generation.load(Ordering::Acquire);
-    let mut pipe = Pipe::new(&shared.dir_config(dir));
+    let mut pipes: Vec<Pipe> = lanes
+        .iter()
+        .map(|l| Pipe::new(&shared.dir_config(l.dir)))
+        .collect();
+    let inputs: Vec<RawFd> = lanes.iter().map(|l| l.input).collect();
     let mut published = 0;
-    // When the last frame came in; while frames keep coming, the thread
-    // polls the device without sleeping for `spin` ns.
-    let mut last_read: Nanos = 0;
     loop {
-        let mut now = deliver_due(&mut pipe, output, shared);
+        let mut now = 0;
+        for (pipe, lane) in pipes.iter_mut().zip(lanes) {
+            now = deliver_due(pipe, lane.output, shared);
+        }
         let g = shared.generation.load(Ordering::Acquire);
         if g != generation {
             generation = g;
-            pipe.configure(&shared.dir_config(dir));
+            for (pipe, lane) in pipes.iter_mut().zip(lanes) {
+                pipe.configure(&shared.dir_config(lane.dir));
+            }
         }
         if now >= published + PUBLISH_EVERY {
             published = now;
-            *lock(&shared.stats[index(dir)]) = pipe.stats();
+            for (pipe, lane) in pipes.iter().zip(lanes) {
+                *lock(&shared.stats[index(lane.dir)]) = pipe.stats();
+            }
         }
         // Read while frames are waiting, writing out whatever falls due in
         // between: on a busy link this costs a read and a write per frame
         // and no poll at all.
         let mut got_any = false;
-        for _ in 0..READ_BATCH {
-            let got = match pipe.slot() {
-                Some(slot) => match sys::read(input, slot) {
-                    Ok(Some(n)) => {
-                        now = shared.now();
-                        pipe.admit(now, n);
-                        true
-                    }
-                    Ok(None) => false,
+        for (pipe, lane) in pipes.iter_mut().zip(lanes) {
+            for _ in 0..READ_BATCH {
+                match read_one(pipe, lane.input, shared) {
+                    Ok(true) => got_any = true,
+                    Ok(false) => break,
                     Err(e) => return e,
-                },
-                None => {
-                    let got = matches!(sys::read(input, pipe.overflow_slot()), Ok(Some(_)));
-                    if got {
-                        pipe.overflowed();
-                    }
-                    got
                 }
-            };
-            if !got {
-                break;
+                now = deliver_due(pipe, lane.output, shared);
             }
-            got_any = true;
-            now = deliver_due(&mut pipe, output, shared);
         }
         if got_any {
-            last_read = now;
             continue;
         }
-        if now.saturating_sub(last_read) <= spin {
-            continue;
-        }
-        let until_due = pipe.next_due().map(|due| due.saturating_sub(now));
-        let quiet = pipe.held() <= SPIN_MAX_HELD;
-        let wait = match until_due {
-            Some(d) if quiet && d <= SPIN_LEAD => Duration::ZERO,
-            Some(d) if quiet => Duration::from_nanos(d - SPIN_LEAD),
-            Some(d) => Duration::from_nanos(d),
-            None => MAX_SLEEP,
-        }
-        .min(MAX_SLEEP);
-        if let Err(e) = sys::wait_readable(input, wait) {
+        let wait = pipes
+            .iter()
+            .map(|pipe| sleep_for(pipe, now))
+            .min()
+            .unwrap_or(MAX_SLEEP);
+        if let Err(e) = sys::wait_readable(&inputs, wait) {
             return e;
         }
     }
+}
+
+/// Reads one frame into the pipe if one is waiting.
+fn read_one(pipe: &mut Pipe, input: RawFd, shared: &Shared) -> std::io::Result<bool> {
+    match pipe.slot() {
+        Some(slot) => match sys::read(input, slot)? {
+            Some(n) => {
+                pipe.admit(shared.now(), n);
+                Ok(true)
+            }
+            None => Ok(false),
+        },
+        None => {
+            let got = sys::read(input, pipe.overflow_slot())?.is_some();
+            if got {
+                pipe.overflowed();
+            }
+            Ok(got)
+        }
+    }
+}
+
+/// How long a pipe lets the thread sleep: until its next frame is due,
+/// less [`SPIN_LEAD`] when the link is quiet (the rest is spun).
+fn sleep_for(pipe: &Pipe, now: Nanos) -> Duration {
+    let until_due = pipe.next_due().map(|due| due.saturating_sub(now));
+    let quiet = pipe.held() <= SPIN_MAX_HELD;
+    match until_due {
+        Some(d) if quiet && d <= SPIN_LEAD => Duration::ZERO,
+        Some(d) if quiet => Duration::from_nanos(d - SPIN_LEAD),
+        Some(d) => Duration::from_nanos(d),
+        None => MAX_SLEEP,
+    }
+    .min(MAX_SLEEP)
 }
 
 /// Writes every frame that is due; returns the time of the last look.
@@ -204,12 +234,4 @@ fn deliver_due(pipe: &mut Pipe, output: RawFd, shared: &Shared) -> Nanos {
             _ => return now,
         }
     }
-}
-
-/// The busy-poll window in ns (`FATPIPE_LAB_SPIN_US`, default 0).
-fn spin_window() -> Nanos {
-    std::env::var("FATPIPE_LAB_SPIN_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(0, |us| us * 1000)
 }

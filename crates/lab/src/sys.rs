@@ -137,20 +137,24 @@ pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits until `fd` is readable or `timeout` passes; true if readable.
-pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
+/// Waits until one of `fds` is readable or `timeout` passes; true if one is.
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
+    let mut pfds = [libc::pollfd {
+        fd: -1,
         events: libc::POLLIN,
         revents: 0,
-    };
+    }; 2];
+    let n = fds.len().min(pfds.len());
+    for (p, &fd) in pfds.iter_mut().zip(fds) {
+        p.fd = fd;
+    }
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask change.
-    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-    if n < 0 {
+    // SAFETY: `n` valid pollfds, a valid timespec, no signal mask change.
+    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
+    if r < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::Interrupted {
             Ok(false)
@@ -158,7 +162,7 @@ pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
             Err(e)
         };
     }
-    Ok(n > 0 && pfd.revents & libc::POLLIN != 0)
+    Ok(r > 0 && pfds[..n].iter().any(|p| p.revents & libc::POLLIN != 0))
 }
 
 /// Asks the kernel to wake this thread's timers on time, not up to 50 us
@@ -200,7 +204,7 @@ pub fn wait_for_exit(pid: u32) -> io::Result<()> {
     // SAFETY: `raw` is a pidfd we own from here on.
     let fd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
     loop {
-        if wait_readable(fd.as_raw_fd(), Duration::from_secs(3600))? {
+        if wait_readable(&[fd.as_raw_fd()], Duration::from_secs(3600))? {
             return Ok(());
         }
     }
