@@ -661,6 +661,7 @@ impl Sink {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        lock_part(&file)?;
         if beneath::fstat(file.as_raw_fd())?.size != slot.size {
             return Ok(None);
         }
@@ -702,7 +703,11 @@ impl Sink {
         let e = &self.entries[idx as usize];
         let (parent, name) = self.parent_of(&e.path)?;
         let pn = part_name(&name);
-        let file = parent.open_at(&pn, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
+        // Lock before truncating: another session (an interrupted one still
+        // winding down, or a second client) may be writing this part.
+        let file = parent.open_at(&pn, libc::O_RDWR | libc::O_CREAT, 0o600)?;
+        lock_part(&file)?;
+        beneath::set_len(file.as_raw_fd(), 0)?;
         if slot.sparse {
             beneath::set_len(file.as_raw_fd(), slot.size)?;
         } else if slot.size > u64::from(self.opts.chunk_size).min(1 << 20) {
@@ -774,5 +779,29 @@ impl Sink {
                 });
             }
         }
+    }
+}
+
+/// Takes an exclusive lock on a part file for this session, waiting up to
+/// ten seconds for a session that holds it (e.g. one whose client was just
+/// killed and which has not noticed yet) to let go.
+fn lock_part(file: &File) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // SAFETY: valid fd.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "another session is writing this file; try again when it has finished",
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
