@@ -805,3 +805,192 @@ fn lock_part(file: &File) -> io::Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::Journal;
+
+    fn entry(path: &str, kind: EntryKind, mtime_s: i64) -> Entry {
+        Entry {
+            path: RelPath::new(path.as_bytes()).unwrap(),
+            kind,
+            mode: 0o644,
+            mtime_s,
+            mtime_ns: 0,
+        }
+    }
+
+    fn opts() -> SinkOptions {
+        SinkOptions {
+            chunk_size: 4096,
+            algo: Algo::Xxh3,
+            sync: false,
+            direct: false,
+            max_resends: 5,
+        }
+    }
+
+    #[test]
+    fn prepare_skips_complete_files_and_resumes_journaled_chunks() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path();
+        std::fs::create_dir(base.join("d")).unwrap();
+        // "done": already complete (same size and mtime) -> skipped.
+        std::fs::write(base.join("d/done"), [1u8; 100]).unwrap();
+        let f = std::fs::File::options()
+            .write(true)
+            .open(base.join("d/done"))
+            .unwrap();
+        beneath::set_file_mtime(f.as_raw_fd(), 1000, 0).unwrap();
+        // "half": 3 chunks, an earlier run verified chunks 0 and 2 (chunk 2
+        // then got damaged on disk, so only chunk 0 still counts).
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let dir = Dir::open(&base.join("d")).unwrap();
+        let part = dir
+            .open_at(&part_name(b"half"), libc::O_RDWR | libc::O_CREAT, 0o600)
+            .unwrap();
+        part.write_all_at(&data, 0).unwrap();
+        part.write_all_at(b"X", 9000).unwrap();
+        let id = Identity {
+            size: 10_000,
+            mtime_s: 2000,
+            mtime_ns: 0,
+            chunk_size: 4096,
+            algo: Algo::Xxh3,
+        };
+        let mut j = Journal::create(&dir, &journal_name(b"half"), &id).unwrap();
+        j.record(0, &Algo::Xxh3.digest(0, &data[..4096])).unwrap();
+        j.record(2, &Algo::Xxh3.digest(8192, &data[8192..]))
+            .unwrap();
+        drop((j, part));
+
+        let entries = vec![
+            entry("d", EntryKind::Dir, 0),
+            entry(
+                "d/done",
+                EntryKind::File {
+                    size: 100,
+                    sparse: false,
+                },
+                1000,
+            ),
+            entry(
+                "d/half",
+                EntryKind::File {
+                    size: 10_000,
+                    sparse: false,
+                },
+                2000,
+            ),
+            entry(
+                "d/empty",
+                EntryKind::File {
+                    size: 0,
+                    sparse: false,
+                },
+                3000,
+            ),
+            entry("d/new dir", EntryKind::Dir, 0),
+            entry(
+                "d/link",
+                EntryKind::Symlink {
+                    target: b"../elsewhere".to_vec(),
+                },
+                0,
+            ),
+        ];
+        let progress = Arc::new(Progress::default());
+        let (sink, needs) = Sink::prepare(
+            Dir::open(base).unwrap(),
+            entries,
+            opts(),
+            Arc::clone(&progress),
+        )
+        .unwrap();
+        assert_eq!(
+            needs,
+            vec![Need {
+                file: 2,
+                ranges: vec![(1, 3)]
+            }]
+        );
+        let s = sink.summary();
+        assert_eq!(
+            (s.files_skipped, s.files_verified),
+            (1, 1),
+            "empty file finished at once"
+        );
+        assert!(base.join("d/empty").exists());
+        assert!(base.join("d/new dir").is_dir());
+        assert_eq!(
+            std::fs::read_link(base.join("d/link")).unwrap().as_os_str(),
+            "../elsewhere"
+        );
+        assert!(
+            !base.join("d/half").exists(),
+            "incomplete file under its final name"
+        );
+        assert_eq!(progress.bytes.load(Ordering::Relaxed), 100 + 4096);
+        assert!(!sink.is_complete());
+    }
+
+    #[test]
+    fn prepare_refuses_duplicate_paths_and_reports_blocked_parents() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("evil")).unwrap();
+        let dup = vec![
+            entry(
+                "a",
+                EntryKind::File {
+                    size: 1,
+                    sparse: false,
+                },
+                0,
+            ),
+            entry(
+                "a",
+                EntryKind::File {
+                    size: 1,
+                    sparse: false,
+                },
+                0,
+            ),
+        ];
+        assert!(Sink::prepare(Dir::open(t.path()).unwrap(), dup, opts(), Arc::default()).is_err());
+        // A file beneath a symlink that leads out fails alone, nothing written outside.
+        let entries = vec![
+            entry(
+                "evil/x",
+                EntryKind::File {
+                    size: 0,
+                    sparse: false,
+                },
+                0,
+            ),
+            entry(
+                "ok",
+                EntryKind::File {
+                    size: 0,
+                    sparse: false,
+                },
+                0,
+            ),
+        ];
+        let (sink, needs) = Sink::prepare(
+            Dir::open(t.path()).unwrap(),
+            entries,
+            opts(),
+            Arc::default(),
+        )
+        .unwrap();
+        assert!(needs.is_empty());
+        let failures = sink.failures();
+        assert_eq!(failures.len(), 1);
+        assert_eq!(failures[0].path, "evil/x");
+        assert!(t.path().join("ok").exists());
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+        assert!(sink.is_complete());
+    }
+}
