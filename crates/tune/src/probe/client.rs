@@ -4,8 +4,10 @@
 //! One thread, one connected UDP socket, phases in a fixed order because
 //! each one sizes the next: the echoes give the RTT that sets every later
 //! timeout; the MTU search gives the packet size of the trains; the trains
-//! go last so their queueing cannot disturb the RTT samples. The socket has
-//! Don't Fragment set throughout, so no phase is silently fragmented.
+//! go last so their queueing cannot disturb the RTT samples, and come in up
+//! to [`MAX_ROUNDS`] rounds, the next only when the last ones disagree. The
+//! socket has Don't Fragment set throughout, so no phase is silently
+//! fragmented.
 
 use std::collections::HashSet;
 use std::io;
@@ -65,6 +67,10 @@ const FIRST_TRAIN_LEN: u32 = 64;
 const MIN_TRAIN_LEN: u32 = 32;
 /// How long, at the bottleneck, the trains after the first should last.
 const TRAIN_SPAN: Duration = Duration::from_millis(4);
+/// Rounds of trains sent at most while they disagree.
+const MAX_ROUNDS: u32 = 3;
+/// Confidence at which the trains count as agreeing.
+const AGREED: f64 = 0.5;
 
 /// Everything the probe measured, before it is turned into a report.
 #[derive(Debug, Clone)]
@@ -187,35 +193,31 @@ fn probe(
         payload: train_packet.saturating_sub(overhead) as usize,
         max_len,
     };
-    let sent = send_trains(&mut io, trains, &shape, timeout)?;
-    control.send(&ProbeMsg::Collect.encode())?;
-    let mut obs: Vec<TrainObs> = sent
-        .iter()
-        .map(|&(len, send_span_ns)| TrainObs {
-            sent: len,
-            ip_bytes: train_packet,
-            send_span_ns,
-            arrivals: Vec::new(),
-        })
-        .collect();
-    let kernel_clock = loop {
-        match recv_msg(control, Duration::from_secs(10))? {
-            ProbeMsg::Train { train, arrivals } => {
-                if let Some(t) = obs.get_mut(train as usize) {
-                    t.arrivals = arrivals
-                        .into_iter()
-                        .map(|(index, at_ns, ip_bytes)| Arrival {
-                            index,
-                            at_ns,
-                            ip_bytes,
-                        })
-                        .collect();
-                }
-            }
-            ProbeMsg::Collected { kernel_clock, .. } => break kernel_clock,
-            other => return Err(unexpected(&other, "Train or Collected")),
+    // Rounds of trains until they agree (or the rounds run out): a
+    // receiver or forwarder descheduled during a round spoils its trains,
+    // and more trains are cheaper than a wrong rate.
+    let mut obs: Vec<TrainObs> = Vec::new();
+    let mut sizer = Sizer::new(&shape);
+    let mut kernel_clock = true;
+    for _ in 0..MAX_ROUNDS {
+        let first = obs.len() as u32;
+        let n = trains.min(MAX_TRAINS - first);
+        if n == 0 {
+            break;
         }
-    };
+        for (len, send_span_ns) in send_trains(&mut io, first, n, &shape, &mut sizer, timeout)? {
+            obs.push(TrainObs {
+                sent: len,
+                ip_bytes: train_packet,
+                send_span_ns,
+                arrivals: Vec::new(),
+            });
+        }
+        kernel_clock = collect(control, &mut obs)?;
+        if estimate::combine(&obs).is_some_and(|e| e.confidence >= AGREED) {
+            break;
+        }
+    }
     let received: u64 = obs.iter().map(|t| t.arrivals.len() as u64).sum();
     let sent_packets: u64 = obs.iter().map(|t| u64::from(t.sent)).sum();
     // The length the sizing settled on (the last train's) is the one to show.
@@ -395,27 +397,36 @@ struct TrainShape {
     max_len: u32,
 }
 
-/// Sends the trains, each after the previous one's last packet arrived (or
-/// timed out), so no train queues behind another. Returns each train's
+/// Sends trains numbered `first..first + trains` and returns each one's
 /// length and send span in ns.
 ///
-/// The first train is short ([`FIRST_TRAIN_LEN`]); the rate it shows sizes
-/// the others to span about [`TRAIN_SPAN`] at the bottleneck. A fixed size
-/// would either overflow the queue of a slow link (a 600 kB train into a
-/// 50 Mbit/s × 40 ms link's 250 kB queue loses half of itself) or span too
-/// little time on a fast one for the receiver's timer to resolve.
+/// Until a train has reported a rate, each train waits for the previous
+/// one's acknowledgement, so the first trains never queue behind each
+/// other. After that, trains leave twice their drain time at the last rate
+/// apart without waiting a round trip each: on a 228 ms path ten trains
+/// take a quarter of a second instead of two. The round ends when its last
+/// train is acknowledged (or timed out), so the server holds every arrival
+/// before the client collects them.
+///
+/// The very first train is short ([`FIRST_TRAIN_LEN`]); the rate each
+/// acknowledgement shows sizes the next trains to span about [`TRAIN_SPAN`]
+/// at the bottleneck. A fixed size would either overflow the queue of a
+/// slow link (a 600 kB train into a 50 Mbit/s × 40 ms link's 250 kB queue
+/// loses half of itself) or span too little time on a fast one for the
+/// receiver's timer to resolve.
 fn send_trains(
     io: &mut Udp,
+    first: u32,
     trains: u32,
     shape: &TrainShape,
+    sizer: &mut Sizer,
     timeout: Duration,
 ) -> Result<Vec<(u32, u64)>, ProbeError> {
     let mut batch = fatpipe_sys::udp::SendBatch::new();
-    let mut out = Vec::with_capacity(trains as usize);
-    let mut len = FIRST_TRAIN_LEN.min(shape.max_len);
-    // Until a train reports, assume a slow (10 Mbit/s) bottleneck to drain.
-    let mut rate = 10e6;
-    for train in 0..trains {
+    let mut out: Vec<(u32, u64)> = Vec::with_capacity(trains as usize);
+    let last = first + trains - 1;
+    for train in first..=last {
+        let len = sizer.len;
         let packets: Vec<Vec<u8>> = (0..len)
             .map(|index| {
                 let mut buf = Vec::with_capacity(shape.payload);
@@ -443,11 +454,17 @@ fn send_trains(
             done += b.datagrams;
         }
         out.push((len, t0.elapsed().as_nanos() as u64));
-        let drain = Duration::from_secs_f64(
-            (f64::from(len) * f64::from(shape.packet) * 8.0 / rate * 2.0).min(5.0),
-        );
-        let deadline = Instant::now() + timeout + drain;
-        let mut acked = None;
+        let drain = sizer.drain(shape, len);
+        let wait_for = if train == last || sizer.measured.is_none() {
+            Some(train)
+        } else {
+            None
+        };
+        let deadline = match wait_for {
+            Some(_) => Instant::now() + timeout + drain * 2,
+            None => Instant::now() + (drain * 2).max(Duration::from_millis(1)),
+        };
+        let mut acked = false;
         while let Some(p) = io.recv_until(deadline)? {
             if let Packet::TrainAck {
                 train: t,
@@ -455,25 +472,96 @@ fn send_trains(
                 span_ns,
             } = p
             {
-                if t == train {
-                    acked = Some((received, span_ns));
+                let sent = t
+                    .checked_sub(first)
+                    .and_then(|i| out.get(i as usize))
+                    .map(|o| o.0);
+                if let Some(sent) = sent {
+                    sizer.handle_ack(shape, sent, received, span_ns);
+                }
+                if Some(t) == wait_for {
+                    acked = true;
                     break;
                 }
             }
         }
-        len = match acked {
-            Some((received, span_ns)) if received >= 2 && span_ns > 0 => {
-                let bytes = f64::from(received - 1) * f64::from(shape.packet);
-                rate = bytes * 8.0 / (span_ns as f64 * 1e-9);
-                let want = rate / 8.0 * TRAIN_SPAN.as_secs_f64() / f64::from(shape.packet);
-                (want.round() as u32).clamp(MIN_TRAIN_LEN, shape.max_len)
-            }
-            // The train's tail was lost: a short queue or a lossy path.
-            // Shorter trains lose less of themselves.
-            _ => MIN_TRAIN_LEN.min(shape.max_len),
-        };
+        if wait_for.is_some() && !acked {
+            sizer.handle_lost_tail(shape);
+        }
     }
     Ok(out)
+}
+
+/// The train length, from the rate the acknowledged trains showed.
+struct Sizer {
+    /// Packets in the next train.
+    len: u32,
+    /// Last rough rate (bit/s) a train showed, if any has.
+    measured: Option<f64>,
+}
+
+impl Sizer {
+    fn new(shape: &TrainShape) -> Sizer {
+        Sizer {
+            len: FIRST_TRAIN_LEN.min(shape.max_len),
+            measured: None,
+        }
+    }
+
+    /// How long `len` packets take through the bottleneck; until a train
+    /// has shown the rate, a slow 10 Mbit/s one is assumed.
+    fn drain(&self, shape: &TrainShape, len: u32) -> Duration {
+        let rate = self.measured.unwrap_or(10e6);
+        Duration::from_secs_f64((f64::from(len) * f64::from(shape.packet) * 8.0 / rate).min(5.0))
+    }
+
+    /// A train of `sent` packets was acknowledged: `received` arrived,
+    /// first to last over `span_ns`.
+    fn handle_ack(&mut self, shape: &TrainShape, sent: u32, received: u32, span_ns: u64) {
+        if received < 2 || span_ns == 0 {
+            return self.handle_lost_tail(shape);
+        }
+        let bytes = f64::from(received - 1) * f64::from(shape.packet);
+        let rate = bytes * 8.0 / (span_ns as f64 * 1e-9);
+        self.measured = Some(rate);
+        let want = rate / 8.0 * TRAIN_SPAN.as_secs_f64() / f64::from(shape.packet);
+        let mut len = (want.round() as u32).clamp(MIN_TRAIN_LEN, shape.max_len);
+        // A train that lost a tenth of itself met a queue shorter than it.
+        if received * 10 < sent * 9 {
+            len = len.min(received / 2).max(MIN_TRAIN_LEN);
+        }
+        self.len = len;
+    }
+
+    /// A train's last packet never arrived: a short queue or a lossy path.
+    /// Shorter trains lose less of themselves.
+    fn handle_lost_tail(&mut self, shape: &TrainShape) {
+        self.len = MIN_TRAIN_LEN.min(shape.max_len);
+    }
+}
+
+/// Asks the server for every train's arrivals and fills them into `obs`
+/// (indexed by train number). Returns whether the kernel timed them all.
+fn collect(control: &Control, obs: &mut [TrainObs]) -> Result<bool, ProbeError> {
+    control.send(&ProbeMsg::Collect.encode())?;
+    loop {
+        match recv_msg(control, Duration::from_secs(10))? {
+            ProbeMsg::Train { train, arrivals } => {
+                if let Some(t) = obs.get_mut(train as usize) {
+                    t.arrivals = arrivals
+                        .into_iter()
+                        .map(|(index, at_ns, ip_bytes)| Arrival {
+                            index,
+                            at_ns,
+                            ip_bytes,
+                        })
+                        .collect();
+                }
+            }
+            ProbeMsg::Collected { kernel_clock, .. } => return Ok(kernel_clock),
+            other => return Err(unexpected(&other, "Train or Collected")),
+        }
+    }
 }
 
 fn recv_msg(control: &Control, timeout: Duration) -> Result<ProbeMsg, ProbeError> {
