@@ -32,6 +32,9 @@ const RCV_LOWAT: u64 = 256 * 1024;
 /// Bytes all TCP receivers of one end may park below their marks together.
 const RCV_LOWAT_TOTAL: u64 = 32 << 20;
 
+/// Unsent bytes all TCP senders of one end may queue together.
+const NOTSENT_TOTAL: u64 = 32 << 20;
+
 /// Longest a TCP receiver sleeps with bytes waiting below the low mark.
 const RECV_TICK: Duration = Duration::from_millis(20);
 
@@ -230,6 +233,13 @@ pub(crate) fn shutdown_all(streams: &[Stream]) {
 
 fn tcp_send(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     s.set_write_timeout(Some(POLL))?;
+    // Keep little unsent data queued in the kernel: the window still fills
+    // (in-flight bytes are not limited), but a few hundred streams no
+    // longer park gigabytes in send queues, which on a small host trips
+    // the global TCP memory limit and starves whole streams.
+    let per_stream = NOTSENT_TOTAL / u64::from(sh.params.total_streams());
+    let notsent = per_stream.clamp(128 * 1024, 1 << 20);
+    let _ = set_int_opt(s, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, notsent);
     let len = sh.params.length as usize;
     let result = if sh.params.zerocopy {
         tcp_send_file(s, c, sh, len)
@@ -474,15 +484,20 @@ impl UdpRx {
 
 /// Sets `SO_RCVLOWAT`. A private helper until the system-call crate has it.
 fn set_rcvlowat(s: &TcpStream, bytes: u64) -> io::Result<()> {
+    set_int_opt(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes)
+}
+
+/// Sets an integer socket option.
+fn set_int_opt(s: &TcpStream, level: libc::c_int, name: libc::c_int, value: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
     // SAFETY: the descriptor is open for the duration of the call and `v`
     // is a c_int that outlives it, with its size passed alongside.
     let rc = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
+            level,
+            name,
             (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
