@@ -151,7 +151,7 @@ fn render(r: &PathReport) -> String {
     );
     if let (Some(bdp), Some(rate)) = (r.bdp, r.facts.bottleneck_rate) {
         s += &format!(
-            "bdp       {} ({} × {}); one stream needs a {} window, i.e. tcp_rmem/tcp_wmem max ≥ {} at both ends\n",
+            "bdp       {} ({} × {}); one stream needs a window of {}, i.e. tcp_rmem/tcp_wmem max ≥ {} at both ends\n",
             units::format_bytes(bdp),
             units::format_rate(rate as f64),
             units::format_duration(d(r.rtt.min_secs)),

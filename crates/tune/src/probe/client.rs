@@ -580,3 +580,52 @@ fn unexpected(got: &ProbeMsg, want: &str) -> ProbeError {
         got.name()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> TrainShape {
+        TrainShape {
+            packet: 1500,
+            payload: 1472,
+            max_len: 400,
+        }
+    }
+
+    /// The ack of a train of `n` packets all received at `rate` bit/s.
+    fn ack(s: &mut Sizer, n: u32, received: u32, rate: f64) {
+        let span = f64::from(received - 1) * 1500.0 * 8.0 / rate * 1e9;
+        s.handle_ack(&shape(), n, received, span as u64);
+    }
+
+    #[test]
+    fn trains_are_sized_to_span_4ms_at_the_rate_shown() {
+        let mut s = Sizer::new(&shape());
+        assert_eq!((s.len, s.measured), (FIRST_TRAIN_LEN, None));
+        // Unknown rate: drain time assumes 10 Mbit/s.
+        assert_eq!(s.drain(&shape(), 64), Duration::from_secs_f64(0.0768));
+        ack(&mut s, 64, 64, 1e9);
+        assert_eq!(s.len, 333); // 4 ms × 1 Gbit/s / 1500 B
+        assert!((s.measured.unwrap() / 1e9 - 1.0).abs() < 1e-6);
+        ack(&mut s, 333, 333, 200e6);
+        assert_eq!(s.len, 67);
+        ack(&mut s, 67, 67, 10e6);
+        assert_eq!(s.len, MIN_TRAIN_LEN);
+        ack(&mut s, 32, 32, 100e9);
+        assert_eq!(s.len, 400, "capped by the train bytes");
+    }
+
+    #[test]
+    fn lossy_trains_shrink() {
+        let mut s = Sizer::new(&shape());
+        ack(&mut s, 64, 64, 1e9);
+        // Half of a 333-packet train arrived: the queue holds ~166.
+        ack(&mut s, 333, 166, 1e9);
+        assert_eq!(s.len, 83);
+        s.handle_lost_tail(&shape());
+        assert_eq!(s.len, MIN_TRAIN_LEN);
+        s.handle_ack(&shape(), 32, 1, 0);
+        assert_eq!(s.len, MIN_TRAIN_LEN);
+    }
+}
