@@ -22,8 +22,12 @@
 //! the authenticated [`Control`] channel (framed payloads of up to
 //! [`fatpipe_proto::MAX_PAYLOAD`] bytes, with timeouts), data connections
 //! that presented this session's cookie ([`ServerSession::accept_data`],
-//! already past the data hello, each with the client's `tag`), the peer
-//! address and a [`Shutdown`] flag. Registering a service is one line:
+//! already past the data hello, each with the client's `tag`), the peer and
+//! local addresses, [`ServerSession::cookie_matches`] for hellos that arrive
+//! another way (the test service's UDP streams) and a [`Shutdown`] flag.
+//! [`Service::check`] may refuse the parameters before the session is
+//! accepted; the client then sees the reason. Registering a service is one
+//! line:
 //!
 //! ```ignore
 //! Server::builder().service(TestService).service(CopyService::new(exports)).bind(addr)?
@@ -36,7 +40,12 @@
 //!
 //! The memory-to-memory throughput test is itself such a service:
 //! [`memtest::TestService`] on the server, [`memtest::run_client`] on the
-//! client.
+//! client. docs/protocol.md describes the wire protocol and the test
+//! service's messages.
+//!
+//! Two small system helpers live here until `fatpipe-sys` grows them:
+//! [`raise_fd_limit`] and the `SO_RCVLOWAT`/`TCP_NOTSENT_LOWAT` setters in
+//! `memtest::data`.
 
 pub mod client;
 pub mod control;
