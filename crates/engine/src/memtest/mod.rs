@@ -1,7 +1,7 @@
 //! The memory-to-memory throughput test, as a [`Service`] and its client.
 //!
-//! Both ends run the same machinery ([`Side`]): one worker thread per
-//! stream (see [`data`]), and the session thread as an event loop over one
+//! Both ends run the same machinery (`Side`): one worker thread per
+//! stream (see `data`), and the session thread as an event loop over one
 //! channel fed by the workers ("stream done"), a control-reader thread
 //! (peer messages) and the interval clock. The server reports each interval
 //! to the client; the client merges the two views stream by stream — bytes
