@@ -20,15 +20,15 @@
 # apt-get if missing. Cleans up namespaces and servers (by PID) on any exit.
 #
 # Settings (environment):
-#   RUNS=3 DURATION=5 STREAMS="1 2 4" ZC_STREAMS="1 4" MTU=1500
+#   RUNS=3 DURATION=5 STREAMS="1 2 4" ZC_STREAMS="1 4" (empty: skip) MTU=1500
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
 #   TOOLS="fatpipe iperf3 iperf2 nuttcp"
 set -euo pipefail
 
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-5}
-STREAMS=${STREAMS:-"1 2 4"}
-ZC_STREAMS=${ZC_STREAMS:-"1 4"}
+STREAMS=${STREAMS-"1 2 4"}
+ZC_STREAMS=${ZC_STREAMS-"1 4"}
 MTU=${MTU:-1500}
 TOOLS=${TOOLS:-"fatpipe iperf3 iperf2 nuttcp"}
 
