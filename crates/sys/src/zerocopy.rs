@@ -99,7 +99,9 @@ impl ZeroCopySender {
 
     /// Sends up to `len` bytes of the payload starting at `start` (clamped
     /// to the payload) in one `send`, reaping completions first if the
-    /// outstanding bound is reached. Returns the bytes accepted.
+    /// outstanding bound is reached. Returns the bytes accepted. If no
+    /// completion arrives for a second while at the bound (the peer stopped
+    /// reading), fails with `TimedOut`, which callers may simply retry.
     pub fn send(&mut self, fd: impl AsFd, start: usize, len: usize) -> io::Result<Transfer> {
         let start = start.min(self.payload.len());
         let end = start.saturating_add(len).min(self.payload.len());
