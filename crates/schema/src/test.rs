@@ -87,6 +87,10 @@ pub struct TestStart {
     pub remote: Vec<SocketInfo>,
     /// Things the user should know (buffers capped, options refused).
     pub warnings: Vec<String>,
+    /// What auto-tuning probed, planned and applied; absent when it was
+    /// off (`--no-auto`, UDP, or every tunable part given as a flag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<crate::tune::AutoTune>,
 }
 
 /// One socket's effective settings.

@@ -74,6 +74,43 @@ pub struct Plan {
     pub reason: String,
 }
 
+/// What the pre-flight of an auto-tuned `test` or `copy` measured, what the
+/// planner chose, and what was applied after explicit flags had their say.
+/// Absent from a result when auto-tuning was off (`--no-auto`, UDP, or
+/// every tunable part given as a flag).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AutoTune {
+    /// What the short probe found (rate `None` when it gave no estimate).
+    pub facts: PathFacts,
+    /// The planner's choice for those facts and both ends' limits; its
+    /// `reason` is the line printed on stderr.
+    pub plan: Plan,
+    /// Streams used.
+    pub streams: u32,
+    /// Socket buffer requested per stream (bytes); `None` leaves the
+    /// kernel's autotuning in charge.
+    pub buffer: Option<u64>,
+    /// True when the buffer is requested with `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`.
+    pub forced_buffers: bool,
+    /// Congestion control requested; `None` keeps the host default.
+    pub congestion: Option<String>,
+    /// Pacing cap per stream in bit/s; `None` for none.
+    pub pacing_rate: Option<u64>,
+    /// Flags the user gave that replaced parts of the plan (e.g. "-P").
+    #[serde(default)]
+    pub overridden: Vec<String>,
+    /// Seconds the probe took before data flowed.
+    pub probe_secs: f64,
+    /// True when the in-flight adjuster ran; `decisions` holds its changes.
+    pub adjusting: bool,
+    /// Changes the in-flight adjuster made, in order.
+    #[serde(default)]
+    pub decisions: Vec<Decision>,
+    /// What the pre-flight could not know or could not apply.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
 /// What the in-flight adjuster decided at one interval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 
 pub mod adjust;
 pub mod apply;
+pub mod auto;
 pub mod disk;
 pub mod emit;
 mod ethtool;

@@ -18,7 +18,9 @@ use fatpipe_engine::memtest::{run_client, Progress, TestPlan};
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_proto::testmsg::{Direction, Protocol, TestParams, MAX_STREAMS};
 use fatpipe_schema::test::{StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine};
+use fatpipe_schema::tune::AutoTune;
 use fatpipe_schema::units;
+use fatpipe_tune::auto;
 
 /// The port `fatpipe server` listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 5301;
@@ -31,9 +33,10 @@ pub struct Args {
     /// Server port when HOST has none.
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
-    /// Parallel streams (per direction), 1..=1024.
-    #[arg(short = 'P', long, default_value_t = 1)]
-    pub parallel: u32,
+    /// Parallel streams (per direction), 1..=1024 [default: auto-tuned, 1
+    /// with --no-auto].
+    #[arg(short = 'P', long)]
+    pub parallel: Option<u32>,
     /// Socket buffer size to request on both ends, e.g. 4M.
     #[arg(short = 'w', long)]
     pub window: Option<String>,
@@ -86,11 +89,15 @@ pub struct Args {
     /// Pre-shared key file (must match the server's).
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// Do not auto-tune: one stream (unless -P) and the kernel's buffers,
+    /// congestion control and pacing unless given as flags.
+    #[arg(long)]
+    pub no_auto: bool,
 }
 
 /// Runs the test and prints it.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let params = plan(&args)?;
+    let mut params = plan(&args)?;
     fatpipe_engine::raise_fd_limit();
     let addr = resolve(&args.host, args.port)?;
     let key = match &args.key_file {
@@ -99,13 +106,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let options = ClientOptions {
+        key,
+        ..ClientOptions::default()
+    };
+    let auto = if wants_auto(&args, &params) {
+        auto_tune(&args, addr, &options, &mut params)?
+    } else {
+        None
+    };
     let plan = TestPlan {
         server: args.host.clone(),
         addr,
-        options: ClientOptions {
-            key,
-            ..ClientOptions::default()
-        },
+        options,
         params,
     };
     let mode = if args.json {
@@ -125,7 +138,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (Output::Text, Progress::Start(s)) => print_start(&mut out, s),
             (Output::Text, Progress::Interval(iv)) => print_interval(&mut out, &plan.params, iv),
             (Output::JsonStream, Progress::Start(s)) => {
-                json_line(&mut out, &TestStreamLine::Start(s.clone()))
+                let mut s = s.clone();
+                s.auto.clone_from(&auto);
+                json_line(&mut out, &TestStreamLine::Start(s))
             }
             (Output::JsonStream, Progress::Interval(iv)) => {
                 json_line(&mut out, &TestStreamLine::Interval(iv.clone()))
@@ -136,7 +151,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             io_err = Some(e);
         }
     };
-    let report = run_client(&plan, &mut on_progress).map_err(|e| classify(e, &plan))?;
+    let mut report = run_client(&plan, &mut on_progress).map_err(|e| classify(e, &plan))?;
+    report.start.auto = auto;
     if let Some(e) = io_err {
         return Err(e.into());
     }
@@ -152,6 +168,71 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// True when the test should be auto-tuned: TCP, no `--no-auto`, and some
+/// part of the plan (streams, window, congestion, pacing) left to choose.
+fn wants_auto(a: &Args, p: &TestParams) -> bool {
+    !a.no_auto && p.protocol == Protocol::Tcp && !overrides(a, p).all_given()
+}
+
+/// The parts of a plan the user's flags fix.
+fn overrides(a: &Args, p: &TestParams) -> auto::Overrides {
+    auto::Overrides {
+        streams: a.parallel.map(|_| p.streams),
+        buffer: p.window,
+        congestion: p.congestion.clone(),
+        pacing_rate: p.fq_rate,
+    }
+}
+
+/// Probes the path, plans, prints the `auto:` line on stderr and applies
+/// the plan to the parts no flag fixed. A failed probe is not fatal: the
+/// test runs with the flags as given, and says so.
+fn auto_tune(
+    a: &Args,
+    addr: SocketAddr,
+    options: &ClientOptions,
+    params: &mut TestParams,
+) -> anyhow::Result<Option<AutoTune>> {
+    let role = match params.direction {
+        Direction::Up => auto::Role::Sender,
+        Direction::Down => auto::Role::Receiver,
+        Direction::Both => auto::Role::Both,
+    };
+    let cfg = auto::PreflightConfig::new(addr, options.clone(), role);
+    let pre = match auto::preflight(&cfg) {
+        Ok(p) => p,
+        Err(e) if e.is_auth() => return Err(crate::exit::usage(format!("{}: {e}", a.host))),
+        Err(e) => {
+            eprintln!("fatpipe: warning: auto-tuning off: {e}");
+            return Ok(None);
+        }
+    };
+    let settings = auto::merge(&pre.plan, &overrides(a, params));
+    apply(&settings, params);
+    eprintln!("{}", auto::line(&pre.plan, &settings));
+    for w in &pre.warnings {
+        eprintln!("fatpipe: warning: auto: {w}");
+    }
+    let mut record = auto::record(&pre, &settings, false);
+    if settings.forced_buffers {
+        // The test service sets buffers with the plain options only.
+        record.warnings.push(
+            "the plan forces buffers past the host caps, but the test service cannot force them yet: they are capped"
+                .into(),
+        );
+        eprintln!("fatpipe: warning: auto: buffers cannot be forced by the test service yet; they are capped at the host limits");
+    }
+    Ok(Some(record))
+}
+
+/// Writes merged settings into the test parameters.
+fn apply(s: &auto::Settings, p: &mut TestParams) {
+    p.streams = s.streams.clamp(1, MAX_STREAMS);
+    p.window = s.buffer;
+    p.congestion.clone_from(&s.congestion);
+    p.fq_rate = s.pacing_rate;
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Output {
     Text,
@@ -162,7 +243,8 @@ enum Output {
 /// Turns the raw flags into test parameters.
 fn plan(a: &Args) -> anyhow::Result<TestParams> {
     let usage = |e: units::UnitError| crate::exit::usage(e.to_string());
-    if a.parallel == 0 || a.parallel > MAX_STREAMS {
+    let streams = a.parallel.unwrap_or(1);
+    if streams == 0 || streams > MAX_STREAMS {
         return Err(crate::exit::usage(format!(
             "-P/--parallel must be 1..={MAX_STREAMS}"
         )));
@@ -224,7 +306,7 @@ fn plan(a: &Args) -> anyhow::Result<TestParams> {
         .map_err(usage)?;
     let p = TestParams {
         protocol,
-        streams: a.parallel,
+        streams,
         direction: if a.bidir {
             Direction::Both
         } else if a.reverse {
@@ -608,6 +690,75 @@ mod tests {
         }
         assert!(parse(&["h", "-P", "1024"]).is_ok());
         assert!(parse(&["h", "-R", "--bidir"]).is_err());
+    }
+
+    fn parsed(argv: &[&str]) -> (Args, TestParams) {
+        let mut full = vec!["fatpipe-test"];
+        full.extend_from_slice(argv);
+        let cli = Cli::try_parse_from(full).unwrap();
+        let p = plan(&cli.args).unwrap();
+        (cli.args, p)
+    }
+
+    /// A plan like the lab's 1 Gbit/s × 93 ms link gets on a 4 MiB host.
+    fn lab_plan() -> fatpipe_schema::tune::Plan {
+        fatpipe_schema::tune::Plan {
+            streams: 5,
+            per_stream_buffer: 3_538_944,
+            set_buffers: true,
+            forced_buffers: false,
+            congestion: "cubic".into(),
+            pacing_rate: Some(200_000_000),
+            bdp: Some(11_625_000),
+            reason: "auto: …".into(),
+        }
+    }
+
+    fn merged(argv: &[&str]) -> TestParams {
+        let (a, mut p) = parsed(argv);
+        assert!(wants_auto(&a, &p), "{argv:?}");
+        apply(&auto::merge(&lab_plan(), &overrides(&a, &p)), &mut p);
+        p
+    }
+
+    #[test]
+    fn no_flags_run_the_plan() {
+        let p = merged(&["h"]);
+        assert_eq!(p.streams, 5);
+        assert_eq!(p.window, Some(3_538_944));
+        assert_eq!(p.congestion.as_deref(), Some("cubic"));
+        assert_eq!(p.fq_rate, Some(200_000_000));
+    }
+
+    #[test]
+    fn explicit_flags_override_their_part_of_the_plan() {
+        let p = merged(&["h", "-P", "3"]);
+        assert_eq!(p.streams, 3);
+        assert_eq!(p.window, Some(3_538_944));
+        // The plan's 1 Gbit/s of pacing spread over the user's 3 streams.
+        assert_eq!(p.fq_rate, Some(333_333_333));
+        let p = merged(&["h", "-w", "1M", "-C", "bbr"]);
+        assert_eq!((p.streams, p.window), (5, Some(1 << 20)));
+        assert_eq!(p.congestion.as_deref(), Some("bbr"));
+        let p = merged(&["h", "--fq-rate", "1g", "-P", "1"]);
+        assert_eq!((p.streams, p.fq_rate), (1, Some(1_000_000_000)));
+        // -P 1 is a choice, not the default: it still wins.
+        let p = merged(&["h", "-P", "1", "-R"]);
+        assert_eq!(p.streams, 1);
+    }
+
+    #[test]
+    fn no_auto_udp_and_all_flags_skip_the_probe() {
+        for argv in [
+            &["h", "--no-auto"][..],
+            &["h", "-u"],
+            &["h", "-P", "2", "-w", "1M", "-C", "reno", "--fq-rate", "1g"],
+        ] {
+            let (a, p) = parsed(argv);
+            assert!(!wants_auto(&a, &p), "{argv:?}");
+        }
+        let (_, p) = parsed(&["h", "--no-auto"]);
+        assert_eq!((p.streams, p.window, p.congestion), (1, None, None));
     }
 
     #[test]

@@ -678,11 +678,7 @@ type Dialed = (Stream, Vec<String>);
 /// Most data connections a client dials at once.
 const DIALERS: u32 = 64;
 
-fn open_tcp_stream(
-    session: &ClientSession,
-    p: &TestParams,
-    id: u32,
-) -> Result<Dialed> {
+fn open_tcp_stream(session: &ClientSession, p: &TestParams, id: u32) -> Result<Dialed> {
     let role = if p.client_sends(id) {
         Role::Send
     } else {
@@ -1046,6 +1042,9 @@ fn start_info(
         local: streams.iter().map(|s| info(&s.setup)).collect(),
         remote: remote.iter().map(info).collect(),
         warnings,
+        // Auto-tuning happens before the session, in the binary, which
+        // fills this in.
+        auto: None,
     }
 }
 

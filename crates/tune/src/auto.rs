@@ -1,0 +1,566 @@
+//! Auto-tuning before data flows: the pre-flight shared by `fatpipe test`
+//! and `fatpipe copy`.
+//!
+//! [`preflight`] probes the path briefly (a few RTT echoes and a handful of
+//! packet trains through the server's `probe` service, which also reports
+//! the server's host limits), reads this end's limits and runs [`plan()`].
+//! [`merge`] then lets explicit flags replace parts of the plan. The two
+//! halves are split so that the flag rules, which users will argue about,
+//! are a pure function tested below without a socket, and so both commands
+//! apply them the same way; only the probe itself does I/O.
+//!
+//! The planner needs to know which end sends: congestion control is chosen
+//! from the sender's list, and a reverse test sends from the server. That is
+//! [`Role`]. What came out is recorded as a
+//! [`fatpipe_schema::tune::AutoTune`] in the command's JSON result.
+
+use std::net::SocketAddr;
+
+use fatpipe_engine::ClientOptions;
+use fatpipe_schema::tune::{AutoTune, HostLimits, PathFacts, Plan};
+use fatpipe_schema::units::{format_bytes_iec, format_rate};
+
+use crate::host::{is_privileged, Host};
+use crate::plan::{plan, Policy};
+use crate::probe::{self, ProbeConfig, ProbeError, ProbeOutcome};
+
+/// Which way data will flow, seen from this end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// This end sends (a test or a push).
+    Sender,
+    /// The peer sends (a reverse test or a pull).
+    Receiver,
+    /// Both send (a bidirectional test): planned with this end as sender.
+    Both,
+}
+
+/// What to probe and how.
+#[derive(Debug, Clone)]
+pub struct PreflightConfig {
+    /// The server's control address.
+    pub addr: SocketAddr,
+    /// Key and timeouts, as for the command's own session.
+    pub options: ClientOptions,
+    /// Which end sends.
+    pub role: Role,
+    /// Planner bounds.
+    pub policy: Policy,
+    /// RTT echoes (20 ms apart).
+    pub echoes: u32,
+    /// Packet trains for the rate estimate.
+    pub trains: u32,
+}
+
+impl PreflightConfig {
+    /// A short probe: 5 echoes and 6 trains, which takes about a second
+    /// plus a few round trips (1.2 s at 93 ms; longer paths take longer,
+    /// mostly in round trips the probe cannot avoid).
+    pub fn new(addr: SocketAddr, options: ClientOptions, role: Role) -> PreflightConfig {
+        PreflightConfig {
+            addr,
+            options,
+            role,
+            policy: Policy::default(),
+            echoes: 5,
+            trains: 6,
+        }
+    }
+}
+
+/// What the pre-flight found and planned.
+#[derive(Debug, Clone)]
+pub struct Preflight {
+    /// The path as probed.
+    pub facts: PathFacts,
+    /// The planner's choice.
+    pub plan: Plan,
+    /// Seconds the probe took.
+    pub probe_secs: f64,
+    /// What could not be known (a limit unread, a rate that is only a
+    /// lower bound); the plan was made anyway.
+    pub warnings: Vec<String>,
+}
+
+/// Why there is no plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// The probe failed (no server, no `probe` service, keys, timeouts).
+    #[error("probe failed: {0}")]
+    Probe(#[from] ProbeError),
+    /// Neither end's host limits could be read.
+    #[error("host limits unknown here ({local}) and at the server ({peer})")]
+    NoLimits {
+        /// Why this end's limits are unknown.
+        local: String,
+        /// Why the server's are unknown.
+        peer: String,
+    },
+}
+
+impl PreflightError {
+    /// True if the keys are missing or do not match (the user's to fix).
+    pub fn is_auth(&self) -> bool {
+        matches!(self, PreflightError::Probe(e) if e.is_auth())
+    }
+}
+
+/// Explicit flags that replace parts of a plan; `None` leaves that part to
+/// the planner.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Streams (`-P`).
+    pub streams: Option<u32>,
+    /// Socket buffer per stream in bytes (`-w`).
+    pub buffer: Option<u64>,
+    /// Congestion control (`-C`).
+    pub congestion: Option<String>,
+    /// Pacing cap per stream in bit/s (`--fq-rate`).
+    pub pacing_rate: Option<u64>,
+}
+
+impl Overrides {
+    /// True when every part the planner chooses was given: there is
+    /// nothing left to plan, so the probe can be skipped.
+    pub fn all_given(&self) -> bool {
+        self.streams.is_some()
+            && self.buffer.is_some()
+            && self.congestion.is_some()
+            && self.pacing_rate.is_some()
+    }
+}
+
+/// What to run with: the plan with the user's flags laid over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Streams.
+    pub streams: u32,
+    /// Socket buffer per stream; `None` leaves kernel autotuning in charge.
+    pub buffer: Option<u64>,
+    /// Request the buffer with `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`.
+    pub forced_buffers: bool,
+    /// Congestion control to request.
+    pub congestion: Option<String>,
+    /// Pacing cap per stream, bit/s.
+    pub pacing_rate: Option<u64>,
+    /// Parts given by flags: "streams", "buffer", "congestion", "pacing".
+    pub overridden: Vec<String>,
+}
+
+/// Probes the path, reads both ends' limits and plans.
+pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
+    let mut pc = ProbeConfig::new(cfg.addr, cfg.options.clone());
+    pc.echoes = cfg.echoes.max(1);
+    pc.trains = cfg.trains.max(1);
+    let outcome = probe::run(&pc)?;
+    let local = Host::live().limits(is_privileged());
+    from_outcome(&outcome, local, cfg.role, &cfg.policy)
+}
+
+/// Plans from a finished probe and this end's limits (pure). A missing
+/// limit on one end is taken from the other, with a warning.
+pub fn from_outcome(
+    o: &ProbeOutcome,
+    local: Result<HostLimits, String>,
+    role: Role,
+    policy: &Policy,
+) -> Result<Preflight, PreflightError> {
+    let facts = probe::facts(o);
+    let mut warnings = Vec::new();
+    if let Some(r) = &o.rate {
+        if r.sender_limited {
+            warnings.push(format!(
+                "this host could not send probe trains faster than {}: the path rate is a lower bound",
+                format_rate(r.rate)
+            ));
+        }
+    } else {
+        warnings.push("no probe train gave a rate estimate: planned for an unknown rate".into());
+    }
+    let (local, peer) = match (local, o.peer_limits.clone()) {
+        (Ok(l), Ok(p)) => (l, p),
+        (Ok(l), Err(why)) => {
+            warnings.push(format!(
+                "server's host limits unknown ({why}): planned as if they were this host's"
+            ));
+            (l.clone(), l)
+        }
+        (Err(why), Ok(p)) => {
+            warnings.push(format!(
+                "this host's limits unknown ({why}): planned as if they were the server's"
+            ));
+            (p.clone(), p)
+        }
+        (Err(local), Err(peer)) => return Err(PreflightError::NoLimits { local, peer }),
+    };
+    let (sender, receiver) = match role {
+        Role::Sender | Role::Both => (&local, &peer),
+        Role::Receiver => (&peer, &local),
+    };
+    let mut plan = plan(&facts, sender, receiver, policy);
+    let lower_bound = o.rate.as_ref().is_some_and(|r| r.sender_limited);
+    if let (true, Some(p)) = (lower_bound, plan.pacing_rate) {
+        // Pacing at a rate the path exceeds would cap the test below it
+        // (loopback: this host's own send rate).
+        let said = format!(", paced at {} each", format_rate(p as f64));
+        plan.reason = plan.reason.replacen(&said, "", 1);
+        plan.reason
+            .push_str("; not paced (the rate is a lower bound)");
+        plan.pacing_rate = None;
+    }
+    Ok(Preflight {
+        facts,
+        plan,
+        probe_secs: o.elapsed.as_secs_f64(),
+        warnings,
+    })
+}
+
+/// Lays explicit flags over a plan. Each flag replaces exactly its part;
+/// the rest stays as planned, except that the plan's per-stream pacing is
+/// spread over the user's stream count so that the streams together are
+/// still paced at the path rate. A given buffer is never forced.
+pub fn merge(plan: &Plan, o: &Overrides) -> Settings {
+    let mut overridden = Vec::new();
+    let streams = match o.streams {
+        Some(n) => {
+            overridden.push("streams".to_string());
+            n.max(1)
+        }
+        None => plan.streams.max(1),
+    };
+    let (buffer, forced_buffers) = match o.buffer {
+        Some(b) => {
+            overridden.push("buffer".to_string());
+            (Some(b), false)
+        }
+        None if plan.set_buffers => (Some(plan.per_stream_buffer), plan.forced_buffers),
+        None => (None, false),
+    };
+    let congestion = match &o.congestion {
+        Some(c) => {
+            overridden.push("congestion".to_string());
+            Some(c.clone())
+        }
+        None => Some(plan.congestion.clone()),
+    };
+    let pacing_rate = match o.pacing_rate {
+        Some(r) => {
+            overridden.push("pacing".to_string());
+            Some(r)
+        }
+        None => plan.pacing_rate.map(|per| {
+            let total = u128::from(per) * u128::from(plan.streams.max(1));
+            u64::try_from(total / u128::from(streams)).unwrap_or(u64::MAX)
+        }),
+    };
+    Settings {
+        streams,
+        buffer,
+        forced_buffers,
+        congestion,
+        pacing_rate,
+        overridden,
+    }
+}
+
+/// The line printed on stderr: the plan's reason, then what flags changed.
+pub fn line(plan: &Plan, s: &Settings) -> String {
+    if s.overridden.is_empty() {
+        return plan.reason.clone();
+    }
+    let parts: Vec<String> = s
+        .overridden
+        .iter()
+        .map(|part| match part.as_str() {
+            "streams" => format!("{} streams", s.streams),
+            "buffer" => format!(
+                "buffer {}",
+                s.buffer.map_or("default".into(), format_bytes_iec)
+            ),
+            "congestion" => s.congestion.clone().unwrap_or_default(),
+            "pacing" => format!(
+                "paced at {}",
+                s.pacing_rate
+                    .map_or("none".into(), |r| format_rate(r as f64))
+            ),
+            other => other.to_string(),
+        })
+        .collect();
+    format!("{}; flags override: {}", plan.reason, parts.join(", "))
+}
+
+/// The record for a command's JSON result. `adjusting` says whether the
+/// in-flight adjuster ran; its decisions are added by whoever ran it.
+pub fn record(pre: &Preflight, s: &Settings, adjusting: bool) -> AutoTune {
+    AutoTune {
+        facts: pre.facts.clone(),
+        plan: pre.plan.clone(),
+        streams: s.streams,
+        buffer: s.buffer,
+        forced_buffers: s.forced_buffers,
+        congestion: s.congestion.clone(),
+        pacing_rate: s.pacing_rate,
+        overridden: s.overridden.clone(),
+        probe_secs: pre.probe_secs,
+        adjusting,
+        decisions: Vec::new(),
+        warnings: pre.warnings.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::probe::estimate::{RateEstimate, RttStats};
+    use crate::probe::mtu::MtuResult;
+
+    fn limits(max: u64, cc: &[&str], privileged: bool) -> HostLimits {
+        HostLimits {
+            rmem_max: max,
+            wmem_max: max,
+            tcp_rmem: [4096, 131072, max],
+            tcp_wmem: [4096, 16384, max],
+            congestion: cc.iter().map(|s| s.to_string()).collect(),
+            privileged,
+        }
+    }
+
+    fn outcome(rtt_ms: u64, rate: Option<f64>, peer: Result<HostLimits, String>) -> ProbeOutcome {
+        let ms = Duration::from_millis;
+        ProbeOutcome {
+            remote: SocketAddr::from(([198, 18, 0, 2], 5301)),
+            rtt: RttStats {
+                sent: 5,
+                received: 5,
+                min: ms(rtt_ms),
+                avg: ms(rtt_ms),
+                max: ms(rtt_ms),
+                stddev: ms(0),
+            },
+            route_mtu: Ok(1500),
+            mtu: MtuResult {
+                path_mtu: Some(1500),
+                probes: 1,
+            },
+            train_packet: 1500,
+            train_len: 300,
+            rate: rate.map(|r| RateEstimate {
+                rate: r,
+                low: r,
+                high: r,
+                confidence: 0.9,
+                trains: 6,
+                used: 6,
+                outliers: 0,
+                rejected: 0,
+                sender_limited: false,
+            }),
+            kernel_clock: true,
+            train_packets: (1800, 1800),
+            peer_limits: peer,
+            elapsed: Duration::from_millis(1200),
+        }
+    }
+
+    /// The lab's 1 Gbit/s × 93 ms link between hosts capped at 4 MiB.
+    fn lab_plan() -> Plan {
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        from_outcome(
+            &outcome(93, Some(1e9), Ok(l.clone())),
+            Ok(l),
+            Role::Sender,
+            &Policy::default(),
+        )
+        .unwrap()
+        .plan
+    }
+
+    #[test]
+    fn no_flags_take_the_whole_plan() {
+        let p = lab_plan();
+        assert!(p.streams > 1, "{p:?}");
+        let s = merge(&p, &Overrides::default());
+        assert_eq!(s.streams, p.streams);
+        assert_eq!(s.congestion.as_deref(), Some(p.congestion.as_str()));
+        assert_eq!(s.pacing_rate, p.pacing_rate);
+        assert_eq!(
+            s.buffer,
+            p.set_buffers.then_some(p.per_stream_buffer),
+            "{p:?}"
+        );
+        assert!(s.overridden.is_empty());
+        assert_eq!(line(&p, &s), p.reason);
+        assert!(p.reason.starts_with("auto: RTT 93"), "{}", p.reason);
+    }
+
+    #[test]
+    fn each_flag_replaces_only_its_part() {
+        let mut p = lab_plan();
+        p.pacing_rate = Some(200_000_000);
+        p.streams = 5;
+        let s = merge(
+            &p,
+            &Overrides {
+                streams: Some(10),
+                ..Overrides::default()
+            },
+        );
+        assert_eq!(s.streams, 10);
+        assert_eq!(s.overridden, ["streams"]);
+        assert_eq!(s.congestion.as_deref(), Some(p.congestion.as_str()));
+        // 5 × 200 Mbit/s stays 1 Gbit/s in total over 10 streams.
+        assert_eq!(s.pacing_rate, Some(100_000_000));
+        assert!(line(&p, &s).ends_with("flags override: 10 streams"));
+
+        let s = merge(
+            &p,
+            &Overrides {
+                congestion: Some("reno".into()),
+                buffer: Some(1 << 20),
+                ..Overrides::default()
+            },
+        );
+        assert_eq!(s.streams, 5);
+        assert_eq!(s.buffer, Some(1 << 20));
+        assert!(!s.forced_buffers);
+        assert_eq!(s.congestion.as_deref(), Some("reno"));
+        assert_eq!(s.pacing_rate, Some(200_000_000));
+        assert_eq!(s.overridden, ["buffer", "congestion"]);
+
+        let s = merge(
+            &p,
+            &Overrides {
+                pacing_rate: Some(5),
+                ..Overrides::default()
+            },
+        );
+        assert_eq!(s.pacing_rate, Some(5));
+        assert_eq!(s.streams, 5);
+    }
+
+    #[test]
+    fn a_given_buffer_is_never_forced_and_a_planned_one_is_when_planned() {
+        let mut p = lab_plan();
+        p.set_buffers = true;
+        p.forced_buffers = true;
+        p.per_stream_buffer = 64 << 20;
+        let s = merge(&p, &Overrides::default());
+        assert_eq!((s.buffer, s.forced_buffers), (Some(64 << 20), true));
+        let s = merge(
+            &p,
+            &Overrides {
+                buffer: Some(8 << 20),
+                ..Overrides::default()
+            },
+        );
+        assert_eq!((s.buffer, s.forced_buffers), (Some(8 << 20), false));
+        p.set_buffers = false;
+        p.forced_buffers = false;
+        assert_eq!(merge(&p, &Overrides::default()).buffer, None);
+    }
+
+    #[test]
+    fn all_given_skips_planning() {
+        let mut o = Overrides {
+            streams: Some(1),
+            buffer: Some(1),
+            congestion: Some("bbr".into()),
+            pacing_rate: None,
+        };
+        assert!(!o.all_given());
+        o.pacing_rate = Some(1);
+        assert!(o.all_given());
+    }
+
+    #[test]
+    fn a_lower_bound_rate_is_not_paced() {
+        let l = limits(4 << 20, &["cubic"], false);
+        let mut o = outcome(1, Some(9e9), Ok(l.clone()));
+        let paced = from_outcome(&o, Ok(l.clone()), Role::Sender, &Policy::default()).unwrap();
+        assert!(paced.plan.pacing_rate.is_some(), "{:?}", paced.plan);
+        assert!(paced.plan.reason.contains("paced at"));
+        if let Some(r) = o.rate.as_mut() {
+            r.sender_limited = true;
+        }
+        let pre = from_outcome(&o, Ok(l), Role::Sender, &Policy::default()).unwrap();
+        assert_eq!(pre.plan.pacing_rate, None);
+        assert!(!pre.plan.reason.contains("paced at"), "{}", pre.plan.reason);
+        assert!(pre
+            .plan
+            .reason
+            .ends_with("not paced (the rate is a lower bound)"));
+        assert!(pre.warnings.iter().any(|w| w.contains("lower bound")));
+    }
+
+    #[test]
+    fn the_sender_picks_the_congestion_control() {
+        // Loss makes the planner want BBR; only the server has it.
+        let here = limits(4 << 20, &["reno", "cubic"], false);
+        let there = limits(4 << 20, &["cubic", "bbr"], false);
+        let mut o = outcome(93, Some(1e9), Ok(there));
+        o.train_packets = (10_000, 9_990);
+        let up = from_outcome(&o, Ok(here.clone()), Role::Sender, &Policy::default()).unwrap();
+        let down = from_outcome(&o, Ok(here), Role::Receiver, &Policy::default()).unwrap();
+        assert_ne!(up.plan.congestion, "bbr", "{:?}", up.plan);
+        assert_eq!(down.plan.congestion, "bbr", "{:?}", down.plan);
+    }
+
+    #[test]
+    fn unknowns_are_said_and_both_unknown_is_an_error() {
+        let l = limits(4 << 20, &["cubic"], false);
+        let pre = from_outcome(
+            &outcome(228, None, Err("no /proc".into())),
+            Ok(l),
+            Role::Sender,
+            &Policy::default(),
+        )
+        .unwrap();
+        assert_eq!(pre.plan.bdp, None);
+        assert!(
+            pre.plan.reason.contains("rate unknown"),
+            "{}",
+            pre.plan.reason
+        );
+        let all = pre.warnings.join("\n");
+        assert!(all.contains("no probe train"), "{all}");
+        assert!(all.contains("server's host limits unknown"), "{all}");
+        let e = from_outcome(
+            &outcome(228, None, Err("a".into())),
+            Err("b".into()),
+            Role::Sender,
+            &Policy::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, PreflightError::NoLimits { .. }), "{e}");
+    }
+
+    #[test]
+    fn record_keeps_plan_and_applied_settings() {
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        let pre = from_outcome(
+            &outcome(93, Some(1e9), Ok(l.clone())),
+            Ok(l),
+            Role::Sender,
+            &Policy::default(),
+        )
+        .unwrap();
+        let s = merge(
+            &pre.plan,
+            &Overrides {
+                streams: Some(3),
+                ..Overrides::default()
+            },
+        );
+        let r = record(&pre, &s, false);
+        assert_eq!(r.streams, 3);
+        assert_eq!(r.plan, pre.plan);
+        assert_eq!(r.overridden, ["streams"]);
+        assert!(!r.adjusting && r.decisions.is_empty());
+        let json = serde_json::to_string(&r).unwrap();
+        let back: AutoTune = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+    }
+}
