@@ -88,6 +88,10 @@ pub struct CopyReport {
     pub failures: Vec<CopyFailure>,
     /// Source objects skipped while walking (device files, unreadable dirs).
     pub problems: Vec<String>,
+    /// What auto-tuning probed, planned and applied; absent when it was
+    /// off (`--no-auto`, `-P` given, or the probe failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<crate::tune::AutoTune>,
 }
 
 /// A file that could not be copied.

@@ -50,6 +50,10 @@ pub struct PreflightConfig {
     pub echoes: u32,
     /// Packet trains for the rate estimate.
     pub trains: u32,
+    /// True when the peer sets the socket buffers it is asked for (the
+    /// test service); false when its sockets keep kernel autotuning (the
+    /// copy service), so only this end's buffers can be fixed.
+    pub peer_sets_buffers: bool,
 }
 
 impl PreflightConfig {
@@ -64,6 +68,7 @@ impl PreflightConfig {
             policy: Policy::default(),
             echoes: 5,
             trains: 6,
+            peer_sets_buffers: true,
         }
     }
 }
@@ -147,6 +152,23 @@ pub struct Settings {
     pub overridden: Vec<String>,
 }
 
+impl Settings {
+    /// Raises the stream count to `floor` (when a command needs streams for
+    /// more than the window, as `copy` does to read, hash and write in
+    /// parallel), keeping the total pacing the plan chose.
+    pub fn at_least(&mut self, floor: u32) {
+        if self.streams >= floor {
+            return;
+        }
+        if let Some(per) = self.pacing_rate {
+            let total = u128::from(per) * u128::from(self.streams.max(1));
+            self.pacing_rate =
+                Some(u64::try_from(total / u128::from(floor.max(1))).unwrap_or(u64::MAX));
+        }
+        self.streams = floor;
+    }
+}
+
 /// Probes the path, reads both ends' limits and plans.
 pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
     let mut pc = ProbeConfig::new(cfg.addr, cfg.options.clone());
@@ -154,7 +176,25 @@ pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
     pc.trains = cfg.trains.max(1);
     let outcome = probe::run(&pc)?;
     let local = Host::live().limits(is_privileged());
-    from_outcome(&outcome, local, cfg.role, &cfg.policy)
+    from_outcome(
+        &outcome,
+        local,
+        cfg.role,
+        &cfg.policy,
+        cfg.peer_sets_buffers,
+    )
+}
+
+/// The limits a peer that keeps kernel autotuning really has: whatever
+/// buffer is asked of it, a socket's window grows only as far as
+/// autotuning takes it (about half of `tcp_*mem[2]`), and it forces nothing.
+pub fn autotuning_only(peer: &HostLimits) -> HostLimits {
+    HostLimits {
+        rmem_max: peer.rmem_max.min(peer.tcp_rmem[2] / 2),
+        wmem_max: peer.wmem_max.min(peer.tcp_wmem[2] / 2),
+        privileged: false,
+        ..peer.clone()
+    }
 }
 
 /// Plans from a finished probe and this end's limits (pure). A missing
@@ -164,6 +204,7 @@ pub fn from_outcome(
     local: Result<HostLimits, String>,
     role: Role,
     policy: &Policy,
+    peer_sets_buffers: bool,
 ) -> Result<Preflight, PreflightError> {
     let facts = probe::facts(o);
     let mut warnings = Vec::new();
@@ -192,6 +233,11 @@ pub fn from_outcome(
             (p.clone(), p)
         }
         (Err(local), Err(peer)) => return Err(PreflightError::NoLimits { local, peer }),
+    };
+    let peer = if peer_sets_buffers {
+        peer
+    } else {
+        autotuning_only(&peer)
     };
     let (sender, receiver) = match role {
         Role::Sender | Role::Both => (&local, &peer),
@@ -373,6 +419,7 @@ mod tests {
             Ok(l),
             Role::Sender,
             &Policy::default(),
+            true,
         )
         .unwrap()
         .plan
@@ -442,6 +489,19 @@ mod tests {
     }
 
     #[test]
+    fn a_floor_of_streams_keeps_the_total_pacing() {
+        let mut p = lab_plan();
+        p.streams = 2;
+        p.pacing_rate = Some(500_000_000);
+        let mut s = merge(&p, &Overrides::default());
+        s.at_least(4);
+        assert_eq!((s.streams, s.pacing_rate), (4, Some(250_000_000)));
+        s.at_least(3);
+        assert_eq!(s.streams, 4, "a floor never lowers");
+        assert!(s.overridden.is_empty());
+    }
+
+    #[test]
     fn a_given_buffer_is_never_forced_and_a_planned_one_is_when_planned() {
         let mut p = lab_plan();
         p.set_buffers = true;
@@ -476,16 +536,38 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_on_autotuning_caps_the_window_and_asks_for_more_streams() {
+        // Receiver with tcp_rmem[2] 8 MiB: autotuning gives a 4 MiB window;
+        // asking it for 16 MiB fixed buffers gets nothing more.
+        let here = limits(16 << 20, &["cubic"], true);
+        let mut there = limits(16 << 20, &["cubic"], true);
+        there.tcp_rmem[2] = 8 << 20;
+        let o = outcome(93, Some(1e9), Ok(there.clone()));
+        let fixed = from_outcome(&o, Ok(here.clone()), Role::Sender, &Policy::default(), true)
+            .unwrap()
+            .plan;
+        let auto = from_outcome(&o, Ok(here), Role::Sender, &Policy::default(), false)
+            .unwrap()
+            .plan;
+        assert!(auto.streams > fixed.streams, "{fixed:?} vs {auto:?}");
+        assert!(auto.per_stream_buffer <= 4 << 20, "{auto:?}");
+        let only = autotuning_only(&there);
+        assert_eq!((only.rmem_max, only.privileged), (4 << 20, false));
+        assert_eq!(only.wmem_max, 8 << 20);
+    }
+
+    #[test]
     fn a_lower_bound_rate_is_not_paced() {
         let l = limits(4 << 20, &["cubic"], false);
         let mut o = outcome(1, Some(9e9), Ok(l.clone()));
-        let paced = from_outcome(&o, Ok(l.clone()), Role::Sender, &Policy::default()).unwrap();
+        let paced =
+            from_outcome(&o, Ok(l.clone()), Role::Sender, &Policy::default(), true).unwrap();
         assert!(paced.plan.pacing_rate.is_some(), "{:?}", paced.plan);
         assert!(paced.plan.reason.contains("paced at"));
         if let Some(r) = o.rate.as_mut() {
             r.sender_limited = true;
         }
-        let pre = from_outcome(&o, Ok(l), Role::Sender, &Policy::default()).unwrap();
+        let pre = from_outcome(&o, Ok(l), Role::Sender, &Policy::default(), true).unwrap();
         assert_eq!(pre.plan.pacing_rate, None);
         assert!(!pre.plan.reason.contains("paced at"), "{}", pre.plan.reason);
         assert!(pre
@@ -502,8 +584,9 @@ mod tests {
         let there = limits(4 << 20, &["cubic", "bbr"], false);
         let mut o = outcome(93, Some(1e9), Ok(there));
         o.train_packets = (10_000, 9_990);
-        let up = from_outcome(&o, Ok(here.clone()), Role::Sender, &Policy::default()).unwrap();
-        let down = from_outcome(&o, Ok(here), Role::Receiver, &Policy::default()).unwrap();
+        let up =
+            from_outcome(&o, Ok(here.clone()), Role::Sender, &Policy::default(), true).unwrap();
+        let down = from_outcome(&o, Ok(here), Role::Receiver, &Policy::default(), true).unwrap();
         assert_ne!(up.plan.congestion, "bbr", "{:?}", up.plan);
         assert_eq!(down.plan.congestion, "bbr", "{:?}", down.plan);
     }
@@ -516,6 +599,7 @@ mod tests {
             Ok(l),
             Role::Sender,
             &Policy::default(),
+            true,
         )
         .unwrap();
         assert_eq!(pre.plan.bdp, None);
@@ -532,6 +616,7 @@ mod tests {
             Err("b".into()),
             Role::Sender,
             &Policy::default(),
+            true,
         )
         .unwrap_err();
         assert!(matches!(e, PreflightError::NoLimits { .. }), "{e}");
@@ -545,6 +630,7 @@ mod tests {
             Ok(l),
             Role::Sender,
             &Policy::default(),
+            true,
         )
         .unwrap();
         let s = merge(

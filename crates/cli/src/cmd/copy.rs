@@ -26,14 +26,18 @@ use fatpipe_engine::{ClientSession, EngineError, ServerSession, Service, Service
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION,
 };
+use fatpipe_schema::tune::AutoTune;
 use fatpipe_schema::units;
 use fatpipe_transfer::hash::Algo;
 use fatpipe_transfer::session::{self, Conn, CopyError, Export, Job, Link, ServerConfig};
 use fatpipe_transfer::wire::Direction;
 use fatpipe_transfer::Progress;
+use fatpipe_tune::auto;
 
 /// The port `fatpipe server` listens on unless told otherwise.
 const DEFAULT_PORT: u16 = 5301;
+/// Streams without auto-tuning and without `-P`.
+const DEFAULT_STREAMS: u16 = 4;
 
 /// Arguments of `fatpipe copy`.
 #[derive(Debug, clap::Args)]
@@ -45,9 +49,12 @@ pub struct Args {
     /// Copy directories recursively.
     #[arg(short = 'r', long)]
     pub recursive: bool,
-    /// Parallel data streams, 1..=256.
-    #[arg(short = 'P', long, default_value_t = 4)]
-    pub parallel: u16,
+    /// Parallel data streams, 1..=256 [default: auto-tuned, 4 with --no-auto].
+    #[arg(short = 'P', long)]
+    pub parallel: Option<u16>,
+    /// Do not auto-tune: 4 streams (unless -P) with the kernel's buffers.
+    #[arg(long)]
+    pub no_auto: bool,
     /// Server port.
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     pub port: u16,
@@ -172,7 +179,7 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
     if srcs.is_empty() {
         return Err(usage("give at least one source and a destination".into()));
     }
-    if !(1..=session::MAX_STREAMS).contains(&args.parallel) {
+    if !(1..=session::MAX_STREAMS).contains(&args.parallel.unwrap_or(DEFAULT_STREAMS)) {
         return Err(usage(format!(
             "-P/--parallel must be 1..={}",
             session::MAX_STREAMS
@@ -270,6 +277,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let (streams, data_opts, auto) = if args.no_auto || args.parallel.is_some() {
+        (
+            args.parallel.unwrap_or(DEFAULT_STREAMS),
+            DataOpts::default(),
+            None,
+        )
+    } else {
+        auto_tune(&args, &plan, addr, key.clone())?
+    };
     let spec = &plan.job;
     let algo = if spec.strong {
         Algo::Blake3
@@ -290,14 +306,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sync: args.sync,
         direct: args.direct,
         algo,
-        streams: args.parallel,
+        streams,
         chunk_size: spec.chunk_size,
         bwlimit: spec.bwlimit,
         retries: args.retries,
         sendfile: !args.no_sendfile,
         corrupt_chunk: fatpipe_transfer::source::SourceOptions::corrupt_from_env(),
     };
-    let link = EngineLink { addr, key };
+    let link = EngineLink {
+        addr,
+        key,
+        data: Arc::new(data_opts),
+    };
     let progress = Arc::new(Progress::default());
     let show_bar = !args.quiet && !args.json && std::io::stderr().is_terminal();
     let stop = Arc::new(AtomicBool::new(false));
@@ -320,7 +340,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(CopyError::Usage(m)) => return Err(crate::exit::usage(m)),
         Err(e) => return Err(anyhow::anyhow!(e)).context("copy"),
     };
-    let out = to_schema(&args, &plan, &job, &report);
+    let mut out = to_schema(&args, &plan, &job, &report);
+    out.auto = auto;
     if args.json {
         let mut stdout = std::io::stdout().lock();
         serde_json::to_writer_pretty(&mut stdout, &out)?;
@@ -411,14 +432,15 @@ impl Service for CopyService {
 struct EngineLink {
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
+    data: Arc<DataOpts>,
 }
 
-struct EngineConn(ClientSession);
+struct EngineConn(ClientSession, Arc<DataOpts>);
 
 impl Link for EngineLink {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
         match fatpipe_engine::connect(self.addr, self.key.as_ref(), "copy", &[]) {
-            Ok(s) => Ok(Box::new(EngineConn(s))),
+            Ok(s) => Ok(Box::new(EngineConn(s, Arc::clone(&self.data)))),
             Err(e) => Err(classify(e)),
         }
     }
@@ -426,8 +448,130 @@ impl Link for EngineLink {
 
 impl Conn for EngineConn {
     fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
-        self.0.open_data(tag).map_err(classify)
+        let s = self.0.open_data(tag).map_err(classify)?;
+        if tag > 0 {
+            self.1.apply(&s);
+        }
+        Ok(s)
     }
+}
+
+/// What auto-tuning sets on this end's data sockets. The copy protocol
+/// carries no socket settings, so the server's sockets keep kernel
+/// autotuning and its own congestion control; the plan is made knowing
+/// that (`peer_sets_buffers: false`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct DataOpts {
+    /// This end sends (push): the buffer is SO_SNDBUF, and congestion
+    /// control and pacing apply; otherwise SO_RCVBUF only.
+    sends: bool,
+    buffer: Option<u64>,
+    forced: bool,
+    congestion: Option<String>,
+    pacing_rate: Option<u64>,
+}
+
+impl DataOpts {
+    /// From merged settings; `--bwlimit` replaces the plan's pacing.
+    fn new(s: &auto::Settings, sends: bool, bwlimit: Option<u64>) -> DataOpts {
+        DataOpts {
+            sends,
+            buffer: s.buffer,
+            forced: s.forced_buffers,
+            congestion: if sends { s.congestion.clone() } else { None },
+            pacing_rate: if sends && bwlimit.is_none() {
+                s.pacing_rate
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Best effort: a refused option leaves the kernel's default, which
+    /// still copies correctly, so failures are not errors.
+    fn apply(&self, s: &TcpStream) {
+        if let Some(b) = self.buffer {
+            let _ = if self.sends {
+                fatpipe_sys::set_send_buffer(s, b, self.forced)
+            } else {
+                fatpipe_sys::set_recv_buffer(s, b, self.forced)
+            };
+        }
+        if let Some(cc) = &self.congestion {
+            let _ = fatpipe_sys::set_congestion(s, cc);
+        }
+        if let Some(r) = self.pacing_rate {
+            let _ = fatpipe_sys::set_max_pacing_rate(s, r / 8);
+        }
+    }
+}
+
+/// The pre-flight: probe, plan, print the `auto:` line, and return the
+/// streams and socket settings to copy with. A failed probe falls back to
+/// the untuned default with a warning.
+fn auto_tune(
+    args: &Args,
+    plan: &Plan,
+    addr: SocketAddr,
+    key: Option<fatpipe_proto::Key>,
+) -> anyhow::Result<(u16, DataOpts, Option<AutoTune>)> {
+    let role = if plan.job.push {
+        auto::Role::Sender
+    } else {
+        auto::Role::Receiver
+    };
+    let options = fatpipe_engine::ClientOptions {
+        key,
+        ..fatpipe_engine::ClientOptions::default()
+    };
+    let mut cfg = auto::PreflightConfig::new(addr, options, role);
+    cfg.peer_sets_buffers = false;
+    let pre = match auto::preflight(&cfg) {
+        Ok(p) => p,
+        Err(e) if e.is_auth() => {
+            return Err(crate::exit::usage(format!("{}: {e}", plan.host)));
+        }
+        Err(e) => {
+            if !args.quiet {
+                eprintln!("fatpipe: copy: warning: auto-tuning off: {e}");
+            }
+            return Ok((DEFAULT_STREAMS, DataOpts::default(), None));
+        }
+    };
+    let mut settings = auto::merge(&pre.plan, &auto::Overrides::default());
+    // Streams also read, hash and write in parallel, which a short path's
+    // single window would leave to one thread.
+    settings.at_least(u32::from(DEFAULT_STREAMS));
+    let streams = u16::try_from(settings.streams)
+        .unwrap_or(session::MAX_STREAMS)
+        .clamp(1, session::MAX_STREAMS);
+    let opts = DataOpts::new(&settings, plan.job.push, plan.job.bwlimit);
+    let mut record = auto::record(&pre, &settings, false);
+    record.streams = u32::from(streams);
+    if !plan.job.push {
+        record.warnings.push(
+            "pull: the server's sockets keep their own congestion control and no pacing (the copy protocol does not carry them)"
+                .into(),
+        );
+    }
+    if plan.job.bwlimit.is_some() && settings.pacing_rate.is_some() {
+        record.pacing_rate = None;
+        record.overridden.push("pacing".into());
+    }
+    if !args.quiet {
+        let mut line = auto::line(&pre.plan, &settings);
+        if settings.streams > pre.plan.streams {
+            line += &format!(
+                "; copy uses {} streams (they also read, hash and write in parallel)",
+                settings.streams
+            );
+        }
+        eprintln!("{line}");
+        for w in &record.warnings {
+            eprintln!("fatpipe: copy: warning: auto: {w}");
+        }
+    }
+    Ok((streams, opts, Some(record)))
 }
 
 fn classify(e: EngineError) -> CopyError {
@@ -493,6 +637,7 @@ fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyRe
             })
             .collect(),
         problems: r.problems.clone(),
+        auto: None,
     }
 }
 
@@ -607,6 +752,34 @@ mod tests {
 
     fn is_usage(e: &anyhow::Error) -> bool {
         e.chain().any(|c| c.is::<crate::exit::UsageError>())
+    }
+
+    #[test]
+    fn auto_settings_go_to_the_sending_end_and_bwlimit_replaces_pacing() {
+        let s = auto::Settings {
+            streams: 5,
+            buffer: Some(3 << 20),
+            forced_buffers: false,
+            congestion: Some("cubic".into()),
+            pacing_rate: Some(200_000_000),
+            overridden: vec![],
+        };
+        let push = DataOpts::new(&s, true, None);
+        assert_eq!(push.buffer, Some(3 << 20));
+        assert_eq!(push.congestion.as_deref(), Some("cubic"));
+        assert_eq!(push.pacing_rate, Some(200_000_000));
+        // Pulling, this end receives: only its receive buffer is set.
+        let pull = DataOpts::new(&s, false, None);
+        assert_eq!(
+            (pull.buffer, pull.congestion, pull.pacing_rate),
+            (Some(3 << 20), None, None)
+        );
+        assert_eq!(DataOpts::new(&s, true, Some(1_000_000)).pacing_rate, None);
+        // -P and --no-auto parse; -P 0 is still refused.
+        assert_eq!(args(&["-P", "2", "a", "h:x/"]).parallel, Some(2));
+        assert!(args(&["--no-auto", "a", "h:x/"]).no_auto);
+        assert!(plan(&args(&["-P", "0", "a", "h:x/"])).is_err());
+        assert!(plan(&args(&["a", "h:x/"])).is_ok());
     }
 
     #[test]
