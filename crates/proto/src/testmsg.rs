@@ -94,12 +94,15 @@ impl TestParams {
         if self.streams == 0 || self.streams > MAX_STREAMS {
             return Err(format!("streams must be 1..={MAX_STREAMS}"));
         }
-        let max_len = match self.protocol {
-            Protocol::Tcp => MAX_TCP_LENGTH,
-            Protocol::Udp => MAX_UDP_LENGTH,
+        let (max_len, what) = match self.protocol {
+            Protocol::Tcp => (MAX_TCP_LENGTH, "write length"),
+            Protocol::Udp => (
+                MAX_UDP_LENGTH,
+                "datagram length (the largest UDP payload is 65507)",
+            ),
         };
         if self.length < MIN_LENGTH || self.length > max_len {
-            return Err(format!("length must be {MIN_LENGTH}..={max_len} bytes"));
+            return Err(format!("{what} must be {MIN_LENGTH}..={max_len} bytes"));
         }
         if self.interval_ms < 10 {
             return Err("interval must be at least 10 ms".into());
