@@ -99,6 +99,27 @@ fn loopback_probe_reports_small_rtt_mtu_rate_and_a_plan() {
 }
 
 #[test]
+fn ipv6_loopback_probe() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skipping ipv6_loopback_probe: this host has no IPv6 loopback");
+        return;
+    }
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "::1", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("[::1]:{port}");
+    let r = parse(&run(dir.cmd().args(["path", &host, "-c", "3", "--json"])));
+    assert_eq!(r.remote, host);
+    assert_eq!(r.rtt.received, 3);
+    // IPv6 counts its 40-byte header outside the 65535 payload limit, so
+    // the whole 65536-byte loopback MTU can pass.
+    let route = r.mtu.route_mtu.expect("route MTU");
+    assert_eq!(r.mtu.path_mtu, Some(route), "{:?}", r.mtu);
+    assert!(r.bottleneck.is_some());
+}
+
+#[test]
 fn bad_host_is_a_usage_error_in_one_line() {
     let dir = setup();
     for host in ["no-such-host.invalid", "127.0.0.1:notaport", "[::1"] {

@@ -147,10 +147,13 @@ fn probe(
         .map_err(|e| ProbeError::io(format!("connect UDP to {server_udp}"), e))?;
     let v6 = server_udp.is_ipv6() && ip_overhead(server_udp) == 48;
     let df = sock::set_df_probe(&udp, v6);
+    // Replies are timed by the kernel too, so this process being
+    // descheduled between the reply's arrival and `recv` costs nothing.
+    let _ = sock::enable_rx_timestamps(&udp);
     let mut io = Udp {
         sock: udp,
         buf: vec![0; MAX_DATAGRAM],
-        epoch: Instant::now(),
+        stamp: None,
     };
     hello(&mut io, session)?;
     let rtt = echoes(&mut io, cfg)?;
@@ -214,7 +217,8 @@ fn probe(
             });
         }
         kernel_clock = collect(control, &mut obs)?;
-        if estimate::combine(&obs).is_some_and(|e| e.confidence >= AGREED) {
+        // More trains cannot help when this host is what limits them.
+        if estimate::combine(&obs).is_some_and(|e| e.confidence >= AGREED || e.sender_limited) {
             break;
         }
     }
@@ -241,7 +245,9 @@ fn probe(
 struct Udp {
     sock: UdpSocket,
     buf: Vec<u8>,
-    epoch: Instant,
+    /// Kernel receive time (realtime ns) of the last packet returned by
+    /// [`Udp::recv_until`], if the kernel gave one.
+    stamp: Option<u64>,
 }
 
 impl Udp {
@@ -262,9 +268,10 @@ impl Udp {
             self.sock
                 .set_read_timeout(Some(left))
                 .map_err(|e| ProbeError::io("set UDP timeout", e))?;
-            match self.sock.recv(&mut self.buf) {
-                Ok(n) => {
+            match sock::recv_timestamped(&self.sock, &mut self.buf) {
+                Ok((n, _, stamp)) => {
                     if let Ok(p) = Packet::decode(&self.buf[..n]) {
+                        self.stamp = stamp;
                         return Ok(Some(p));
                     }
                 }
@@ -320,7 +327,7 @@ fn echoes(io: &mut Udp, cfg: &ProbeConfig) -> Result<RttStats, ProbeError> {
     loop {
         let now = Instant::now();
         if sent < n && now >= next {
-            let sent_ns = io.epoch.elapsed().as_nanos() as u64;
+            let sent_ns = sock::realtime_ns();
             io.send(Packet::Echo { seq: sent, sent_ns }, 0)
                 .map_err(|e| ProbeError::io("send echo", e))?;
             sent += 1;
@@ -336,16 +343,37 @@ fn echoes(io: &mut Udp, cfg: &ProbeConfig) -> Result<RttStats, ProbeError> {
             Some(d) => d,
             None => next,
         };
-        if let Some(Packet::EchoReply { seq, sent_ns }) = io.recv_until(wait_until)? {
-            let at = io.epoch.elapsed().as_nanos() as u64;
-            if seq < sent && sent_ns <= at && seen.insert(seq) {
-                samples.push(Duration::from_nanos(at - sent_ns));
+        if let Some(Packet::EchoReply {
+            seq,
+            sent_ns,
+            hold_ns,
+        }) = io.recv_until(wait_until)?
+        {
+            let at = io.stamp.unwrap_or_else(sock::realtime_ns);
+            if seq < sent && seen.insert(seq) {
+                if let Some(rtt) = echo_rtt(sent_ns, at, hold_ns) {
+                    samples.push(rtt);
+                }
             }
         }
     }
     estimate::rtt_stats(sent, &samples).ok_or_else(|| {
         ProbeError::Timeout(format!("none of {sent} echoes came back from the server"))
     })
+}
+
+/// One echo's round trip: sent at `sent_ns`, reply received at `at_ns`
+/// (both realtime ns), minus the `hold_ns` the server held it. `None` when
+/// the numbers cannot be a round trip (a clock step, a forged reply).
+fn echo_rtt(sent_ns: u64, at_ns: u64, hold_ns: u64) -> Option<Duration> {
+    let total = at_ns.checked_sub(sent_ns)?;
+    if total > 60_000_000_000 {
+        return None;
+    }
+    // A hold longer than the whole round trip is not believable: keep the
+    // unadjusted time rather than invent one.
+    let rtt = total.checked_sub(hold_ns).unwrap_or(total);
+    Some(Duration::from_nanos(rtt))
 }
 
 /// Drives the MTU search with padded probes.
@@ -597,6 +625,27 @@ mod tests {
     fn ack(s: &mut Sizer, n: u32, received: u32, rate: f64) {
         let span = f64::from(received - 1) * 1500.0 * 8.0 / rate * 1e9;
         s.handle_ack(&shape(), n, received, span as u64);
+    }
+
+    #[test]
+    fn echo_rtt_subtracts_the_servers_hold() {
+        let ms = |x: u64| x * 1_000_000;
+        assert_eq!(
+            echo_rtt(ms(1000), ms(1045), ms(5)),
+            Some(Duration::from_millis(40))
+        );
+        assert_eq!(
+            echo_rtt(ms(1000), ms(1040), 0),
+            Some(Duration::from_millis(40))
+        );
+        // A hold longer than the trip is ignored, not subtracted.
+        assert_eq!(
+            echo_rtt(ms(1000), ms(1040), ms(50)),
+            Some(Duration::from_millis(40))
+        );
+        // Received before sent (clock stepped back), or a minute later.
+        assert_eq!(echo_rtt(ms(1000), ms(999), 0), None);
+        assert_eq!(echo_rtt(0, ms(61_000), 0), None);
     }
 
     #[test]

@@ -221,7 +221,11 @@ fn udp_loop(
                 }
             }
             _ if peer != Some(from) => None,
-            Packet::Echo { seq, sent_ns } => Some(Packet::EchoReply { seq, sent_ns }),
+            Packet::Echo { seq, sent_ns } => Some(Packet::EchoReply {
+                seq,
+                sent_ns,
+                hold_ns: stamp.map_or(0, |rx| sock::realtime_ns().saturating_sub(rx)),
+            }),
             Packet::Mtu { seq, size } => Some(Packet::MtuAck { seq, size }),
             Packet::Train {
                 train,
@@ -347,10 +351,14 @@ mod tests {
         );
         assert_eq!(reply(&client), Some(Packet::HelloAck));
         send(&client, echo);
-        assert_eq!(
-            reply(&client),
-            Some(Packet::EchoReply { seq: 1, sent_ns: 9 })
-        );
+        match reply(&client) {
+            Some(Packet::EchoReply {
+                seq: 1,
+                sent_ns: 9,
+                hold_ns,
+            }) => assert!(hold_ns < 1_000_000_000, "{hold_ns}"),
+            other => panic!("{other:?}"),
+        }
 
         // Knowing the cookie is not enough once the address is bound.
         send(

@@ -44,6 +44,14 @@ pub fn recv_timestamped(
     imp::recv_timestamped(sock, buf)
 }
 
+/// Now on the realtime clock in ns since the Unix epoch: the clock of
+/// `SO_TIMESTAMPNS`, so it can be compared with receive timestamps.
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 #[cfg(target_os = "linux")]
 mod imp {
     use std::io;

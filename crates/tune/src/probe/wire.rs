@@ -57,7 +57,8 @@ pub enum Packet {
     Echo {
         /// Sequence number.
         seq: u32,
-        /// Client's send time (ns, its own clock), echoed back unchanged.
+        /// Client's send time (ns, its own realtime clock, the clock kernel
+        /// receive timestamps use), echoed back unchanged.
         sent_ns: u64,
     },
     /// Server → client: the echo.
@@ -66,6 +67,10 @@ pub enum Packet {
         seq: u32,
         /// As in the echo.
         sent_ns: u64,
+        /// How long the server held the echo (ns), from the kernel's receive
+        /// timestamp to just before replying; the client subtracts it, so a
+        /// server descheduled for a moment does not lengthen the RTT.
+        hold_ns: u64,
     },
     /// Client → server: an MTU probe padded to `size` bytes of IP packet.
     Mtu {
@@ -110,7 +115,8 @@ impl Packet {
             + match self {
                 Packet::Hello { .. } => 32,
                 Packet::HelloAck => 0,
-                Packet::Echo { .. } | Packet::EchoReply { .. } => 12,
+                Packet::Echo { .. } => 12,
+                Packet::EchoReply { .. } => 20,
                 Packet::Mtu { .. } | Packet::MtuAck { .. } => 8,
                 Packet::Train { .. } => 12,
                 Packet::TrainAck { .. } => 16,
@@ -130,14 +136,20 @@ impl Packet {
                 out.extend_from_slice(&cookie);
             }
             Packet::HelloAck => out.push(2),
-            Packet::Echo { seq, sent_ns } | Packet::EchoReply { seq, sent_ns } => {
-                out.push(if matches!(self, Packet::Echo { .. }) {
-                    3
-                } else {
-                    4
-                });
+            Packet::Echo { seq, sent_ns } => {
+                out.push(3);
                 put32(out, seq);
                 out.extend_from_slice(&sent_ns.to_be_bytes());
+            }
+            Packet::EchoReply {
+                seq,
+                sent_ns,
+                hold_ns,
+            } => {
+                out.push(4);
+                put32(out, seq);
+                out.extend_from_slice(&sent_ns.to_be_bytes());
+                out.extend_from_slice(&hold_ns.to_be_bytes());
             }
             Packet::Mtu { seq, size } | Packet::MtuAck { seq, size } => {
                 out.push(if matches!(self, Packet::Mtu { .. }) {
@@ -203,6 +215,7 @@ impl Packet {
                 Packet::EchoReply {
                     seq: r.u32()?,
                     sent_ns: r.u64()?,
+                    hold_ns: r.u64()?,
                 },
                 false,
             ),
@@ -406,6 +419,7 @@ mod tests {
             Packet::EchoReply {
                 seq: u32::MAX,
                 sent_ns: 5,
+                hold_ns: 7,
             },
             Packet::Mtu { seq: 1, size: 1500 },
             Packet::MtuAck { seq: 1, size: 9000 },
