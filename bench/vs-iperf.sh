@@ -23,6 +23,8 @@
 #   RUNS=3 DURATION=5 STREAMS="1 2 4" ZC_STREAMS="1 4" (empty: skip) MTU=1500
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
 #   TOOLS="fatpipe iperf3 iperf2 nuttcp"
+#   FATPIPE_ARGS="--no-auto"  (extra flags for fatpipe test)
+#   KEEP=1                    (keep every tool's raw output)
 set -euo pipefail
 
 RUNS=${RUNS:-3}
@@ -60,7 +62,11 @@ cleanup() {
     done
     ip netns del "$NS_S" 2>/dev/null || true
     ip netns del "$NS_C" 2>/dev/null || true
-    rm -rf "$work"
+    if [ "${KEEP:-0}" = 1 ]; then
+        echo "raw outputs kept in $work"
+    else
+        rm -rf "$work"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -150,7 +156,7 @@ run_client() {
     local -a cmd
     case $tool in
         fatpipe)
-            cmd=("$FATPIPE" test $SERVER_IP --port $PORT_FATPIPE -P "$n" -t "${DURATION}s" --json)
+            cmd=("$FATPIPE" test $SERVER_IP --port $PORT_FATPIPE -P "$n" -t "${DURATION}s" --json ${FATPIPE_ARGS:-})
             [ "$zc" = 1 ] && cmd+=(-Z) ;;
         iperf3)
             cmd=(iperf3 -c $SERVER_IP -p $PORT_IPERF3 -P "$n" -t "$DURATION" -J)
