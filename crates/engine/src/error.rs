@@ -22,17 +22,24 @@ pub enum EngineError {
         source: io::Error,
     },
     /// The control protocol ended the session (refusal, auth, peer close).
-    #[error("{0}")]
+    #[error(transparent)]
     Conn(#[from] ConnError),
-    /// The peer sent bytes that do not decode.
+    /// The peer sent bytes that do not decode. (Not a `source`: the text
+    /// already says it, and error chains would print it twice.)
     #[error("malformed message from peer: {0}")]
-    Decode(#[from] DecodeError),
+    Decode(DecodeError),
     /// A step did not finish in time.
     #[error("timed out {0}")]
     Timeout(String),
     /// The peer's service (or ours) reported a failure.
     #[error("{0}")]
     Service(String),
+}
+
+impl From<DecodeError> for EngineError {
+    fn from(e: DecodeError) -> Self {
+        EngineError::Decode(e)
+    }
 }
 
 impl EngineError {

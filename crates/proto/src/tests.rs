@@ -490,3 +490,79 @@ fn oversized_payloads_are_refused_locally() {
         .iter()
         .any(|e| matches!(e, ServerEvent::Payload(v) if v.len() == MAX_PAYLOAD)));
 }
+
+#[test]
+fn a_payload_in_the_same_segment_as_accept_is_not_lost() {
+    // The server's first service message may ride with the Accept.
+    let start = Instant::now();
+    let mut c = ClientConn::new(
+        ClientConfig {
+            key: None,
+            service: "test".into(),
+            params: Vec::new(),
+            handshake_timeout: TIMEOUT,
+        },
+        start,
+        [1; 32],
+    );
+    let mut wire = Vec::new();
+    Message::ServerHello {
+        version: VERSION,
+        auth_required: false,
+        nonce: [2; 32],
+    }
+    .encode(&mut wire)
+    .unwrap();
+    Message::Accept { cookie: COOKIE }
+        .encode(&mut wire)
+        .unwrap();
+    Message::Payload(b"first".to_vec())
+        .encode(&mut wire)
+        .unwrap();
+    c.handle_input(start, &wire);
+    assert!(matches!(
+        c.poll_event(),
+        Some(ClientEvent::Established { .. })
+    ));
+    assert_eq!(
+        c.poll_event(),
+        Some(ClientEvent::Payload(b"first".to_vec()))
+    );
+}
+
+#[test]
+fn frames_sent_while_the_server_decides_wait_for_its_answer() {
+    // Bytes after Open are not judged until the caller accepts: then they
+    // are payloads of the established session, not protocol errors.
+    let now = Instant::now();
+    let cfg = ServerConfig {
+        key: None,
+        preauth_timeout: TIMEOUT,
+    };
+    let mut s = ServerConn::new(&cfg, now, [0; 32]);
+    let mut wire = Vec::new();
+    Message::ClientHello {
+        version_min: VERSION,
+        version_max: VERSION,
+        nonce: [3; 32],
+    }
+    .encode(&mut wire)
+    .unwrap();
+    Message::Open {
+        service: "test".into(),
+        params: Vec::new(),
+    }
+    .encode(&mut wire)
+    .unwrap();
+    Message::Payload(b"eager".to_vec())
+        .encode(&mut wire)
+        .unwrap();
+    s.handle_input(now, &wire);
+    assert!(matches!(s.poll_event(), Some(ServerEvent::Open { .. })));
+    assert_eq!(s.poll_event(), None);
+    s.accept(now, COOKIE);
+    assert_eq!(
+        s.poll_event(),
+        Some(ServerEvent::Payload(b"eager".to_vec()))
+    );
+}

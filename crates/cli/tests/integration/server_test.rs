@@ -326,6 +326,28 @@ fn vanished_client_does_not_hurt_the_server() {
 }
 
 #[test]
+fn a_full_server_says_busy_and_keeps_its_session() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &["--max-sessions", "1"]);
+    // Without auto-tuning each test is one session (no probe session).
+    let first = test_cmd(&dir, port, &["-t", "1.5", "--json", "--no-auto"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = run(&mut test_cmd(&dir, port, &["-t", "0.3", "--no-auto"]));
+    assert_exit(&out, 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("busy"), "{err}");
+    assert_eq!(err.matches("busy").count(), 1, "said once: {err}");
+    let out = first.wait_with_output().unwrap();
+    assert_exit(&out, 0);
+    // The slot is free again.
+    json_test(&dir, port, &["-t", "0.3", "--no-auto"]);
+}
+
+#[test]
 fn unreachable_server_fails_with_exit_1() {
     let dir = setup();
     // Bind then drop to get a port nothing listens on.
