@@ -7,6 +7,7 @@
 
 mod util;
 
+mod auto;
 mod copy;
 mod demo;
 mod lab;

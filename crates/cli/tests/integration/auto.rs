@@ -1,0 +1,242 @@
+//! Auto-tuning, the default of `fatpipe test` and `fatpipe copy`.
+//!
+//! On loopback the tests check the contract visible to users and scripts:
+//! without flags a pre-flight runs, prints its `auto:` line on stderr and
+//! is recorded as `start.auto` (test) or `auto` (copy); `--no-auto` leaves
+//! no record and one stream; an explicit `-P` wins over the plan. The lab
+//! test checks the point of it all: on an emulated 1 Gbit/s × 93 ms link,
+//! no flags fill the path while one untuned stream does not.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+use fatpipe_schema::copy::CopyReport;
+use fatpipe_schema::test::TestReport;
+
+use crate::util::{self, assert_exit, run, setup, Dir, Guard};
+
+/// Spawns a server command and reads its port from `listening on IP:PORT`.
+fn spawn_server(mut cmd: Command) -> (Guard, u16) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let guard = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the server's first line");
+    let port = line
+        .trim()
+        .strip_prefix("listening on ")
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+    (guard, port)
+}
+
+fn loopback_server(dir: &Dir, extra: &[&str]) -> (Guard, u16) {
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .args(extra);
+    spawn_server(cmd)
+}
+
+fn report(out: &Output) -> TestReport {
+    assert_exit(out, 0);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "report does not parse: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn test_without_flags_is_auto_tuned_and_says_why() {
+    let dir = setup();
+    let (_srv, port) = loopback_server(&dir, &[]);
+    let host = format!("127.0.0.1:{port}");
+    let out = run(dir.cmd().args(["test", &host, "-t", "1", "--json"]));
+    let r = report(&out);
+    let auto = r.start.auto.as_ref().expect("start.auto without flags");
+    assert!(auto.plan.reason.starts_with("auto: RTT "), "{auto:?}");
+    assert!(auto.facts.rtt_secs > 0.0 && auto.facts.rtt_secs < 0.01);
+    assert!(auto.overridden.is_empty(), "{auto:?}");
+    assert!(!auto.adjusting && auto.decisions.is_empty());
+    // What ran is what was planned.
+    assert_eq!(r.start.streams, auto.streams);
+    assert_eq!(r.start.streams, auto.plan.streams);
+    assert_eq!(r.start.window, auto.buffer);
+    assert_eq!(r.start.congestion, auto.congestion);
+    assert_eq!(r.start.fq_rate, auto.pacing_rate);
+    assert_eq!(r.start.local.len() as u32, auto.streams);
+    // The line goes to stderr, never into the JSON on stdout.
+    let err = stderr(&out);
+    assert!(
+        err.lines().any(|l| l == auto.plan.reason),
+        "no auto line in {err}"
+    );
+    assert!(out.stdout.starts_with(b"{"), "stdout is the JSON alone");
+    assert!(r.end.sums[0].bytes > 0);
+
+    // The text mode prints the same line.
+    let out = run(dir.cmd().args(["test", &host, "-t", "0.5"]));
+    assert_exit(&out, 0);
+    assert!(stderr(&out).starts_with("auto: RTT "), "{}", stderr(&out));
+}
+
+#[test]
+fn no_auto_runs_one_untuned_stream_and_records_nothing() {
+    let dir = setup();
+    let (_srv, port) = loopback_server(&dir, &[]);
+    let host = format!("127.0.0.1:{port}");
+    let out = run(dir
+        .cmd()
+        .args(["test", &host, "-t", "1", "--json", "--no-auto"]));
+    let r = report(&out);
+    assert!(r.start.auto.is_none(), "{:?}", r.start.auto);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("\"auto\""));
+    assert_eq!(r.start.streams, 1);
+    assert_eq!((r.start.window, r.start.fq_rate), (None, None));
+    assert_eq!(r.start.congestion, None);
+    assert!(!stderr(&out).contains("auto:"), "{}", stderr(&out));
+    // UDP is never auto-tuned.
+    let r = report(&run(dir
+        .cmd()
+        .args(["test", &host, "-u", "-t", "0.5", "--json"])));
+    assert!(r.start.auto.is_none());
+}
+
+#[test]
+fn explicit_flags_win_over_the_plan() {
+    let dir = setup();
+    let (_srv, port) = loopback_server(&dir, &[]);
+    let host = format!("127.0.0.1:{port}");
+    let out = run(dir
+        .cmd()
+        .args(["test", &host, "-t", "1", "--json", "-P", "3", "-C", "reno"]));
+    let r = report(&out);
+    let auto = r.start.auto.as_ref().expect("start.auto with some flags");
+    assert_eq!(r.start.streams, 3);
+    assert_eq!(auto.streams, 3);
+    assert_eq!(r.start.congestion.as_deref(), Some("reno"));
+    assert_eq!(auto.overridden, ["streams", "congestion"]);
+    assert!(r.start.local.iter().all(|s| s.congestion == "reno"));
+    assert!(
+        stderr(&out).contains("flags override: 3 streams, reno"),
+        "{}",
+        stderr(&out)
+    );
+    // Every tunable part given: nothing to plan, no probe, no record.
+    let out = run(dir.cmd().args([
+        "test",
+        &host,
+        "-t",
+        "0.5",
+        "--json",
+        "-P",
+        "2",
+        "-w",
+        "1M",
+        "-C",
+        "reno",
+        "--fq-rate",
+        "10g",
+    ]));
+    let r = report(&out);
+    assert!(r.start.auto.is_none());
+    assert_eq!(r.start.streams, 2);
+}
+
+#[test]
+fn copy_without_flags_is_auto_tuned_and_no_auto_is_not() {
+    let dir = setup();
+    let export = dir.path().join("export");
+    std::fs::create_dir(&export).expect("mkdir export");
+    let src = dir.path().join("f.bin");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, &data).expect("write source");
+    let spec = format!("d={}:public", export.display());
+    let (_srv, port) = loopback_server(&dir, &["--export", &spec]);
+    let copy = |extra: &[&str], name: &str| {
+        let out = run(dir
+            .cmd()
+            .args(["copy", "f.bin", &format!("127.0.0.1:d/{name}")])
+            .args(["-p", &port.to_string(), "--json"])
+            .args(extra));
+        assert_exit(&out, 0);
+        let r: CopyReport = serde_json::from_slice(&out.stdout).expect("copy JSON");
+        assert_eq!(std::fs::read(export.join(name)).expect("copied file"), data);
+        (r, stderr(&out))
+    };
+    let (r, err) = copy(&[], "a.bin");
+    let auto = r.auto.as_ref().expect("auto in the copy JSON");
+    assert!(auto.plan.reason.starts_with("auto: RTT"), "{auto:?}");
+    assert!(auto.streams >= 4, "{auto:?}");
+    assert!(err.contains("auto: RTT"), "{err}");
+    let (r, err) = copy(&["--no-auto"], "b.bin");
+    assert!(r.auto.is_none());
+    assert!(!err.contains("auto:"), "{err}");
+    let (r, _) = copy(&["-P", "2"], "c.bin");
+    assert!(r.auto.is_none());
+    assert_eq!(r.streams, 2);
+}
+
+/// Receiver throughput (Gbit/s) of a `fatpipe test` from lab end `a`.
+fn lab_rate(lab: &Lab, host: &str, args: &[&str]) -> (f64, TestReport) {
+    let mut cmd = lab.command(End::A, util::bin());
+    cmd.args(["test", host, "--json"]).args(args);
+    let r = report(&run(&mut cmd));
+    (r.end.sums[0].bits_per_second / 1e9, r)
+}
+
+#[test]
+fn lab_auto_fills_1gbit_93ms() {
+    if !util::need_root("lab_auto_fills_1gbit_93ms") {
+        return;
+    }
+    let name = "fp-auto-it";
+    let _ = fatpipe_lab::down(name);
+    let spec = LinkSpec {
+        seed: 7,
+        ..LinkSpec::new(Duration::from_millis(93), 1_000_000_000)
+    };
+    let opts = UpOptions {
+        exe: Some(util::bin()),
+        owner: Some(std::process::id()),
+    };
+    let lab = Lab::up(name, &spec, &opts).expect("lab up");
+    let mut cmd = lab.command(End::B, util::bin());
+    cmd.args(["server", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("{}:{port}", lab.addr(End::B));
+
+    // Slow start over 93 ms takes a couple of seconds; leave it out.
+    let (auto_rate, r) = lab_rate(&lab, &host, &["-t", "8", "-O", "2"]);
+    let auto = r.start.auto.as_ref().expect("start.auto");
+    let (untuned, u) = lab_rate(&lab, &host, &["-t", "8", "-O", "2", "--no-auto", "-P", "1"]);
+    assert!(u.start.auto.is_none());
+    let rtt = auto.facts.rtt_secs * 1e3;
+    assert!((92.0..100.0).contains(&rtt), "probed RTT {rtt} ms");
+    assert!(
+        auto_rate >= 0.85,
+        "auto-tuned: {auto_rate:.3} Gbit/s ({})",
+        auto.plan.reason
+    );
+    assert!(
+        untuned < 0.8 * auto_rate,
+        "untuned single stream {untuned:.3} Gbit/s is not clearly below auto {auto_rate:.3}"
+    );
+    eprintln!(
+        "lab_auto_fills_1gbit_93ms: auto {auto_rate:.3} Gbit/s, --no-auto -P 1 {untuned:.3} Gbit/s; {}",
+        auto.plan.reason
+    );
+    drop(_srv);
+    lab.down().expect("lab down");
+}
