@@ -35,7 +35,8 @@ pub struct Args {
     /// RTT echoes to send (20 ms apart).
     #[arg(short = 'c', long, default_value_t = 10)]
     pub count: u32,
-    /// Packet trains for the bottleneck estimate.
+    /// Packet trains for the bottleneck estimate (per round: up to 3 rounds
+    /// while they disagree).
     #[arg(long, default_value_t = 10)]
     pub trains: u32,
     /// Print one JSON report (schema fatpipe.path).
