@@ -196,6 +196,7 @@ fn test_params(protocol: fatpipe_proto::testmsg::Protocol) -> fatpipe_proto::tes
         omit_ms: 100,
         interval_ms: 100,
         window: None,
+        force_buffers: false,
         mss: None,
         congestion: None,
         fq_rate: None,

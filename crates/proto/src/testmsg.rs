@@ -73,6 +73,11 @@ pub struct TestParams {
     pub interval_ms: u64,
     /// Socket buffer size to request (`-w`), both ends.
     pub window: Option<u64>,
+    /// Request `window` with `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`, past the
+    /// host caps, where the process is privileged (auto-tuning sets this
+    /// when both ends are; absent from older clients, hence the default).
+    #[serde(default)]
+    pub force_buffers: bool,
     /// TCP maximum segment size to request.
     pub mss: Option<u32>,
     /// TCP congestion control to request.
@@ -401,6 +406,7 @@ mod tests {
             omit_ms: 0,
             interval_ms: 1000,
             window: Some(4 << 20),
+            force_buffers: false,
             mss: None,
             congestion: Some("bbr".into()),
             fq_rate: None,

@@ -213,22 +213,14 @@ fn auto_tune(
     for w in &pre.warnings {
         eprintln!("fatpipe: warning: auto: {w}");
     }
-    let mut record = auto::record(&pre, &settings, false);
-    if settings.forced_buffers {
-        // The test service sets buffers with the plain options only.
-        record.warnings.push(
-            "the plan forces buffers past the host caps, but the test service cannot force them yet: they are capped"
-                .into(),
-        );
-        eprintln!("fatpipe: warning: auto: buffers cannot be forced by the test service yet; they are capped at the host limits");
-    }
-    Ok(Some(record))
+    Ok(Some(auto::record(&pre, &settings, false)))
 }
 
 /// Writes merged settings into the test parameters.
 fn apply(s: &auto::Settings, p: &mut TestParams) {
     p.streams = s.streams.clamp(1, MAX_STREAMS);
     p.window = s.buffer;
+    p.force_buffers = s.forced_buffers;
     p.congestion.clone_from(&s.congestion);
     p.fq_rate = s.pacing_rate;
 }
@@ -319,6 +311,7 @@ fn plan(a: &Args) -> anyhow::Result<TestParams> {
         omit_ms,
         interval_ms: interval.as_millis() as u64,
         window,
+        force_buffers: false,
         mss: a.mss,
         congestion: a.congestion.clone(),
         fq_rate,
@@ -742,6 +735,15 @@ mod tests {
         assert_eq!(p.congestion.as_deref(), Some("bbr"));
         let p = merged(&["h", "--fq-rate", "1g", "-P", "1"]);
         assert_eq!((p.streams, p.fq_rate), (1, Some(1_000_000_000)));
+        assert!(!p.force_buffers);
+        // A plan that forces buffers forces them, unless -w names the size.
+        let mut forced = lab_plan();
+        forced.forced_buffers = true;
+        for (argv, force) in [(&["h"][..], true), (&["h", "-w", "8M"], false)] {
+            let (a, mut p) = parsed(argv);
+            apply(&auto::merge(&forced, &overrides(&a, &p)), &mut p);
+            assert_eq!(p.force_buffers, force, "{argv:?}");
+        }
         // -P 1 is a choice, not the default: it still wins.
         let p = merged(&["h", "-P", "1", "-R"]);
         assert_eq!(p.streams, 1);

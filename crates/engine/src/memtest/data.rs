@@ -619,11 +619,16 @@ pub(crate) fn configure_buffers(fd: &impl AsFd, p: &TestParams, warnings: &mut V
         (false, "receive", "net.core.rmem_max"),
     ] {
         let grant = if send {
-            fatpipe_sys::set_send_buffer(fd, w, false)
+            fatpipe_sys::set_send_buffer(fd, w, p.force_buffers)
         } else {
-            fatpipe_sys::set_recv_buffer(fd, w, false)
+            fatpipe_sys::set_recv_buffer(fd, w, p.force_buffers)
         };
         match grant {
+            Ok(g) if g.forced && g.capped => warnings.push(format!(
+                "{what} buffer forced past {sysctl} but still capped at {} of the {} asked",
+                units::format_bytes_iec(g.granted),
+                units::format_bytes_iec(w)
+            )),
             Ok(g) if g.capped => warnings.push(format!(
                 "{what} buffer capped at {} of the {} asked ({sysctl}); see `fatpipe tune`",
                 units::format_bytes_iec(g.granted),
@@ -682,6 +687,7 @@ mod tests {
             omit_ms: 0,
             interval_ms: 1000,
             window: None,
+            force_buffers: false,
             mss: None,
             congestion: None,
             fq_rate: None,
