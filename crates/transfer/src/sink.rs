@@ -682,7 +682,7 @@ impl Sink {
         let journal = Journal::reopen(parent, &jn)?;
         let file = Arc::new(file);
         Ok(Some(OpenPart {
-            direct: self.open_direct(parent, name),
+            direct: self.open_direct(parent, name, slot),
             file,
             journal: Some(journal),
         }))
@@ -721,14 +721,16 @@ impl Sink {
             None
         };
         Ok(OpenPart {
-            direct: self.open_direct(&parent, &name),
+            direct: self.open_direct(&parent, &name, slot),
             file: Arc::new(file),
             journal,
         })
     }
 
-    fn open_direct(&self, parent: &Dir, name: &[u8]) -> Option<Arc<File>> {
-        if !self.opts.direct {
+    fn open_direct(&self, parent: &Dir, name: &[u8], slot: &Slot) -> Option<Arc<File>> {
+        // Small files stay buffered: a synchronous disk write per file
+        // would cost far more than the page cache it saves.
+        if !self.opts.direct || slot.chunks < 2 {
             return None;
         }
         parent
