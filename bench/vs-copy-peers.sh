@@ -12,7 +12,9 @@
 # Datasets: one big file of pseudo-random data (BIG_MB, default 4096 MiB)
 # and SMALL_FILES files of SMALL_SIZE bytes (default 20,000 x 16 KiB) in
 # nested directories. Each tool gets its best parallel/pipelining options:
-#   fatpipe  -P $STREAMS, chunks shared by all streams, small files batched
+#   fatpipe  -P $STREAMS, chunks shared by all streams, small files batched,
+#            big files written with O_DIRECT (its default)
+#   fatpipe-buffered  the same with --buffered (page-cache writes)
 #   GridFTP  globus-url-copy -p $STREAMS (big), -cc $INFLIGHT -pp (small), -fast
 #   xrdcp    --streams $STREAMS (big), --parallel $INFLIGHT (small)
 #   rsync    daemon, -a -W (whole files; rsync has no parallelism)
@@ -40,7 +42,7 @@ SMALL_FILES=${SMALL_FILES:-20000}
 SMALL_SIZE=${SMALL_SIZE:-16384}
 STREAMS=${STREAMS:-4}
 INFLIGHT=${INFLIGHT:-8}
-TOOLS=${TOOLS:-"cp fatpipe gridftp xrdcp rsync scp"}
+TOOLS=${TOOLS:-"cp fatpipe fatpipe-buffered gridftp xrdcp rsync scp"}
 DATASETS=${DATASETS:-"big small"}
 
 SERVER_IP=198.18.0.1
@@ -187,7 +189,7 @@ dest() { mkdir -p "$work/dst/$1" && chmod 1777 "$work/dst/$1" && echo "$work/dst
 start_fatpipe() {
     echo "fatpipe-bench-key-$$" >"$work/key"
     start_server fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
-        --key-file "$work/key" --export "dst=$(dest fatpipe)" -q
+        --key-file "$work/key" --export "dst=$(dest fatpipe)" --export "dstb=$(dest fatpipe-buffered)" -q
 }
 
 start_servers() {
@@ -196,6 +198,10 @@ start_servers() {
         case $t in
             cp) dest cp >/dev/null ;;
             fatpipe) start_fatpipe || failed+=("$t") ;;
+            fatpipe-buffered)
+                # Same server as fatpipe (started with it, or now).
+                dest fatpipe-buffered >/dev/null
+                [ -n "${SERVER_PID[fatpipe]:-}" ] || start_fatpipe || failed+=("$t") ;;
             gridftp)
                 # Anonymous mode: no certificates; -s forks per connection in the
                 # foreground (non-forked root servers take one connection). It maps anonymous
@@ -267,6 +273,8 @@ client_cmd() {
         cp) echo cp -r "$src" "$d/" ;;
         fatpipe) echo "$FATPIPE" copy --port $PORT_FATPIPE --key-file "$work/key" -P "$STREAMS" -r -q \
             "$src" "$SERVER_IP:dst/$ds-$run/" ;;
+        fatpipe-buffered) echo "$FATPIPE" copy --port $PORT_FATPIPE --key-file "$work/key" -P "$STREAMS" -r -q \
+            --buffered "$src" "$SERVER_IP:dstb/$ds-$run/" ;;
         gridftp)
             case $ds in
                 big) echo globus-url-copy -fast -p "$STREAMS" -tcp-bs 4194304 "file://$src" \
@@ -369,14 +377,14 @@ main() {
     done
 
     echo
-    printf '%-6s %-8s %10s %12s %14s %14s   %s\n' data tool seconds "rate" "client RSS" "server RSS" "runs (s)"
+    printf '%-6s %-16s %10s %12s %14s %14s   %s\n' data tool seconds "rate" "client RSS" "server RSS" "runs (s)"
     for ds in $DATASETS; do
         for tool in "${tools[@]}"; do
             local s unit srss=""
             s=$(col "$ds" "$tool" 1)
             unit=$([ "$ds" = big ] && echo GB/s || echo files/s)
-            [ "$tool" = fatpipe ] && srss="$((${srv_rss[$ds]:-0} / 1024)) MiB"
-            printf '%-6s %-8s %10s %12s %14s %14s   %s\n' "$ds" "$tool" "$s" "$(rate "$ds" "$s") $unit" \
+            case $tool in fatpipe*) srss="$((${srv_rss[$ds]:-0} / 1024)) MiB" ;; esac
+            printf '%-6s %-16s %10s %12s %14s %14s   %s\n' "$ds" "$tool" "$s" "$(rate "$ds" "$s") $unit" \
                 "$(awk -v k="$(col "$ds" "$tool" 2)" 'BEGIN { if (k == "-") print "-"; else printf "%d MiB", k / 1024 }')" \
                 "$srss" \
                 "$(awk -F'|' -v d="$ds" -v t="$tool" '$1 == d && $2 == t { split($3, a, " "); printf "%s ", a[1] }' "$work/res")"
@@ -387,8 +395,10 @@ main() {
     for ds in $DATASETS; do
         local fp best=- best_tool=- cpr peer
         fp=$(rate "$ds" "$(col "$ds" fatpipe 1)")
+        local fpd
+        fpd=$(rate "$ds" "$(col "$ds" fatpipe-buffered 1)")
         for peer in "${tools[@]}"; do
-            case $peer in fatpipe | cp) continue ;; esac
+            case $peer in fatpipe* | cp) continue ;; esac
             local pr
             pr=$(rate "$ds" "$(col "$ds" "$peer" 1)")
             [ "$pr" = - ] && continue
@@ -398,7 +408,7 @@ main() {
         done
         cpr=$(rate "$ds" "$(col "$ds" cp 1)")
         case $ds in
-            big) echo "big file: fatpipe/best peer ($best_tool) = $(ratio "$fp" "$best") (target >= 1.2), fatpipe/cp = $(ratio "$fp" "$cpr") (target ~0.95)" ;;
+            big) echo "big file: fatpipe/best peer ($best_tool) = $(ratio "$fp" "$best") (target >= 1.2), fatpipe/cp = $(ratio "$fp" "$cpr") (target ~0.95); with --buffered: $(ratio "$fpd" "$best") and $(ratio "$fpd" "$cpr")" ;;
             small) echo "small files: fatpipe/best peer ($best_tool) = $(ratio "$fp" "$best") (target >= 2.0), fatpipe $fp files/s (target >= 4000), fatpipe/cp = $(ratio "$fp" "$cpr")" ;;
         esac
     done
