@@ -165,9 +165,10 @@ fn steps(args: &Args, exe: &Path, work: &Path, place: &Place) -> anyhow::Result<
     let tuned = run_test(place, exe, &[&target, "-t", &secs])?;
 
     say("copy: dataset to the server's export, verified end to end");
-    let dest_spec = format!("{target}:demo/");
+    let dest_spec = format!("{}:demo/", place.server_host());
     let src_arg = src.to_string_lossy().into_owned();
-    let copy = run_copy(place, exe, &["-r", &src_arg, &dest_spec])?;
+    let port_arg = port.to_string();
+    let copy = run_copy(place, exe, &["-r", "-p", &port_arg, &src_arg, &dest_spec])?;
     let copied = dst.join("dataset");
     let checked = compare_trees(&src, &copied)?;
 
@@ -247,7 +248,9 @@ fn start_server(place: &Place, exe: &Path, export: &Path) -> anyhow::Result<(Chi
         .arg(format!("demo={}:public", export.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        // Session start/end lines would interleave with the demo's own; a
+        // failing session shows in the client's error instead.
+        .stderr(Stdio::null());
     let mut child = cmd.spawn().context("demo: start fatpipe server")?;
     let stdout = child
         .stdout
