@@ -244,6 +244,17 @@ pub fn from_outcome(
         Role::Receiver => (&peer, &local),
     };
     let mut plan = plan(&facts, sender, receiver, policy);
+    if let Some(why) = unseen_loss_matters(o, &facts, &plan, sender) {
+        // Plan again with BBR as the only choice: same window and streams
+        // rules, a congestion control that random loss does not throttle.
+        let bbr_only = HostLimits {
+            congestion: vec!["bbr".into()],
+            ..sender.clone()
+        };
+        plan = crate::plan::plan(&facts, &bbr_only, receiver, policy);
+        plan.reason.push_str("; ");
+        plan.reason.push_str(&why);
+    }
     let lower_bound = o.rate.as_ref().is_some_and(|r| r.sender_limited);
     if let (true, Some(p)) = (lower_bound, plan.pacing_rate) {
         // Pacing at a rate the path exceeds would cap the test below it
@@ -259,6 +270,42 @@ pub fn from_outcome(
         plan,
         probe_secs: o.elapsed.as_secs_f64(),
         warnings,
+    })
+}
+
+/// Why a loss-based plan is too risky although the probe lost nothing:
+/// a few thousand probe packets cannot rule out a loss rate (the "rule of
+/// three" bound, 3/n at 95 %) that would hold CUBIC's streams far below
+/// the path on a long RTT (at 93 ms, 1e-4 holds one stream to ~15 Mbit/s),
+/// and the in-flight adjuster that could react is not running. `None` when
+/// the plan already avoids loss-based control, BBR is not on offer, or even
+/// that loss would not matter (short paths).
+fn unseen_loss_matters(
+    o: &ProbeOutcome,
+    facts: &PathFacts,
+    plan: &Plan,
+    sender: &HostLimits,
+) -> Option<String> {
+    let rate = facts.bottleneck_rate? as f64;
+    let sent = u64::from(o.rtt.sent) + o.train_packets.0;
+    let received = u64::from(o.rtt.received) + o.train_packets.1;
+    if sent == 0 || received < sent || plan.congestion == "bbr" {
+        return None;
+    }
+    if !sender.congestion.iter().any(|c| c == "bbr") {
+        return None;
+    }
+    let bound = 3.0 / sent as f64;
+    let rtt = std::time::Duration::from_secs_f64(facts.rtt_secs.clamp(0.0, 3600.0));
+    let per_stream = crate::plan::mathis_rate(crate::plan::mss_for(facts.mtu), rtt, bound)?;
+    let reach = per_stream * f64::from(plan.streams.max(1));
+    (reach < 0.9 * rate).then(|| {
+        format!(
+            "bbr: {sent} probe packets cannot rule out {} loss, which would hold {} to {}",
+            crate::plan::format_loss(bound),
+            plan.congestion,
+            format_rate(reach)
+        )
     })
 }
 
@@ -554,6 +601,51 @@ mod tests {
         let only = autotuning_only(&there);
         assert_eq!((only.rmem_max, only.privileged), (4 << 20, false));
         assert_eq!(only.wmem_max, 8 << 20);
+    }
+
+    #[test]
+    fn loss_the_probe_cannot_rule_out_picks_bbr_on_long_paths_only() {
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        // 93 ms, no loss seen in 1805 packets: 0.17 % is possible and
+        // would cripple cubic, so bbr.
+        let long = from_outcome(
+            &outcome(93, Some(1e9), Ok(l.clone())),
+            Ok(l.clone()),
+            Role::Sender,
+            &Policy::default(),
+            true,
+        )
+        .unwrap();
+        assert_eq!(long.plan.congestion, "bbr", "{}", long.plan.reason);
+        assert_eq!(long.plan.pacing_rate, None);
+        assert!(
+            long.plan.reason.contains("cannot rule out"),
+            "{}",
+            long.plan.reason
+        );
+        assert_eq!(long.facts.loss_rate, 0.0, "the facts stay as measured");
+        // 1 ms at 100 Mbit/s: the same bound leaves cubic above the path.
+        let short = from_outcome(
+            &outcome(1, Some(1e8), Ok(l.clone())),
+            Ok(l),
+            Role::Sender,
+            &Policy::default(),
+            true,
+        )
+        .unwrap();
+        assert_eq!(short.plan.congestion, "cubic", "{}", short.plan.reason);
+        // Without bbr on offer the plan stays as it was.
+        let no_bbr = limits(4 << 20, &["cubic"], false);
+        let p = from_outcome(
+            &outcome(93, Some(1e9), Ok(no_bbr.clone())),
+            Ok(no_bbr),
+            Role::Sender,
+            &Policy::default(),
+            true,
+        )
+        .unwrap();
+        assert_eq!(p.plan.congestion, "cubic");
+        assert!(!p.plan.reason.contains("cannot rule out"));
     }
 
     #[test]
