@@ -7,34 +7,14 @@
 //! test checks the point of it all: on an emulated 1 Gbit/s × 93 ms link,
 //! no flags fill the path while one untuned stream does not.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
 use fatpipe_schema::copy::CopyReport;
 use fatpipe_schema::test::TestReport;
 
-use crate::util::{self, assert_exit, run, setup, Dir, Guard};
-
-/// Spawns a server command and reads its port from `listening on IP:PORT`.
-fn spawn_server(mut cmd: Command) -> (Guard, u16) {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = cmd.spawn().expect("spawn fatpipe server");
-    let stdout = child.stdout.take().expect("server stdout");
-    let guard = Guard(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read the server's first line");
-    let port = line
-        .trim()
-        .strip_prefix("listening on ")
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
-    (guard, port)
-}
+use crate::util::{self, assert_exit, run, setup, spawn_server, Dir, Guard};
 
 fn loopback_server(dir: &Dir, extra: &[&str]) -> (Guard, u16) {
     let mut cmd = dir.cmd();

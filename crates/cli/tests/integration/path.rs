@@ -9,33 +9,13 @@
 //! ended by PID through their guard; a `Lab` removes itself when dropped
 //! (also on panic), and its owner is this process in case it is killed.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
 use fatpipe_schema::path::{PathReport, PATH_SCHEMA, PATH_SCHEMA_VERSION};
 
-use crate::util::{self, assert_exit, run, setup, Guard};
-
-/// Reads the port from a server's first stdout line ("listening on IP:PORT").
-fn spawn_server(mut cmd: Command) -> (Guard, u16) {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = cmd.spawn().expect("spawn fatpipe server");
-    let stdout = child.stdout.take().expect("server stdout");
-    let guard = Guard(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read the server's first line");
-    let port = line
-        .trim()
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
-    (guard, port)
-}
+use crate::util::{self, assert_exit, run, setup, spawn_server};
 
 fn parse(out: &std::process::Output) -> PathReport {
     assert_exit(out, 0);

@@ -4,35 +4,21 @@
 //! first stdout line), keeps runs to about a second, and checks the JSON
 //! report through the schema types rather than by grepping text.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fatpipe_schema::test::{Direction, TestReport, TestStreamLine, TEST_SCHEMA_VERSION};
 
-use crate::util::{assert_exit, run, setup, Dir, Guard};
+use crate::util::{assert_exit, run, setup, spawn_server, Dir, Guard};
 
 /// Starts `fatpipe server --port 0` with `extra` flags; returns it and its port.
 fn server(dir: &Dir, extra: &[&str]) -> (Guard, u16) {
     let mut cmd = dir.cmd();
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().expect("spawn fatpipe server");
-    let stdout = child.stdout.take().expect("server stdout");
-    let guard = Guard(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read the server's first line");
-    let port = line
-        .trim()
-        .strip_prefix("listening on 127.0.0.1:")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
-    (guard, port)
+        .args(extra);
+    spawn_server(cmd)
 }
 
 /// A `fatpipe test` command against `port`.

@@ -2,8 +2,9 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The fatpipe binary Cargo built for these tests.
 pub fn bin() -> PathBuf {
@@ -64,6 +65,26 @@ impl Drop for Guard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Spawns a `fatpipe server` command and reads its port from its first
+/// stdout line, `listening on IP:PORT`. The server is ended when the guard drops.
+pub fn spawn_server(mut cmd: Command) -> (Guard, u16) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let guard = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the server's first line");
+    let port = line
+        .trim()
+        .strip_prefix("listening on ")
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+    (guard, port)
 }
 
 /// True when the test may use root-only facilities. Outside CI a test without
