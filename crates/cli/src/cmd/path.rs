@@ -8,7 +8,7 @@
 //! or one JSON document (`--json`, schema `fatpipe.path`).
 
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,7 +49,7 @@ pub struct Args {
 
 /// Probes the path and prints what it found.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let addr = resolve(&args.host, args.port)?;
+    let addr = super::test::resolve(&args.host, args.port)?;
     let key = match &args.key_file {
         Some(path) => {
             Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
@@ -178,37 +178,9 @@ fn classify(e: ProbeError, host: &str) -> anyhow::Error {
     }
 }
 
-/// Resolves `host`, `host:port`, `[v6]:port` or a bare IPv6 address.
-fn resolve(host: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
-    let bad = || crate::exit::usage(format!("cannot read '{host}' as HOST[:PORT]"));
-    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
-        let (ip, after) = rest.split_once(']').ok_or_else(bad)?;
-        let port = match after {
-            "" => default_port,
-            p => p
-                .strip_prefix(':')
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(bad)?,
-        };
-        (ip, port)
-    } else if host.matches(':').count() == 1 {
-        let (h, p) = host.split_once(':').ok_or_else(bad)?;
-        (h, p.parse().map_err(|_| bad())?)
-    } else {
-        (host, default_port)
-    };
-    if name.is_empty() {
-        return Err(bad());
-    }
-    (name, port)
-        .to_socket_addrs()
-        .map_err(|e| crate::exit::usage(format!("cannot resolve '{name}': {e}")))?
-        .next()
-        .ok_or_else(|| crate::exit::usage(format!("'{name}' has no address")))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::test::resolve;
     use super::*;
 
     fn args(count: u32, trains: u32) -> Args {

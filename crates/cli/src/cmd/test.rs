@@ -332,7 +332,7 @@ fn round_up(v: u64, step: u64) -> u64 {
 }
 
 /// Resolves `host`, `host:port`, `[v6]:port` or a bare IPv6 address.
-fn resolve(host: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
+pub(crate) fn resolve(host: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
     let (name, port) = split_host(host, default_port)
         .ok_or_else(|| crate::exit::usage(format!("cannot read '{host}' as HOST[:PORT]")))?;
     (name.as_str(), port)
