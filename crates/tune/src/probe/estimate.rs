@@ -199,8 +199,15 @@ pub fn train_rate(train: &TrainObs) -> Result<TrainRate, TrainReject> {
     })
 }
 
+/// Trains the sender pushed faster than they arrived needed to ignore the
+/// sender-limited ones.
+const MIN_FREE_TRAINS: usize = 3;
+
 /// Combines the trains: drops outliers, takes the median of the rest and
 /// says how confident it is. `None` when no train gave an estimate.
+///
+/// Sender-limited trains count only when fewer than [`MIN_FREE_TRAINS`]
+/// others got out at full speed; the estimate is then a lower bound.
 ///
 /// Confidence is `(1 − 5 × relative spread) × share of trains used`, where
 /// the spread is the scaled MAD of the kept estimates over their median:
@@ -216,6 +223,14 @@ pub fn combine(trains: &[TrainObs]) -> Option<RateEstimate> {
     }
     if rates.is_empty() {
         return None;
+    }
+    // A train the sender could not push faster than it arrived measured
+    // the sender (a descheduled thread, a full device queue), not the path.
+    // When enough trains did get out fast, they alone speak for the path.
+    let free = rates.iter().filter(|r| !r.sender_limited).count();
+    if free >= MIN_FREE_TRAINS && free < rates.len() {
+        rejected += (rates.len() - free) as u32;
+        rates.retain(|r| !r.sender_limited);
     }
     let values: Vec<f64> = rates.iter().map(|r| r.rate).collect();
     let m = median(&values);
@@ -377,8 +392,23 @@ mod tests {
         // The sender needed as long as the arrivals took.
         t.send_span_ns = t.arrivals[99].at_ns - t.arrivals[0].at_ns;
         assert!(train_rate(&t).unwrap().sender_limited);
-        let e = combine(&[t.clone(), t.clone(), t]).unwrap();
+        let e = combine(&[t.clone(), t.clone(), t.clone()]).unwrap();
         assert!(e.sender_limited);
+        // Three trains that got out fast outvote five slow ones: the slow
+        // sender measured itself (0.3 Gbit/s), the fast ones the path.
+        let mut slow = train(100, 1500, 0.3e9, |_| 0);
+        slow.send_span_ns = slow.arrivals[99].at_ns - slow.arrivals[0].at_ns;
+        let fast = train(100, 1500, 1e9, |_| 0);
+        let mut mixed = vec![slow.clone(); 5];
+        mixed.extend(vec![fast.clone(); 3]);
+        let e = combine(&mixed).unwrap();
+        assert!(!e.sender_limited, "{e:?}");
+        assert!((e.rate / 1e9 - 1.0).abs() < 0.01, "{e:?}");
+        assert_eq!((e.used, e.rejected), (3, 5));
+        // Two fast trains are not enough to outvote them.
+        let mut few = vec![slow; 5];
+        few.extend(vec![fast; 2]);
+        assert!(combine(&few).unwrap().sender_limited);
     }
 
     #[test]
