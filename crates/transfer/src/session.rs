@@ -32,7 +32,7 @@ use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
 use crate::wire::{
     entries_messages, need_messages, read_msg, write_msg, Accept, Direction, Entry, EntryKind,
-    Hello, Msg, Refuse, RefuseClass, Request, Summary, VERSION,
+    Hello, Msg, Refuse, RefuseClass, Request, SocketTuning, Summary, VERSION,
 };
 use crate::{Failure, Progress};
 
@@ -97,6 +97,8 @@ pub struct Job {
     pub chunk_size: u32,
     /// Rate cap (bits/s) for the sending side when it is this client.
     pub bwlimit: Option<u64>,
+    /// Socket settings the server applies to its data connections.
+    pub tuning: SocketTuning,
     /// Reconnects allowed after a drop.
     pub retries: u32,
     /// Use `sendfile` when sending.
@@ -298,6 +300,7 @@ pub fn serve(
         s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
         expect_hello(&mut s, Hello::Data)?;
         s.set_read_timeout(None).map_err(net)?;
+        apply_tuning(&s, &req.tuning, req.direction);
         data.push(s);
     }
     ctrl.set_read_timeout(None).map_err(net)?;
@@ -555,6 +558,38 @@ enum ServerPlan {
         dest: Option<RelPath>,
         into_dir: bool,
     },
+}
+
+/// The largest buffer a client may have the server force past its host
+/// caps, per socket: forcing is for long fat paths whose BDP the caps cannot
+/// cover, not a way for a client to pin the server's memory.
+pub const MAX_FORCED_BUFFER: u64 = 256 << 20;
+
+/// Applies the client's socket settings to one of the server's data
+/// connections: the receive buffer on a push; send buffer, congestion
+/// control and pacing on a pull (the server sends). Best effort, like the
+/// client's own: a refused option leaves the kernel's default, which still
+/// copies correctly.
+fn apply_tuning(s: &TcpStream, t: &SocketTuning, direction: Direction) {
+    if t.buffer > 0 {
+        let bytes = if t.force {
+            t.buffer.min(MAX_FORCED_BUFFER)
+        } else {
+            t.buffer
+        };
+        let _ = match direction {
+            Direction::Push => fatpipe_sys::set_recv_buffer(s, bytes, t.force),
+            Direction::Pull => fatpipe_sys::set_send_buffer(s, bytes, t.force),
+        };
+    }
+    if direction == Direction::Pull {
+        if !t.congestion.is_empty() {
+            let _ = fatpipe_sys::set_congestion(s, &t.congestion);
+        }
+        if t.pacing > 0 {
+            let _ = fatpipe_sys::set_max_pacing_rate(s, t.pacing / 8);
+        }
+    }
 }
 
 fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse> {
@@ -872,6 +907,7 @@ fn client_session(
             bwlimit: job.bwlimit.unwrap_or(0),
             export: job.export.as_bytes().to_vec(),
             paths,
+            tuning: job.tuning.clone(),
         }),
     )
     .map_err(net)?;
@@ -1136,6 +1172,7 @@ mod tests {
             streams: 3,
             chunk_size: 64 * 1024,
             bwlimit: None,
+            tuning: SocketTuning::default(),
             retries: 3,
             sendfile: true,
             corrupt_chunk: None,

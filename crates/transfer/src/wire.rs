@@ -25,7 +25,7 @@ use crate::hash::Algo;
 use crate::relpath::{PathError, RelPath, MAX_PATH};
 
 /// Protocol version; bumped on any incompatible change.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The largest control frame accepted (payload bytes).
 pub const MAX_FRAME: usize = 1 << 20;
 /// The largest chunk accepted on a data connection.
@@ -34,6 +34,8 @@ pub const MAX_CHUNK: u32 = 64 << 20;
 pub const MAX_REQUEST_PATHS: usize = 4096;
 /// The longest message string accepted.
 pub const MAX_TEXT: usize = 4096;
+/// The longest congestion-control name accepted (Linux: 16 with the NUL).
+pub const MAX_CONGESTION_NAME: usize = 32;
 /// Size of a chunk header on a data connection.
 pub const HEADER_LEN: usize = 32;
 
@@ -107,6 +109,26 @@ pub struct Request {
     /// Pull: export-relative sources. Push: one entry, the destination.
     /// Raw bytes: the server validates them and refuses with a clear message.
     pub paths: Vec<Vec<u8>>,
+    /// What the server sets on its data sockets (auto-tuning's plan).
+    pub tuning: SocketTuning,
+}
+
+/// Socket settings the client asks the server to apply to its data
+/// connections, so that the window the planner chose holds at both ends
+/// (a push's receiver would otherwise let kernel autotuning open far wider
+/// windows than the plan, and a pull's sender would keep its own congestion
+/// control). Every field's zero value means "leave the kernel's default".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketTuning {
+    /// Per-socket buffer in bytes: SO_RCVBUF on a push, SO_SNDBUF on a pull.
+    pub buffer: u64,
+    /// Force the buffer past the host caps (the server does so only when
+    /// privileged, and never past its own bound).
+    pub force: bool,
+    /// Congestion control for the sending sockets of a pull.
+    pub congestion: String,
+    /// Per-stream pacing rate in bit/s for the sending sockets of a pull.
+    pub pacing: u64,
 }
 
 /// The server's acceptance.
@@ -396,6 +418,10 @@ impl Msg {
                 for p in &r.paths {
                     w.bytes(p);
                 }
+                w.u64(r.tuning.buffer);
+                w.u8(u8::from(r.tuning.force));
+                w.bytes(r.tuning.congestion.as_bytes());
+                w.u64(r.tuning.pacing);
             }
             Msg::Accept(a) => {
                 w.u8(2);
@@ -492,6 +518,16 @@ impl Msg {
                 for _ in 0..n {
                     paths.push(r.bytes(MAX_PATH)?.to_vec());
                 }
+                let buffer = r.u64()?;
+                let force = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    v => return Err(unknown("force flag", v)),
+                };
+                let congestion = std::str::from_utf8(r.bytes(MAX_CONGESTION_NAME)?)
+                    .map_err(|_| WireError::Utf8)?
+                    .to_string();
+                let pacing = r.u64()?;
                 Msg::Request(Request {
                     version,
                     direction,
@@ -504,6 +540,12 @@ impl Msg {
                     bwlimit,
                     export,
                     paths,
+                    tuning: SocketTuning {
+                        buffer,
+                        force,
+                        congestion,
+                        pacing,
+                    },
                 })
             }
             2 => Msg::Accept(Accept {
@@ -832,6 +874,12 @@ mod tests {
                 bwlimit: 1_000_000_000,
                 export: b"data".to_vec(),
                 paths: vec![b"a/b".to_vec(), b"../evil".to_vec()],
+                tuning: SocketTuning {
+                    buffer: 4 << 20,
+                    force: true,
+                    congestion: "bbr".into(),
+                    pacing: 250_000_000,
+                },
             }),
             Msg::Accept(Accept {
                 streams: 4,

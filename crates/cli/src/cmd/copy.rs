@@ -30,7 +30,7 @@ use fatpipe_schema::tune::AutoTune;
 use fatpipe_schema::units;
 use fatpipe_transfer::hash::Algo;
 use fatpipe_transfer::session::{self, Conn, CopyError, Export, Job, Link, ServerConfig};
-use fatpipe_transfer::wire::Direction;
+use fatpipe_transfer::wire::{Direction, SocketTuning};
 use fatpipe_transfer::Progress;
 use fatpipe_tune::auto;
 
@@ -284,10 +284,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let (streams, data_opts, auto) = if args.no_auto || args.parallel.is_some() {
+    let (streams, data_opts, tuning, auto) = if args.no_auto || args.parallel.is_some() {
         (
             args.parallel.unwrap_or(DEFAULT_STREAMS),
             DataOpts::default(),
+            SocketTuning::default(),
             None,
         )
     } else {
@@ -316,6 +317,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         streams,
         chunk_size: spec.chunk_size,
         bwlimit: spec.bwlimit,
+        tuning,
         retries: args.retries,
         sendfile: !args.no_sendfile,
         corrupt_chunk: fatpipe_transfer::source::SourceOptions::corrupt_from_env(),
@@ -463,10 +465,8 @@ impl Conn for EngineConn {
     }
 }
 
-/// What auto-tuning sets on this end's data sockets. The copy protocol
-/// carries no socket settings, so the server's sockets keep kernel
-/// autotuning and its own congestion control; the plan is made knowing
-/// that (`peer_sets_buffers: false`).
+/// What auto-tuning sets on this end's data sockets; the server's share
+/// travels in the request ([`remote_tuning`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct DataOpts {
     /// This end sends (push): the buffer is SO_SNDBUF, and congestion
@@ -513,15 +513,37 @@ impl DataOpts {
     }
 }
 
+/// What the server sets on its data sockets: the same buffer at the other
+/// end of each stream (so the planned window holds there too, instead of
+/// kernel autotuning's), and for a pull, where the server sends, the
+/// congestion control and pacing (`--bwlimit` replaces the pacing; the
+/// server applies it from the request).
+fn remote_tuning(s: &auto::Settings, push: bool, bwlimit: Option<u64>) -> SocketTuning {
+    SocketTuning {
+        buffer: s.buffer.unwrap_or(0),
+        force: s.forced_buffers,
+        congestion: if push {
+            String::new()
+        } else {
+            s.congestion.clone().unwrap_or_default()
+        },
+        pacing: if push || bwlimit.is_some() {
+            0
+        } else {
+            s.pacing_rate.unwrap_or(0)
+        },
+    }
+}
+
 /// The pre-flight: probe, plan, print the `auto:` line, and return the
-/// streams and socket settings to copy with. A failed probe falls back to
+/// streams and socket settings (this end's and the server's) to copy with. A failed probe falls back to
 /// the untuned default with a warning.
 fn auto_tune(
     args: &Args,
     plan: &Plan,
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
-) -> anyhow::Result<(u16, DataOpts, Option<AutoTune>)> {
+) -> anyhow::Result<(u16, DataOpts, SocketTuning, Option<AutoTune>)> {
     let role = if plan.job.push {
         auto::Role::Sender
     } else {
@@ -531,8 +553,7 @@ fn auto_tune(
         key,
         ..fatpipe_engine::ClientOptions::default()
     };
-    let mut cfg = auto::PreflightConfig::new(addr, options, role);
-    cfg.peer_sets_buffers = false;
+    let cfg = auto::PreflightConfig::new(addr, options, role);
     let pre = match auto::preflight(&cfg) {
         Ok(p) => p,
         Err(e) if e.is_auth() => {
@@ -542,7 +563,12 @@ fn auto_tune(
             if !args.quiet {
                 eprintln!("fatpipe: copy: warning: auto-tuning off: {e}");
             }
-            return Ok((DEFAULT_STREAMS, DataOpts::default(), None));
+            return Ok((
+                DEFAULT_STREAMS,
+                DataOpts::default(),
+                SocketTuning::default(),
+                None,
+            ));
         }
     };
     let mut settings = auto::merge(&pre.plan, &auto::Overrides::default());
@@ -553,14 +579,9 @@ fn auto_tune(
         .unwrap_or(session::MAX_STREAMS)
         .clamp(1, session::MAX_STREAMS);
     let opts = DataOpts::new(&settings, plan.job.push, plan.job.bwlimit);
+    let tuning = remote_tuning(&settings, plan.job.push, plan.job.bwlimit);
     let mut record = auto::record(&pre, &settings, false);
     record.streams = u32::from(streams);
-    if !plan.job.push {
-        record.warnings.push(
-            "pull: the server's sockets keep their own congestion control and no pacing (the copy protocol does not carry them)"
-                .into(),
-        );
-    }
     if plan.job.bwlimit.is_some() && settings.pacing_rate.is_some() {
         record.pacing_rate = None;
         record.overridden.push("pacing".into());
@@ -578,7 +599,7 @@ fn auto_tune(
             eprintln!("fatpipe: copy: warning: auto: {w}");
         }
     }
-    Ok((streams, opts, Some(record)))
+    Ok((streams, opts, tuning, Some(record)))
 }
 
 fn classify(e: EngineError) -> CopyError {
@@ -782,6 +803,19 @@ mod tests {
             (Some(3 << 20), None, None)
         );
         assert_eq!(DataOpts::new(&s, true, Some(1_000_000)).pacing_rate, None);
+        // The server's end: on a push it receives (buffer only); on a pull
+        // it sends with the plan's congestion control and pacing, unless
+        // --bwlimit paces it instead.
+        let to_server = |push, bwlimit| {
+            let t = remote_tuning(&s, push, bwlimit);
+            (t.buffer, t.force, t.congestion, t.pacing)
+        };
+        assert_eq!(to_server(true, None), (3 << 20, false, String::new(), 0));
+        assert_eq!(
+            to_server(false, None),
+            (3 << 20, false, "cubic".to_string(), 200_000_000)
+        );
+        assert_eq!(to_server(false, Some(1_000_000)).3, 0);
         // -P and --no-auto parse; -P 0 is still refused.
         assert_eq!(args(&["-P", "2", "a", "h:x/"]).parallel, Some(2));
         assert!(args(&["--no-auto", "a", "h:x/"]).no_auto);
