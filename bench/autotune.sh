@@ -44,7 +44,8 @@
 # ends its servers by PID, removes the copy data and raw outputs.
 #
 # Settings (environment):
-#   RTTS="93 228"  LOSSES="0 0.01% 0.1%" (add 1% for the stretch cells)
+#   RTTS="93 228" (empty: only the STRETCH cell)
+#   LOSSES="0 0.01% 0.1%" (add 1% for the stretch cells)
 #   RATE=1gbit  TARGET=0.85 (Gbit/s)  RUNS=3
 #   FP_DURATION=60     seconds of each `fatpipe test` run (issue: 60 s)
 #   IPERF_DURATION=25  seconds of each iperf3 run (issue: 25 s)
@@ -64,7 +65,7 @@ BENCH=autotune
 
 [ -z "${DURATION:-}" ] ||
     die "DURATION was split: set FP_DURATION (fatpipe test, default 60) and IPERF_DURATION (iperf3, default 25)"
-RTTS=${RTTS:-"93 228"}
+RTTS=${RTTS-"93 228"}
 LOSSES=${LOSSES:-"0 0.01% 0.1%"}
 RATE=${RATE:-1gbit}
 TARGET=${TARGET:-0.85}
@@ -90,6 +91,7 @@ done
 for v in FP_DURATION IPERF_DURATION RUNS; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: give a whole number > 0"
 done
+[ -n "$RTTS" ] || [ "$STRETCH" = 1 ] || die "RTTS is empty and STRETCH is not 1: nothing to run"
 COPY_BYTES=$(numfmt --from=iec "$COPY_SIZE" 2>/dev/null) || die "COPY_SIZE=$COPY_SIZE: use e.g. 4G or 256M"
 [ "$COPY_BYTES" -gt 0 ] || die "COPY_SIZE=$COPY_SIZE: must be more than 0"
 
@@ -275,12 +277,13 @@ cell() {
     [ "${m[iperf3-default]}" = - ] && r_d=-
     [ "${m[iperf3-bdp]}" = - ] && r_b=-
     [ "${m[iperf3-8bbr]}" = - ] && r_8=-
-    rows+=("$(printf '| %6s | %4s ms | %5s | %7s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %4s | %4s |' \
-        "$rate" "$rtt" "$loss" "${m[fatpipe]}" "${m[fatpipe-copy]}" "${m[iperf3-default]}" "${m[iperf3-bdp]}" \
+    rows+=("$(printf "$ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "${m[fatpipe-copy]}" "${m[iperf3-default]}" "${m[iperf3-bdp]}" \
         "${m[iperf3-8bbr]}" "$r_d" "$r_b" "$r_8" "$target" "$(mark "${m[fatpipe]}" "$target")" \
         "$(mark "${m[fatpipe-copy]}" "$target")")")
 }
 
+# one table row: link RTT loss, 5 medians, 3 ratios, goal, 2 marks
+ROW='| %6s | %6s | %5s | %7s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %5s | %5s |'
 CAP=$(sysctl -n net.core.rmem_max net.core.wmem_max | sort -n | head -1)
 has_tool fatpipe-copy && make_copy_data
 rows=()
@@ -304,12 +307,12 @@ stop_servers
 
 echo
 echo "fatpipe with no flags vs iperf3 on lab links, median of $RUNS runs (Gbit/s, receiver; copy: goodput)"
-echo "fatpipe test: ${FP_DURATION} s runs; fatpipe copy: one $COPY_SIZE file pushed, verified; iperf3: ${IPERF_DURATION} s runs"
+echo "fatpipe test: ${FP_DURATION} s runs$(has_tool fatpipe-copy && echo "; fatpipe copy: one $COPY_SIZE file pushed, verified"); iperf3: ${IPERF_DURATION} s runs"
 echo "iperf3 BDP: -w min(1 BDP, host cap); the host caps plain socket buffers at $CAP bytes; 8bbr: -P 8 -C bbr"
 echo "n/a: no successful run; -: not run in this cell"
 echo
-echo "|   link |     RTT |  loss | fatpipe | fatpipe | iperf3  | iperf3  | iperf3  | test/  | test/  | test/  | goal | test | copy |"
-echo "|        |         |       | test    | copy    | default | -w BDP  | 8 bbr   | def.   | BDP    | 8bbr   |      | ≥goal | ≥goal |"
+printf "$ROW\n" link RTT loss fatpipe fatpipe iperf3 iperf3 iperf3 "test/" "test/" "test/" goal test copy
+printf "$ROW\n" "" "" "" test copy default "-w BDP" "-P8 bbr" "def." BDP 8bbr "" pass pass
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
