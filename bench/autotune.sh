@@ -1,128 +1,207 @@
 #!/usr/bin/env bash
-# bench/autotune.sh: fatpipe's auto-tuning (no flags) against iperf3 with
-# its defaults and iperf3 with a BDP-sized window, on emulated long fat
-# links (issue 5).
+# bench/autotune.sh: fatpipe with no flags (auto-tuning) against iperf3 on
+# emulated long fat links: issue 5's whole target in one run.
 #
-# One `fatpipe lab` link per RTT (1 Gbit/s, 1-BDP drop-tail queue, MTU
-# 1500), the loss changed live between cells. For every cell of RTTS x
-# LOSSES the three contenders run one after the other, RUNS times, in a
-# rotating order so slow drift (other load on the host) hits all alike;
-# the table shows medians of the receiver's throughput and the ratios
-# fatpipe/iperf3-default and fatpipe/iperf3-BDP. Issue 5's target for
-# fatpipe is >= 0.85 Gbit/s in every cell.
+# Target: on an emulated 1 Gbit/s link (goodput ceiling ~0.94 Gbit/s at MTU
+# 1500), with no flags, >= 0.85 Gbit/s at RTT 93 ms and 228 ms, with loss
+# 0, 0.01% and 0.1%, over a 60 s `fatpipe test` and over a 4 GiB
+# `fatpipe copy`. Stretch: the same at 1% loss (LOSSES="... 1%"), and
+# >= 4.5 Gbit/s on a 5 Gbit/s x 93 ms link (STRETCH=1).
 #
-# "iperf3 BDP" asks for a window of one BDP with -w. iperf3 uses plain
-# SO_SNDBUF/SO_RCVBUF and refuses to run when the kernel grants less than
-# asked, so the window is the BDP or the host cap (net.core.{r,w}mem_max),
-# whichever is smaller; the table says which, because that cap is exactly
-# what fatpipe's planner works around with more streams.
+# One `fatpipe lab` link per RTT (RATE, 1-BDP drop-tail queue, MTU 1500),
+# the loss changed live between cells. In every cell of RTTS x LOSSES the
+# contenders run one after the other, RUNS times, in an order that rotates
+# each run so slow drift (other load on the host) hits all alike:
+#
+#   fatpipe         `fatpipe test B` with no flags, FP_DURATION seconds;
+#                   the receiver's throughput
+#   fatpipe-copy    `fatpipe copy FILE B:dst/` with no flags: one
+#                   COPY_SIZE file of pseudo-random data (made once, removed
+#                   at exit) pushed to a `fatpipe server --export` in
+#                   namespace b; goodput = bytes_transferred x 8 / seconds
+#                   from `--json` (wall clock of the whole run, pre-flight
+#                   probe included). A run counts only if the copy verified
+#                   its chunks (files_verified 1, files_failed 0) and the
+#                   destination has the source's size; the destination file
+#                   is removed after each run.
+#   iperf3-default  iperf3 -c B, IPERF_DURATION seconds
+#   iperf3-bdp      iperf3 -w min(1 BDP, host cap): iperf3 uses plain
+#                   SO_SNDBUF/SO_RCVBUF and refuses to run when the kernel
+#                   grants less than asked, so the window is the BDP or the
+#                   host cap (net.core.{r,w}mem_max), whichever is smaller;
+#                   the table says which, because that cap is exactly what
+#                   fatpipe's planner works around with more streams
+#   iperf3-8bbr     iperf3 -P 8 -C bbr, iperf3's best hand-tuned setting
+#
+# The table shows per cell the medians (Gbit/s, receiver), the ratios
+# fatpipe test / each iperf3 variant, and whether fatpipe test and fatpipe
+# copy reach TARGET. With STRETCH=1 one more cell: STRETCH_RATE x
+# STRETCH_RTT ms, no loss, fatpipe test against iperf3 default only,
+# against STRETCH_TARGET.
 #
 # Needs root (namespaces). Installs iperf3 and jq with apt-get if missing.
-# Removes its lab (by name, and through --owner if it is killed) and ends
-# its servers by PID on any exit.
+# On any exit: removes its lab (by name, and through --owner if killed),
+# ends its servers by PID, removes the copy data and raw outputs.
 #
 # Settings (environment):
-#   RTTS="93 228"  LOSSES="0 0.01% 0.1%"  RATE=1gbit  DURATION=20  RUNS=3
+#   RTTS="93 228" (empty: only the STRETCH cell)
+#   LOSSES="0 0.01% 0.1%" (add 1% for the stretch cells)
+#   RATE=1gbit  TARGET=0.85 (Gbit/s)  RUNS=3
+#   FP_DURATION=60     seconds of each `fatpipe test` run (issue: 60 s)
+#   IPERF_DURATION=25  seconds of each iperf3 run (issue: 25 s)
+#   COPY_SIZE=4G       size of the copied file (bytes, or K/M/G/T: 1024-based)
+#   DATA_DIR=/var/tmp  where the copy's source and destination live (on disk;
+#                      needs twice COPY_SIZE free)
+#   STRETCH=1          also run STRETCH_RATE=5gbit x STRETCH_RTT=93 ms, no
+#                      loss, against STRETCH_TARGET=4.5 (Gbit/s)
+#   TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr"
+#   LAB=fpat$$         lab name
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
-#   KEEP=1                    (keep every run's raw output)
+#   KEEP=1             keep every run's raw output (not the copy data)
 set -euo pipefail
 
-RTTS=${RTTS:-"93 228"}
+BENCH=autotune
+. "$(dirname "$0")/lib.sh"
+
+[ -z "${DURATION:-}" ] ||
+    die "DURATION was split: set FP_DURATION (fatpipe test, default 60) and IPERF_DURATION (iperf3, default 25)"
+RTTS=${RTTS-"93 228"}
 LOSSES=${LOSSES:-"0 0.01% 0.1%"}
 RATE=${RATE:-1gbit}
-DURATION=${DURATION:-20}
+TARGET=${TARGET:-0.85}
+FP_DURATION=${FP_DURATION:-60}
+IPERF_DURATION=${IPERF_DURATION:-25}
 RUNS=${RUNS:-3}
-LAB="fpat$$"
+COPY_SIZE=${COPY_SIZE:-4G}
+DATA_DIR=${DATA_DIR:-/var/tmp}
+STRETCH=${STRETCH:-0}
+STRETCH_RATE=${STRETCH_RATE:-5gbit}
+STRETCH_RTT=${STRETCH_RTT:-93}
+STRETCH_TARGET=${STRETCH_TARGET:-4.5}
+ALL_TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr"
+TOOLS=${TOOLS:-$ALL_TOOLS}
+LAB=${LAB:-fpat$$}
 PORT_FATPIPE=5301
+PORT_COPY=5302
 PORT_IPERF3=5201
 
-here=$(cd "$(dirname "$0")/.." && pwd)
+for t in $TOOLS; do
+    case " $ALL_TOOLS " in *" $t "*) ;; *) die "TOOLS: unknown contender $t (known: $ALL_TOOLS)" ;; esac
+done
+for v in FP_DURATION IPERF_DURATION RUNS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: give a whole number > 0"
+done
+[ -n "$RTTS" ] || [ "$STRETCH" = 1 ] || die "RTTS is empty and STRETCH is not 1: nothing to run"
+COPY_BYTES=$(numfmt --from=iec "$COPY_SIZE" 2>/dev/null) || die "COPY_SIZE=$COPY_SIZE: use e.g. 4G or 256M"
+[ "$COPY_BYTES" -gt 0 ] || die "COPY_SIZE=$COPY_SIZE: must be more than 0"
+
 work=$(mktemp -d /tmp/fatpipe-autotune.XXXXXX)
-SERVERS=()
-
-die() { echo "autotune: $*" >&2; exit 2; }
-
-stop_servers() {
-    local pid
-    for pid in "${SERVERS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${SERVERS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    SERVERS=()
-}
+data=""
 
 cleanup() {
     stop_servers
     [ -n "${FATPIPE:-}" ] && "$FATPIPE" lab down "$LAB" >/dev/null 2>&1 || true
-    if [ "${KEEP:-0}" = 1 ]; then
-        echo "raw outputs kept in $work"
-    else
-        rm -rf "$work"
-    fi
+    [ -n "$data" ] && rm -rf "$data"
+    drop_work
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ "$(id -u)" -eq 0 ] || die "needs root for the lab's namespaces"
+install_missing iperf3:iperf3 jq:jq
+build_fatpipe
 
-need=()
-command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
-command -v jq >/dev/null 2>&1 || need+=(jq)
-if [ ${#need[@]} -gt 0 ]; then
-    echo "installing: ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
-if [ -z "${FATPIPE:-}" ]; then
-    (cd "$here" && cargo build --release --quiet --bin fatpipe)
-    FATPIPE="${CARGO_TARGET_DIR:-$here/target}/release/fatpipe"
-fi
-[ -x "$FATPIPE" ] || die "FATPIPE=$FATPIPE is not executable"
-
-# median of the numbers on stdin
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+has_tool() { case " $TOOLS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 # bdp_bytes RATE_BPS RTT_MS
 bdp_bytes() { awk -v r="$1" -v t="$2" 'BEGIN { printf "%d", r * t / 1000 / 8 }'; }
 
+# rate_bps RATE: 1gbit -> 1000000000
 rate_bps() {
-    case $RATE in
-        *gbit|*G|*g) echo $(( ${RATE%%[gG]*} * 1000000000 )) ;;
-        *mbit|*M|*m) echo $(( ${RATE%%[mM]*} * 1000000 )) ;;
-        *) die "RATE=$RATE: use e.g. 1gbit or 500mbit" ;;
+    case $1 in
+        *gbit | *G | *g) echo $((${1%%[gG]*} * 1000000000)) ;;
+        *mbit | *M | *m) echo $((${1%%[mM]*} * 1000000)) ;;
+        *) die "rate $1: use e.g. 1gbit or 500mbit" ;;
     esac
 }
 
-lab_exec() { local end=$1; shift; "$FATPIPE" lab exec "$LAB" "$end" -- "$@"; }
+lab_exec() {
+    local end=$1
+    shift
+    "$FATPIPE" lab exec "$LAB" "$end" -- "$@"
+}
+
+# make_copy_data: one COPY_BYTES file of AES-CTR keystream (pseudo-random:
+# nothing compresses, no two chunks alike, no holes) under DATA_DIR.
+make_copy_data() {
+    data=$(mktemp -d "$DATA_DIR/fatpipe-autotune-data.XXXXXX")
+    mkdir -p "$data/src" "$data/dst"
+    SRC_FILE="$data/src/copy-$COPY_SIZE.bin"
+    echo "making the copy's source: $COPY_SIZE ($COPY_BYTES bytes) of pseudo-random data in $data" >&2
+    # head closes the pipe early; openssl's SIGPIPE is expected.
+    (set +o pipefail
+        openssl enc -aes-128-ctr -nosalt -pbkdf2 -pass pass:fatpipe-autotune </dev/zero 2>/dev/null |
+            head -c "$COPY_BYTES" >"$SRC_FILE")
+    [ "$(stat -c %s "$SRC_FILE")" = "$COPY_BYTES" ] || die "could not write $COPY_BYTES bytes to $SRC_FILE"
+}
 
 start_servers() {
-    lab_exec b "$FATPIPE" server --port $PORT_FATPIPE --quiet >"$work/server-fatpipe.log" 2>&1 &
-    SERVERS+=($!)
-    lab_exec b iperf3 -s -p $PORT_IPERF3 >"$work/server-iperf3.log" 2>&1 &
-    SERVERS+=($!)
-    local i
-    for i in $(seq 50); do
-        if lab_exec b ss -Hltn | grep -q ":$PORT_FATPIPE " && lab_exec b ss -Hltn | grep -q ":$PORT_IPERF3 "; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    die "servers did not start"
+    local ns="fp-$LAB-b"
+    if has_tool fatpipe; then
+        start_server "$ns" fatpipe $PORT_FATPIPE "$FATPIPE" server --port $PORT_FATPIPE --quiet ||
+            die "fatpipe server did not start"
+    fi
+    if has_tool fatpipe-copy; then
+        start_server "$ns" fatpipe-copy $PORT_COPY "$FATPIPE" server --port $PORT_COPY --quiet \
+            --export "dst=$data/dst:public" || die "fatpipe copy server did not start"
+    fi
+    start_server "$ns" iperf3 $PORT_IPERF3 iperf3 -s -p $PORT_IPERF3 || die "iperf3 server did not start"
+}
+
+# copy_one OUT: one push of SRC_FILE; prints Gbit/s, or nan if it failed or
+# did not verify (the reason goes to OUT.bad).
+copy_one() {
+    local out=$1 dst
+    dst="$data/dst/$(basename "$SRC_FILE")"
+    # A fresh destination: no leftover (or journal) to resume from.
+    find "$data/dst" -mindepth 1 -delete
+    if ! lab_exec a "$FATPIPE" copy --port $PORT_COPY --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err"; then
+        echo "copy exited non-zero: $(tail -1 "$out.err")" >"$out.bad"
+    elif ! jq -e --argjson n "$COPY_BYTES" \
+        '.files_verified == 1 and .files_failed == 0 and .bytes_total == $n and .bytes_transferred == $n' \
+        "$out" >/dev/null 2>&1; then
+        echo "copy JSON does not report one verified file of $COPY_BYTES bytes" >"$out.bad"
+    elif [ "$(stat -c %s "$dst" 2>/dev/null || echo missing)" != "$COPY_BYTES" ]; then
+        echo "destination size $(stat -c %s "$dst" 2>/dev/null || echo missing) != $COPY_BYTES" >"$out.bad"
+    fi
+    find "$data/dst" -mindepth 1 -delete
+    if [ -e "$out.bad" ]; then
+        echo nan
+    else
+        jq -r '.bytes_transferred * 8 / .seconds / 1e9' "$out"
+    fi
 }
 
 # run_one TOOL OUT: prints the receiver's Gbit/s (or nan)
 run_one() {
-    local tool=$1 out=$2 b
+    local tool=$1 out=$2
     case $tool in
         fatpipe)
-            lab_exec a "$FATPIPE" test "$B_IP:$PORT_FATPIPE" -t "${DURATION}s" --json >"$out" 2>"$out.err" || true
+            lab_exec a "$FATPIPE" test "$B_IP:$PORT_FATPIPE" -t "${FP_DURATION}s" --json >"$out" 2>"$out.err" || true
             jq -r '(.end.sums[0].bits_per_second // "nan")' "$out" 2>/dev/null || echo nan
             ;;
-        iperf3-default | iperf3-bdp)
+        fatpipe-copy)
+            copy_one "$out" | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
+            ;;
+        iperf3-*)
             local extra=()
-            [ "$tool" = iperf3-bdp ] && extra=(-w "$WINDOW")
+            case $tool in
+                iperf3-bdp) extra=(-w "$WINDOW") ;;
+                iperf3-8bbr) extra=(-P 8 -C bbr) ;;
+            esac
             # iperf3 3.12 exits 0 when it cannot connect: retry on the JSON's error.
             for _ in 1 2 3; do
-                lab_exec a iperf3 -c "$B_IP" -p $PORT_IPERF3 -t "$DURATION" -J "${extra[@]}" >"$out" 2>&1 || true
+                lab_exec a iperf3 -c "$B_IP" -p $PORT_IPERF3 -t "$IPERF_DURATION" -J "${extra[@]}" >"$out" 2>&1 || true
                 jq -e '.error' "$out" >/dev/null 2>&1 || break
                 sleep 1
             done
@@ -131,60 +210,110 @@ run_one() {
     esac | awk '{ if ($1 == "nan") print "nan"; else printf "%.3f\n", $1 / 1e9 }'
 }
 
-TOOLS=(fatpipe iperf3-default iperf3-bdp)
-RATE_BPS=$(rate_bps)
-CAP=$(sysctl -n net.core.rmem_max net.core.wmem_max | sort -n | head -1)
-rows=()
-autolines=()
-for rtt in $RTTS; do
+# lab_link RATE RTT_MS: (re)creates the lab link with no loss, sets B_IP,
+# BDP and WINDOW, starts the servers.
+lab_link() {
+    local rate=$1 rtt=$2
+    stop_servers
     "$FATPIPE" lab down "$LAB" >/dev/null 2>&1 || true
-    "$FATPIPE" lab up "$LAB" --rtt "${rtt}ms" --rate "$RATE" --seed 7 --owner $$ >/dev/null
+    "$FATPIPE" lab up "$LAB" --rtt "${rtt}ms" --rate "$rate" --seed 7 --owner $$ >/dev/null
     B_IP=$("$FATPIPE" lab list --json | jq -r --arg n "$LAB" '.[] | select(.name == $n) | .b.ipv4')
     [ -n "$B_IP" ] && [ "$B_IP" != null ] || die "no address for lab $LAB"
-    BDP=$(bdp_bytes "$RATE_BPS" "$rtt")
+    BDP=$(bdp_bytes "$(rate_bps "$rate")" "$rtt")
     WINDOW=$BDP
     [ "$WINDOW" -gt "$CAP" ] && WINDOW=$CAP
     start_servers
+}
+
+# mark VALUE TARGET: yes / NO / n/a (no value) / - (not run)
+mark() {
+    if [ "$1" = - ]; then
+        echo -
+    elif is_num "$1"; then
+        awk -v a="$1" -v t="$2" 'BEGIN { print (a >= t) ? "yes" : "NO" }'
+    else
+        echo "$NA"
+    fi
+}
+
+# cell RATE RTT LOSS TARGET TOOL...: RUNS rotating rounds of the tools on
+# the current link, then one table row.
+cell() {
+    local rate=$1 rtt=$2 loss=$3 target=$4
+    shift 4
+    local tools=("$@") n=$# run k t f g what
+    declare -A got=()
+    for t in "${tools[@]}"; do got[$t]=""; done
+    for run in $(seq "$RUNS"); do
+        for k in $(seq 0 $((n - 1))); do
+            t=${tools[$(((k + run) % n))]}
+            f="$work/$rate-$rtt-${loss//%/pct}-$t-$run.json"
+            g=$(run_one "$t" "$f")
+            got[$t]+="$g "
+            echo "  $rate ${rtt} ms loss $loss run $run $t: $g Gbit/s$([ -e "$f.bad" ] && echo " (BAD: $(cat "$f.bad"))")" >&2
+            if [ "$run" = 1 ]; then
+                case $t in
+                    fatpipe) what=test ;;
+                    fatpipe-copy) what=copy ;;
+                    *) what= ;;
+                esac
+                [ -z "$what" ] ||
+                    autolines+=("$rate ${rtt} ms, loss $loss, $what: $(grep -m1 '^auto:' "$f.err" || echo "auto: (no line)")")
+            fi
+        done
+    done
+    declare -A m=()
+    for t in $ALL_TOOLS; do
+        if [ -n "${got[$t]+set}" ]; then
+            m[$t]=$(tr ' ' '\n' <<<"${got[$t]}" | median %.3f)
+        else
+            m[$t]=-
+        fi
+    done
+    local r_d r_b r_8
+    r_d=$(ratio "${m[fatpipe]}" "${m[iperf3-default]}" "%.1fx")
+    r_b=$(ratio "${m[fatpipe]}" "${m[iperf3-bdp]}" "%.1fx")
+    r_8=$(ratio "${m[fatpipe]}" "${m[iperf3-8bbr]}" "%.1fx")
+    [ "${m[iperf3-default]}" = - ] && r_d=-
+    [ "${m[iperf3-bdp]}" = - ] && r_b=-
+    [ "${m[iperf3-8bbr]}" = - ] && r_8=-
+    rows+=("$(printf "$ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "${m[fatpipe-copy]}" "${m[iperf3-default]}" "${m[iperf3-bdp]}" \
+        "${m[iperf3-8bbr]}" "$r_d" "$r_b" "$r_8" "$target" "$(mark "${m[fatpipe]}" "$target")" \
+        "$(mark "${m[fatpipe-copy]}" "$target")")")
+}
+
+# one table row: link RTT loss, 5 medians, 3 ratios, goal, 2 marks
+ROW='| %6s | %6s | %5s | %7s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %5s | %5s |'
+CAP=$(sysctl -n net.core.rmem_max net.core.wmem_max | sort -n | head -1)
+has_tool fatpipe-copy && make_copy_data
+rows=()
+autolines=()
+for rtt in $RTTS; do
+    lab_link "$RATE" "$rtt"
     for loss in $LOSSES; do
         "$FATPIPE" lab set "$LAB" --loss "$loss" >/dev/null
-        declare -A got=()
-        for t in "${TOOLS[@]}"; do got[$t]=""; done
-        for run in $(seq "$RUNS"); do
-            # rotate the order each run
-            n=${#TOOLS[@]}
-            for k in $(seq 0 $((n - 1))); do
-                t=${TOOLS[$(((k + run) % n))]}
-                f="$work/$rtt-${loss//%/pct}-$t-$run.json"
-                g=$(run_one "$t" "$f")
-                got[$t]+="$g "
-                echo "  rtt ${rtt} ms loss $loss run $run $t: $g Gbit/s" >&2
-                if [ "$t" = fatpipe ] && [ "$run" = 1 ]; then
-                    line=$(grep -m1 '^auto:' "$f.err" || echo "auto: (no line)")
-                    autolines+=("${rtt} ms, loss $loss: $line")
-                fi
-            done
-        done
-        m_f=$(echo "${got[fatpipe]}" | tr ' ' '\n' | grep -v '^$' | grep -v nan | median)
-        m_d=$(echo "${got[iperf3-default]}" | tr ' ' '\n' | grep -v '^$' | grep -v nan | median)
-        m_b=$(echo "${got[iperf3-bdp]}" | tr ' ' '\n' | grep -v '^$' | grep -v nan | median)
-        r_d=$(awk -v a="$m_f" -v b="$m_d" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "-" }')
-        r_b=$(awk -v a="$m_f" -v b="$m_b" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "-" }')
-        ok=$(awk -v a="$m_f" 'BEGIN { print (a >= 0.85) ? "yes" : "NO" }')
-        rows+=("$(printf '| %4s ms | %6s | %8s | %8s | %8s | %6s | %6s | %4s |' \
-            "$rtt" "$loss" "$m_f" "$m_d" "$m_b" "$r_d" "$r_b" "$ok")")
-        unset got
+        cell "$RATE" "$rtt" "$loss" "$TARGET" $TOOLS
     done
-    stop_servers
-    "$FATPIPE" lab down "$LAB" >/dev/null 2>&1 || true
 done
+if [ "$STRETCH" = 1 ]; then
+    stretch_tools=()
+    for t in fatpipe iperf3-default; do has_tool "$t" && stretch_tools+=("$t"); done
+    [ ${#stretch_tools[@]} -gt 0 ] || die "STRETCH=1 needs fatpipe or iperf3-default in TOOLS"
+    lab_link "$STRETCH_RATE" "$STRETCH_RTT"
+    cell "$STRETCH_RATE" "$STRETCH_RTT" 0 "$STRETCH_TARGET" "${stretch_tools[@]}"
+fi
+stop_servers
+"$FATPIPE" lab down "$LAB" >/dev/null 2>&1 || true
 
 echo
-echo "fatpipe auto vs iperf3 on a $RATE lab link, ${DURATION} s runs, median of $RUNS (Gbit/s, receiver)"
-echo "iperf3 BDP: -w min(1 BDP, host cap); the host caps plain socket buffers at $CAP bytes"
+echo "fatpipe with no flags vs iperf3 on lab links, median of $RUNS runs (Gbit/s, receiver; copy: goodput)"
+echo "fatpipe test: ${FP_DURATION} s runs$(has_tool fatpipe-copy && echo "; fatpipe copy: one $COPY_SIZE file pushed, verified"); iperf3: ${IPERF_DURATION} s runs"
+echo "iperf3 BDP: -w min(1 BDP, host cap); the host caps plain socket buffers at $CAP bytes; 8bbr: -P 8 -C bbr"
+echo "n/a: no successful run; -: not run in this cell"
 echo
-echo "|     RTT |   loss | fatpipe  | iperf3   | iperf3   | vs     | vs     | ≥0.85 |"
-echo "|         |        | (auto)   | default  | -w BDP   | def.   | BDP    |      |"
-echo "|---|---|---|---|---|---|---|---|"
+printf "$ROW\n" link RTT loss fatpipe fatpipe iperf3 iperf3 iperf3 "test/" "test/" "test/" goal test copy
+printf "$ROW\n" "" "" "" test copy default "-w BDP" "-P8 bbr" "def." BDP 8bbr "" pass pass
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "what auto-tuning chose (first run of each cell):"

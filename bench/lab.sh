@@ -11,13 +11,15 @@
 # Runs alternate between the peers; the table shows medians and ratios.
 # A benchmark, not a test: it prints numbers and never fails on them.
 #
-# Needs root, iperf3 and a release build (cargo build --release).
+# Needs root. Installs iperf3 with apt-get if missing; builds fatpipe
+# (cargo build --release) unless FATPIPE is given.
 # Environment: FATPIPE (binary), RUNS (default 5), SECS (default 5),
 #              SUSTAINED_SECS (default 12), SUSTAINED_RUNS (default 3).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+BENCH=lab
+. "$(dirname "$0")/lib.sh"
+cd "$BENCH_ROOT"
 
-FATPIPE=${FATPIPE:-${CARGO_TARGET_DIR:-target}/release/fatpipe}
 RUNS=${RUNS:-5}
 SECS=${SECS:-5}
 SUSTAINED_SECS=${SUSTAINED_SECS:-12}
@@ -31,9 +33,9 @@ VETH_A=198.19.255.253
 VETH_B=198.19.255.254
 PORT=5999
 
-[ "$(id -u)" = 0 ] || { echo "bench/lab.sh: needs root (namespaces, TUN)"; exit 2; }
-command -v iperf3 >/dev/null || { echo "bench/lab.sh: needs iperf3"; exit 2; }
-[ -x "$FATPIPE" ] || { echo "bench/lab.sh: build first: cargo build --release ($FATPIPE missing)"; exit 2; }
+[ "$(id -u)" = 0 ] || die "needs root (namespaces, TUN)"
+install_missing iperf3:iperf3 python3:python3
+build_fatpipe
 
 OLD_RMEM=$(sysctl -n net.core.rmem_max)
 OLD_WMEM=$(sysctl -n net.core.wmem_max)
@@ -49,8 +51,6 @@ cleanup() {
 trap cleanup EXIT INT TERM
 cleanup
 
-median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print 0; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
-
 # iperf3 client in namespace $1 to $2; extra args follow. Prints Gbit/s received.
 iperf() {
   local ns=$1 dst=$2; shift 2
@@ -60,7 +60,7 @@ iperf() {
 }
 
 # CPU ticks (user+system) of the forwarder of lab $1.
-ticks() { awk '{print $14+$15}' "/proc/$(cat "/run/fatpipe-lab/$1/pid")/stat"; }
+ticks() { proc_ticks "$(cat "/run/fatpipe-lab/$1/pid")"; }
 HZ=$(getconf CLK_TCK)
 
 # Runs iperf on lab $1 with args; prints "Gbit/s cpu%".
@@ -117,7 +117,6 @@ done
 STATS=$("$FATPIPE" lab stats "$LAB5")
 
 m() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b>0) printf "%.2f", a/b; else print "-" }'; }
 echo
 echo "## fatpipe lab benchmark ($(nproc) cores, $(uname -r), medians of $RUNS / $SUSTAINED_RUNS alternating runs)"
 echo

@@ -57,26 +57,13 @@ PORT_XROOTD=1094
 PORT_RSYNC=8730
 PORT_SSH=2222
 
-here=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=vs-copy-peers
+. "$(dirname "$0")/lib.sh"
 work=$(mktemp -d /var/tmp/fatpipe-vs-copy.XXXXXX)
 chmod 755 "$work"
-declare -A SERVER_PID=()
-
-die() { echo "vs-copy-peers: $*" >&2; exit 2; }
-
-stop_server() {
-    local pid=${SERVER_PID[$1]:-}
-    [ -n "$pid" ] || return 0
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    unset "SERVER_PID[$1]"
-}
 
 cleanup() {
-    local name
-    for name in "${!SERVER_PID[@]}"; do
-        stop_server "$name"
-    done
+    stop_servers
     ip netns del "$NS_S" 2>/dev/null || true
     ip netns del "$NS_C" 2>/dev/null || true
     rm -rf "/etc/netns/$NS_S" "/etc/netns/$NS_C" "$work"
@@ -86,29 +73,10 @@ trap 'exit 130' INT TERM
 
 [ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
 
-install_missing() {
-    local need=() pair cmd pkg
-    for pair in globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs \
+install_peers() {
+    install_missing globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs \
         xrdcp:xrootd-client xrootd:xrootd-server rsync:rsync /usr/sbin/sshd:openssh-server \
-        scp:openssh-client jq:jq /usr/bin/time:time python3:python3; do
-        cmd=${pair%%:*} pkg=${pair#*:}
-        command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
-    done
-    if [ ${#need[@]} -gt 0 ]; then
-        echo "installing: ${need[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-    fi
-}
-
-build_fatpipe() {
-    if [ -n "${FATPIPE:-}" ]; then
-        [ -x "$FATPIPE" ] || die "FATPIPE=$FATPIPE is not executable"
-        return
-    fi
-    (cd "$here" && cargo build --release --quiet --bin fatpipe)
-    FATPIPE="${CARGO_TARGET_DIR:-$here/target}/release/fatpipe"
-    [ -x "$FATPIPE" ] || die "build did not produce $FATPIPE"
+        scp:openssh-client jq:jq /usr/bin/time:time python3:python3
 }
 
 setup_net() {
@@ -122,18 +90,7 @@ setup_net() {
             "$SERVER_IP" "$(hostname)" "$CLIENT_IP" >"/etc/netns/$ns/hosts"
         : >"/etc/netns/$ns/resolv.conf"
     done
-    ip netns add "$NS_S"
-    ip netns add "$NS_C"
-    ip link add "$VETH_S" type veth peer name "$VETH_C"
-    ip link set "$VETH_S" netns "$NS_S"
-    ip link set "$VETH_C" netns "$NS_C"
-    ip -n "$NS_S" addr add "$SERVER_IP/24" dev "$VETH_S"
-    ip -n "$NS_C" addr add "$CLIENT_IP/24" dev "$VETH_C"
-    ip -n "$NS_S" link set "$VETH_S" up
-    ip -n "$NS_C" link set "$VETH_C" up
-    ip -n "$NS_S" link set lo up
-    ip -n "$NS_C" link set lo up
-    ip netns exec "$NS_C" ping -c 1 -W 2 "$SERVER_IP" >/dev/null || die "veth link does not pass traffic"
+    setup_veth "$NS_S" "$NS_C" "$VETH_S" "$VETH_C" "$SERVER_IP" "$CLIENT_IP"
 }
 
 make_data() {
@@ -164,31 +121,16 @@ EOF
     find "$work/src/small" -type f -exec cat {} + >/dev/null
 }
 
-# start_server NAME PORT CMD...: runs CMD in the server namespace and waits
-# until PORT listens. `ip netns exec` execs, so $! is the server itself.
-start_server() {
-    local name=$1 port=$2 i
-    shift 2
-    ip netns exec "$NS_S" "$@" >"$work/server-$name.log" 2>&1 &
-    SERVER_PID[$name]=$!
-    for i in $(seq 100); do
-        if ip netns exec "$NS_S" ss -Hltn "sport = :$port" | grep -q .; then
-            return 0
-        fi
-        kill -0 "${SERVER_PID[$name]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "--- $name server log:" >&2
-    tail -20 "$work/server-$name.log" >&2
-    return 1
-}
+# start NAME PORT CMD...: a server in the server namespace (see lib.sh);
+# returns 1 (after printing its log's tail) if it does not listen.
+start() { start_server "$NS_S" "$@"; }
 
 # Destinations are world-writable: some servers drop to an unprivileged user.
 dest() { mkdir -p "$work/dst/$1" && chmod 1777 "$work/dst/$1" && echo "$work/dst/$1"; }
 
 start_fatpipe() {
     echo "fatpipe-bench-key-$$" >"$work/key"
-    start_server fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
+    start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
         --key-file "$work/key" --export "dst=$(dest fatpipe)" --export "dstb=$(dest fatpipe-buffered)" -q
 }
 
@@ -208,7 +150,7 @@ start_servers() {
                 # users to nobody, hence the world-writable destination.
                 dest gridftp >/dev/null
                 # It resolves its own host name, which fails inside the namespace.
-                start_server gridftp $PORT_GRIDFTP env GLOBUS_HOSTNAME=$SERVER_IP globus-gridftp-server -aa -anonymous-user nobody \
+                start gridftp $PORT_GRIDFTP env GLOBUS_HOSTNAME=$SERVER_IP globus-gridftp-server -aa -anonymous-user nobody \
                     -p $PORT_GRIDFTP -control-interface $SERVER_IP -data-interface $SERVER_IP \
                     -s -log-level error || failed+=("$t") ;;
             xrdcp)
@@ -218,7 +160,7 @@ start_servers() {
 xrd.port $PORT_XROOTD
 all.export $work/dst/xrdcp
 EOF
-                start_server xrdcp $PORT_XROOTD xrootd -c "$work/xrootd.cfg" -l "$work/xrd/xrootd.log" \
+                start xrdcp $PORT_XROOTD xrootd -c "$work/xrootd.cfg" -l "$work/xrd/xrootd.log" \
                     -n fpbench -R nobody -a "$work/xrd/admin" || failed+=("$t") ;;
             rsync)
                 cat >"$work/rsyncd.conf" <<EOF
@@ -230,7 +172,7 @@ pid file = $work/rsyncd.pid
     path = $(dest rsync)
     read only = false
 EOF
-                start_server rsync $PORT_RSYNC rsync --daemon --no-detach --config="$work/rsyncd.conf" \
+                start rsync $PORT_RSYNC rsync --daemon --no-detach --config="$work/rsyncd.conf" \
                     --address=$SERVER_IP --port=$PORT_RSYNC || failed+=("$t") ;;
             scp)
                 dest scp >/dev/null
@@ -249,7 +191,7 @@ UsePAM no
 PidFile none
 Subsystem sftp internal-sftp
 EOF
-                start_server scp $PORT_SSH /usr/sbin/sshd -D -e -f "$work/sshd_config" || failed+=("$t") ;;
+                start scp $PORT_SSH /usr/sbin/sshd -D -e -f "$work/sshd_config" || failed+=("$t") ;;
             *) die "unknown tool $t" ;;
         esac
     done
@@ -331,23 +273,19 @@ run_one() {
     tail -1 "$out.time"
 }
 
-median() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
 col() { # col DATASET TOOL FIELD -> median of that field over good runs
     awk -F'|' -v d="$1" -v t="$2" '$1 == d && $2 == t && $3 ~ /^[0-9]/ { print $3 }' "$work/res" |
-        awk -v f="$3" '{ print $f }' | median
+        awk -v f="$3" '{ print $f }' | median %.3f
 }
 
 rate() { # rate DATASET SECONDS -> GB/s (big) or files/s (small)
     awk -v d="$1" -v s="$2" -v mb="$BIG_MB" -v n="$SMALL_FILES" 'BEGIN {
-        if (s == "-" || s == 0) { print "-"; exit }
+        if (s == "n/a" || s == 0) { print "n/a"; exit }
         if (d == "big") printf "%.2f", mb * 1048576 / s / 1e9; else printf "%.0f", n / s }'
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'; }
-
 main() {
-    install_missing
+    install_peers
     build_fatpipe
     setup_net
     make_data
@@ -385,7 +323,7 @@ main() {
             unit=$([ "$ds" = big ] && echo GB/s || echo files/s)
             case $tool in fatpipe*) srss="$((${srv_rss[$ds]:-0} / 1024)) MiB" ;; esac
             printf '%-6s %-16s %10s %12s %14s %14s   %s\n' "$ds" "$tool" "$s" "$(rate "$ds" "$s") $unit" \
-                "$(awk -v k="$(col "$ds" "$tool" 2)" 'BEGIN { if (k == "-") print "-"; else printf "%d MiB", k / 1024 }')" \
+                "$(awk -v k="$(col "$ds" "$tool" 2)" 'BEGIN { if (k == "n/a") print "n/a"; else printf "%d MiB", k / 1024 }')" \
                 "$srss" \
                 "$(awk -F'|' -v d="$ds" -v t="$tool" '$1 == d && $2 == t { split($3, a, " "); printf "%s ", a[1] }' "$work/res")"
         done
@@ -393,7 +331,7 @@ main() {
 
     echo
     for ds in $DATASETS; do
-        local fp best=- best_tool=- cpr peer
+        local fp best=$NA best_tool=- cpr peer
         fp=$(rate "$ds" "$(col "$ds" fatpipe 1)")
         local fpd
         fpd=$(rate "$ds" "$(col "$ds" fatpipe-buffered 1)")
@@ -401,8 +339,8 @@ main() {
             case $peer in fatpipe* | cp) continue ;; esac
             local pr
             pr=$(rate "$ds" "$(col "$ds" "$peer" 1)")
-            [ "$pr" = - ] && continue
-            if [ "$best" = - ] || awk -v a="$pr" -v b="$best" 'BEGIN { exit !(a > b) }'; then
+            [ "$pr" = "$NA" ] && continue
+            if [ "$best" = "$NA" ] || awk -v a="$pr" -v b="$best" 'BEGIN { exit !(a > b) }'; then
                 best=$pr best_tool=$peer
             fi
         done

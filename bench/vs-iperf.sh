@@ -46,107 +46,43 @@ PORT_IPERF2=5011
 PORT_NUTTCP_CTL=5100
 PORT_NUTTCP_DATA=5101
 
-here=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=vs-iperf
+. "$(dirname "$0")/lib.sh"
 work=$(mktemp -d /tmp/fatpipe-vs-iperf.XXXXXX)
-declare -A SERVER_PID=()
-
-die() { echo "vs-iperf: $*" >&2; exit 2; }
 
 cleanup() {
-    local pid
-    for pid in "${SERVER_PID[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${SERVER_PID[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
+    stop_servers
     ip netns del "$NS_S" 2>/dev/null || true
     ip netns del "$NS_C" 2>/dev/null || true
-    if [ "${KEEP:-0}" = 1 ]; then
-        echo "raw outputs kept in $work"
-    else
-        rm -rf "$work"
-    fi
+    drop_work
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
 
-install_missing() {
-    local need=() cmd pkg
-    for pair in iperf3:iperf3 iperf:iperf nuttcp:nuttcp jq:jq /usr/bin/time:time; do
-        cmd=${pair%%:*} pkg=${pair#*:}
-        command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
-    done
-    if [ ${#need[@]} -gt 0 ]; then
-        echo "installing: ${need[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-    fi
+install_fatpipe_and_peers() {
+    install_missing iperf3:iperf3 iperf:iperf nuttcp:nuttcp jq:jq /usr/bin/time:time
+    case " $TOOLS " in *" fatpipe "*) build_fatpipe ;; esac
 }
 
-build_fatpipe() {
-    case " $TOOLS " in *" fatpipe "*) ;; *) return ;; esac
-    if [ -n "${FATPIPE:-}" ]; then
-        [ -x "$FATPIPE" ] || die "FATPIPE=$FATPIPE is not executable"
-        return
-    fi
-    (cd "$here" && cargo build --release --quiet --bin fatpipe)
-    FATPIPE="${CARGO_TARGET_DIR:-$here/target}/release/fatpipe"
-    [ -x "$FATPIPE" ] || die "build did not produce $FATPIPE"
-}
+setup_net() { setup_veth "$NS_S" "$NS_C" "$VETH_S" "$VETH_C" "$SERVER_IP" "$CLIENT_IP" "$MTU"; }
 
-setup_net() {
-    ip netns add "$NS_S"
-    ip netns add "$NS_C"
-    ip link add "$VETH_S" type veth peer name "$VETH_C"
-    ip link set "$VETH_S" netns "$NS_S"
-    ip link set "$VETH_C" netns "$NS_C"
-    ip -n "$NS_S" addr add "$SERVER_IP/24" dev "$VETH_S"
-    ip -n "$NS_C" addr add "$CLIENT_IP/24" dev "$VETH_C"
-    ip -n "$NS_S" link set "$VETH_S" mtu "$MTU" up
-    ip -n "$NS_C" link set "$VETH_C" mtu "$MTU" up
-    ip -n "$NS_S" link set lo up
-    ip -n "$NS_C" link set lo up
-    ip netns exec "$NS_C" ping -c 1 -W 2 "$SERVER_IP" >/dev/null || die "veth link does not pass traffic"
-}
-
-# start_server NAME PORT CMD...: runs CMD in the server namespace, records
-# its PID (ip netns exec execs, so $! is the server itself) and waits until
-# PORT listens.
-start_server() {
-    local name=$1 port=$2
-    shift 2
-    ip netns exec "$NS_S" "$@" >"$work/server-$name.log" 2>&1 &
-    SERVER_PID[$name]=$!
-    local i
-    for i in $(seq 50); do
-        if ip netns exec "$NS_S" ss -Hltn "sport = :$port" | grep -q .; then
-            return 0
-        fi
-        kill -0 "${SERVER_PID[$name]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    cat "$work/server-$name.log" >&2
-    die "$name server did not start"
-}
+# start NAME PORT CMD...: a server in the server namespace (see lib.sh).
+start() { start_server "$NS_S" "$@" || die "$1 server did not start"; }
 
 start_servers() {
     local t
     for t in $TOOLS; do
         case $t in
-            fatpipe) start_server fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE ;;
-            iperf3) start_server iperf3 $PORT_IPERF3 iperf3 -s -B $SERVER_IP -p $PORT_IPERF3 ;;
-            iperf2) start_server iperf2 $PORT_IPERF2 iperf -s -B $SERVER_IP -p $PORT_IPERF2 ;;
-            nuttcp) start_server nuttcp $PORT_NUTTCP_CTL nuttcp -S --nofork -P $PORT_NUTTCP_CTL ;;
+            fatpipe) start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE ;;
+            iperf3) start iperf3 $PORT_IPERF3 iperf3 -s -B $SERVER_IP -p $PORT_IPERF3 ;;
+            iperf2) start iperf2 $PORT_IPERF2 iperf -s -B $SERVER_IP -p $PORT_IPERF2 ;;
+            nuttcp) start nuttcp $PORT_NUTTCP_CTL nuttcp -S --nofork -P $PORT_NUTTCP_CTL ;;
             *) die "unknown tool $t" ;;
         esac
     done
 }
-
-# CPU ticks (user+system, all threads) of a process so far.
-ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 
 # run_client TOOL STREAMS ZC OUT: one measurement; prints
 # "gbps client_cpu_pct server_cpu_pct" or "FAIL reason".
@@ -166,13 +102,13 @@ run_client() {
         nuttcp)
             cmd=(nuttcp -T"$DURATION" -N"$n" -P $PORT_NUTTCP_CTL -p $PORT_NUTTCP_DATA -fparse $SERVER_IP) ;;
     esac
-    t0=$(ticks "$spid")
+    t0=$(proc_ticks "$spid")
     if ! ip netns exec "$NS_C" /usr/bin/time -f '%e %U %S' -o "$out.time" \
         "${cmd[@]}" >"$out" 2>"$out.err"; then
         echo "FAIL $(tail -1 "$out.err" | tr -s ' \n' ' ' | cut -c1-80)"
         return
     fi
-    t1=$(ticks "$spid")
+    t1=$(proc_ticks "$spid")
     case $tool in
         fatpipe) gbps=$(jq -r '[.end.sums[] | select(.direction != "down") | .bits_per_second] | add / 1e9' "$out") ;;
         iperf3) gbps=$(jq -r '.end.sum_received.bits_per_second / 1e9' "$out") ;;
@@ -186,8 +122,6 @@ run_client() {
     tail -1 "$out.time" | awk -v g="$gbps" -v d="$((t1 - t0))" -v hz="$hz" \
         '{ printf "%.2f %.0f %.0f\n", g, ($2 + $3) / $1 * 100, d / hz / $1 * 100 }'
 }
-
-median() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # measure LABEL STREAMS ZC TOOLS...: RUNS alternating rounds, results in $work/res.
 measure() {
@@ -208,18 +142,15 @@ measure() {
 
 col() { # col LABEL TOOL FIELD -> median of that field over successful runs
     awk -F'|' -v l="$1" -v t="$2" '$1 == l && $2 == t && $3 !~ /^FAIL/ { print $3 }' "$work/res" |
-        awk -v f="$3" '{ print $f }' | median
+        awk -v f="$3" '{ print $f }' | median %.2f
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'; }
-
 verdict() { # verdict RATIO TARGET
-    awk -v r="$1" -v t="$2" 'BEGIN { if (r == "-") print "n/a"; else if (r + 0 >= t) print "ok"; else printf "MISS (%.0f%% short)", (t - r) / t * 100 }'
+    awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t) print "ok"; else printf "MISS (%.0f%% short)", (t - r) / t * 100 }'
 }
 
 main() {
-    install_missing
-    build_fatpipe
+    install_fatpipe_and_peers
     setup_net
     start_servers
     read -r load _ </proc/loadavg

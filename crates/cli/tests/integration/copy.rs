@@ -6,15 +6,16 @@
 //! size, mode, mtime and link target. The big-file test uses 256 MiB by
 //! default and the full 2 GiB with `FATPIPE_BIG_TESTS=1`.
 
-use std::collections::BTreeMap;
-use std::hash::Hasher;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{self, assert_exit, Dir, Guard};
+use crate::util::{
+    self, assert_exit, assert_same_tree, journal_has_records, json, mkdir, random_file, wait_for,
+    Dir, Guard,
+};
 
 /// A running server and what a client needs to reach it.
 struct Server {
@@ -90,100 +91,6 @@ fn server(dir: &Dir, exports: &[String]) -> Server {
 
 fn export(name: &str, path: &Path) -> String {
     format!("{name}={}", path.display())
-}
-
-fn mkdir(p: &Path) -> PathBuf {
-    std::fs::create_dir_all(p).unwrap();
-    p.to_path_buf()
-}
-
-/// Fast pseudo-random bytes (xorshift64*), so data is neither zeros nor
-/// repetitive.
-fn random_file(path: &Path, len: u64, seed: u64) {
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        for w in buf.chunks_exact_mut(8) {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            w.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-        }
-        let n = left.min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
-    f.flush().unwrap();
-}
-
-/// What a copy must reproduce, per relative path: kind, mode, mtime (files),
-/// size and a content digest, link targets. Leftover temporaries show up too.
-fn digest_tree(root: &Path) -> BTreeMap<String, String> {
-    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        names.sort();
-        for p in names {
-            let rel = p.strip_prefix(base).unwrap().to_string_lossy().into_owned();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let desc = if m.file_type().is_symlink() {
-                format!("link -> {}", std::fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                walk(base, &p, out);
-                format!("dir {:o}", m.mode() & 0o7777)
-            } else {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                let mut f = std::fs::File::open(&p).unwrap();
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = f.read(&mut buf).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    h.write(&buf[..n]);
-                }
-                format!(
-                    "file {:o} {}.{:09} {} {:016x}",
-                    m.mode() & 0o7777,
-                    m.mtime(),
-                    m.mtime_nsec(),
-                    m.len(),
-                    h.finish()
-                )
-            };
-            out.insert(rel, desc);
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
-
-fn assert_same_tree(a: &Path, b: &Path) {
-    let (da, db) = (digest_tree(a), digest_tree(b));
-    if da != db {
-        let mut diff = String::new();
-        for k in da.keys().chain(db.keys()) {
-            if da.get(k) != db.get(k) {
-                diff.push_str(&format!("  {k}: {:?} vs {:?}\n", da.get(k), db.get(k)));
-            }
-        }
-        panic!("trees differ ({} vs {}):\n{diff}", a.display(), b.display());
-    }
-}
-
-fn json(out: &std::process::Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 /// The awkward cases in one tree.
@@ -329,27 +236,6 @@ fn big_file_push_and_pull() {
     assert_exit(&out, 0);
     assert_same_tree(&src, &back);
     assert_same_tree(&src, &exp);
-}
-
-/// Waits until `cond` holds (or panics after `limit`).
-fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// True once some chunks of an in-flight file are journaled under `dir`.
-fn journal_has_records(dir: &Path) -> bool {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.ends_with(".journal") && e.metadata().map(|m| m.len() > 36 + 41 * 3).unwrap_or(false)
-        })
 }
 
 #[test]

@@ -11,6 +11,7 @@ mod auto;
 mod copy;
 mod demo;
 mod lab;
+mod lab_copy;
 mod path;
 mod server_test;
 mod tune;
