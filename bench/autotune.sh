@@ -18,9 +18,10 @@
 #   fatpipe-copy    `fatpipe copy FILE B:dst/` with no flags: one
 #                   COPY_SIZE file of pseudo-random data (made once, removed
 #                   at exit) pushed to a `fatpipe server --export` in
-#                   namespace b; goodput = bytes_transferred x 8 / seconds
-#                   from `--json` (wall clock of the whole run, pre-flight
-#                   probe included). A run counts only if the copy verified
+#                   namespace b; goodput = bytes_transferred x 8 / the
+#                   wall clock of the whole command (pre-flight probe,
+#                   set-up and slow start included; the JSON's `seconds`
+#                   start after the probe). A run counts only if the copy verified
 #                   its chunks (files_verified 1, files_failed 0) and the
 #                   destination has the source's size; the destination file
 #                   is removed after each run.
@@ -165,7 +166,13 @@ copy_one() {
     dst="$data/dst/$(basename "$SRC_FILE")"
     # A fresh destination: no leftover (or journal) to resume from.
     find "$data/dst" -mindepth 1 -delete
-    if ! lab_exec a "$FATPIPE" copy --port $PORT_COPY --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err"; then
+    local t0=$EPOCHREALTIME rc=0
+    lab_exec a "$FATPIPE" copy --port $PORT_COPY --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err" || rc=$?
+    # The wall clock of the whole command: pre-flight probe, set-up and
+    # slow start included (the JSON's seconds start after the probe).
+    local wall
+    wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.6f", b - a }')
+    if [ "$rc" != 0 ]; then
         echo "copy exited non-zero: $(tail -1 "$out.err")" >"$out.bad"
     elif ! jq -e --argjson n "$COPY_BYTES" \
         '.files_verified == 1 and .files_failed == 0 and .bytes_total == $n and .bytes_transferred == $n' \
@@ -178,7 +185,7 @@ copy_one() {
     if [ -e "$out.bad" ]; then
         echo nan
     else
-        jq -r '.bytes_transferred * 8 / .seconds / 1e9' "$out"
+        jq -r --argjson wall "$wall" '.bytes_transferred * 8 / $wall / 1e9' "$out"
     fi
 }
 
