@@ -261,6 +261,12 @@ pub fn assess(baseline: &Result<Baseline, String>, r: &TestReport) -> Option<Rfc
         _ => None,
     };
     let transfer_time_ratio = ideal_seconds.and_then(|i| transfer_time_ratio(seconds, i));
+    if let Some(ratio) = transfer_time_ratio.filter(|r| *r < 1.0) {
+        notes.push(format!(
+            "transfer time ratio below 1: the transfer beat the computed ceiling, so the bottleneck estimate is at least {:.1}% low",
+            (1.0 / ratio - 1.0) * 100.0
+        ));
+    }
     if transfer_time_ratio.is_none() {
         let why = why_no_rate
             .clone()
@@ -578,6 +584,16 @@ mod tests {
         assert_eq!(r.retransmitted_bytes, 1_448_000);
         assert!(close(r.tcp_efficiency_percent.unwrap(), 99.0099, 1e-3));
         assert!(close(r.buffer_delay_percent.unwrap(), 0.0, 1e-9));
+        assert!(!r.notes.iter().any(|n| n.contains("below 1")));
+
+        // Faster than the ceiling: the estimate was low, and it says so.
+        let r = assess(&Ok(lab_baseline()), &report(bytes, 8.0 / 1.05, 0, 40_000)).unwrap();
+        assert!(close(r.transfer_time_ratio.unwrap(), 1.0 / 1.05, 1e-6));
+        assert!(
+            r.notes.iter().any(|n| n.contains("at least 5.0% low")),
+            "{:?}",
+            r.notes
+        );
     }
 
     #[test]

@@ -12,5 +12,6 @@ mod copy;
 mod demo;
 mod lab;
 mod path;
+mod rfc6349;
 mod server_test;
 mod tune;
