@@ -192,6 +192,69 @@ pub struct TestEnd {
     pub cpu_local: CpuUse,
     /// The server process.
     pub cpu_remote: CpuUse,
+    /// RFC 6349 metrics (`--rfc6349`); absent without the flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rfc6349: Option<Rfc6349>,
+}
+
+/// The RFC 6349 (Framework for TCP Throughput Testing) view of a TCP test,
+/// for one direction: the path's baseline RTT and bottleneck rate from the
+/// probe, and how the transfer compares to what they allow.
+///
+/// A metric that cannot be computed is `None`, with the reason in
+/// [`Rfc6349::unavailable`]; none is ever guessed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rfc6349 {
+    /// The direction assessed (the sender's TCP counters are used).
+    pub direction: Direction,
+    /// Baseline RTT: the probe's minimum round trip, microseconds.
+    pub baseline_rtt_us: Option<u64>,
+    /// Bottleneck bandwidth from the probe's packet trains, bit/s of IP
+    /// packets (headers included, link framing not).
+    pub bottleneck_bps: Option<u64>,
+    /// True when the probe could only show that the path is at least
+    /// `bottleneck_bps` fast: `bdp_bytes` and `max_tcp_bps` are then lower
+    /// bounds and no transfer time ratio is computed.
+    pub bottleneck_lower_bound: bool,
+    /// IP packet size of a full segment used for the overhead, bytes.
+    pub packet_bytes: u32,
+    /// TCP payload of a full segment (the sender's MSS), bytes.
+    pub mss: u32,
+    /// Bandwidth-delay product, bottleneck × baseline RTT, bytes: the
+    /// smallest window (summed over streams) that can fill the path.
+    pub bdp_bytes: Option<u64>,
+    /// Maximum achievable TCP throughput: the bottleneck rate less the
+    /// IP and TCP headers of full-sized segments, bit/s.
+    pub max_tcp_bps: Option<f64>,
+    /// Bytes the receiver got over the measured period.
+    pub bytes: u64,
+    /// Actual TCP transfer time: the measured period, seconds.
+    pub seconds: f64,
+    /// Actual TCP throughput, `bytes` × 8 / `seconds`, bit/s.
+    pub actual_bps: f64,
+    /// Ideal TCP transfer time: `bytes` at `max_tcp_bps`, seconds.
+    pub ideal_seconds: Option<f64>,
+    /// Transfer time ratio: actual / ideal transfer time (1.0 is ideal).
+    pub transfer_time_ratio: Option<f64>,
+    /// Bytes the sender wrote (each sent at least once).
+    pub bytes_sent: u64,
+    /// Segments the sender retransmitted.
+    pub retransmits: u64,
+    /// Retransmitted bytes, estimated as `retransmits` × `mss`.
+    pub retransmitted_bytes: u64,
+    /// TCP efficiency: (transmitted − retransmitted) / transmitted × 100,
+    /// where transmitted = `bytes_sent` + `retransmitted_bytes`.
+    pub tcp_efficiency_percent: Option<f64>,
+    /// Average RTT during the transfer: the sender's smoothed RTT per
+    /// stream and interval, weighted by the bytes each carried,
+    /// microseconds.
+    pub avg_rtt_us: Option<u64>,
+    /// Buffer delay: (average RTT − baseline RTT) / baseline RTT × 100.
+    pub buffer_delay_percent: Option<f64>,
+    /// One line per metric left out: "name: reason".
+    pub unavailable: Vec<String>,
+    /// How figures were obtained where the RFC leaves a choice.
+    pub notes: Vec<String>,
 }
 
 /// One line of `--json-stream`.
@@ -223,6 +286,7 @@ mod tests {
             }],
             cpu_local: CpuUse::default(),
             cpu_remote: CpuUse::default(),
+            rfc6349: None,
         });
         let text = serde_json::to_string(&line).unwrap();
         assert!(text.starts_with("{\"event\":\"end\",\"data\":{"), "{text}");

@@ -82,6 +82,9 @@ pub struct Preflight {
     pub plan: Plan,
     /// Seconds the probe took.
     pub probe_secs: f64,
+    /// True when the probe's rate is only a lower bound (this host could
+    /// not send its trains faster than they arrived).
+    pub rate_lower_bound: bool,
     /// What could not be known (a limit unread, a rate that is only a
     /// lower bound); the plan was made anyway.
     pub warnings: Vec<String>,
@@ -269,6 +272,7 @@ pub fn from_outcome(
         facts,
         plan,
         probe_secs: o.elapsed.as_secs_f64(),
+        rate_lower_bound: lower_bound,
         warnings,
     })
 }

@@ -28,6 +28,7 @@ mod ethtool;
 pub mod host;
 pub mod plan;
 pub mod probe;
+pub mod rfc6349;
 pub mod rules;
 
 pub use adjust::{AdjustConfig, Adjuster, Sample};

@@ -17,10 +17,12 @@ use std::time::Duration;
 use fatpipe_engine::memtest::{run_client, Progress, TestPlan};
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_proto::testmsg::{Direction, Protocol, TestParams, MAX_STREAMS};
-use fatpipe_schema::test::{StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine};
+use fatpipe_schema::test::{
+    Rfc6349, StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine,
+};
 use fatpipe_schema::tune::AutoTune;
 use fatpipe_schema::units;
-use fatpipe_tune::auto;
+use fatpipe_tune::{auto, rfc6349};
 
 /// The port `fatpipe server` listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 5301;
@@ -93,6 +95,11 @@ pub struct Args {
     /// congestion control and pacing unless given as flags.
     #[arg(long)]
     pub no_auto: bool,
+    /// Add RFC 6349 metrics (transfer time ratio, TCP efficiency, buffer
+    /// delay) against the path's probed baseline RTT and bottleneck; TCP
+    /// only. Probes the path first when auto-tuning does not.
+    #[arg(long)]
+    pub rfc6349: bool,
 }
 
 /// Runs the test and prints it.
@@ -110,11 +117,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         key,
         ..ClientOptions::default()
     };
+    let mut baseline = None;
     let auto = if wants_auto(&args, &params) {
-        auto_tune(&args, addr, &options, &mut params)?
+        auto_tune(&args, addr, &options, &mut params, &mut baseline)?
     } else {
         None
     };
+    if args.rfc6349 && baseline.is_none() {
+        baseline = Some(probe_baseline(&args, addr, &options)?);
+    }
     let plan = TestPlan {
         server: args.host.clone(),
         addr,
@@ -153,11 +164,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut report = run_client(&plan, &mut on_progress).map_err(|e| classify(e, &plan))?;
     report.start.auto = auto;
+    if let (true, Some(b)) = (args.rfc6349, &baseline) {
+        report.end.rfc6349 = rfc6349::assess(b, &report);
+    }
     if let Some(e) = io_err {
         return Err(e.into());
     }
     match mode {
-        Output::Text => print_end(&mut out, &plan.params, &report.end)?,
+        Output::Text => {
+            print_end(&mut out, &plan.params, &report.end)?;
+            if let Some(r) = &report.end.rfc6349 {
+                print_rfc6349(&mut out, r)?;
+            }
+        }
         Output::JsonStream => json_line(&mut out, &TestStreamLine::End(report.end.clone()))?,
         Output::Json => {
             serde_json::to_writer_pretty(&mut out, &report)?;
@@ -186,12 +205,14 @@ fn overrides(a: &Args, p: &TestParams) -> auto::Overrides {
 
 /// Probes the path, plans, prints the `auto:` line on stderr and applies
 /// the plan to the parts no flag fixed. A failed probe is not fatal: the
-/// test runs with the flags as given, and says so.
+/// test runs with the flags as given, and says so. The probe's findings
+/// (or why there are none) go to `baseline` for `--rfc6349`.
 fn auto_tune(
     a: &Args,
     addr: SocketAddr,
     options: &ClientOptions,
     params: &mut TestParams,
+    baseline: &mut Option<Result<rfc6349::Baseline, String>>,
 ) -> anyhow::Result<Option<AutoTune>> {
     let role = match params.direction {
         Direction::Up => auto::Role::Sender,
@@ -204,9 +225,11 @@ fn auto_tune(
         Err(e) if e.is_auth() => return Err(crate::exit::usage(format!("{}: {e}", a.host))),
         Err(e) => {
             eprintln!("fatpipe: warning: auto-tuning off: {e}");
+            *baseline = Some(Err(e.to_string()));
             return Ok(None);
         }
     };
+    *baseline = Some(Ok(rfc6349::Baseline::from_preflight(&pre)));
     let settings = auto::merge(&pre.plan, &overrides(a, params));
     apply(&settings, params);
     eprintln!("{}", auto::line(&pre.plan, &settings));
@@ -214,6 +237,23 @@ fn auto_tune(
         eprintln!("fatpipe: warning: auto: {w}");
     }
     Ok(Some(auto::record(&pre, &settings, false)))
+}
+
+/// The path probe `--rfc6349` needs when auto-tuning did not run one. A
+/// failed probe is not fatal: the metrics that need it are left out.
+fn probe_baseline(
+    a: &Args,
+    addr: SocketAddr,
+    options: &ClientOptions,
+) -> anyhow::Result<Result<rfc6349::Baseline, String>> {
+    match rfc6349::probe(addr, options.clone()) {
+        Ok(b) => Ok(Ok(b)),
+        Err(e) if e.is_auth() => Err(crate::exit::usage(format!("{}: {e}", a.host))),
+        Err(e) => {
+            eprintln!("fatpipe: warning: rfc6349: path probe failed: {e}");
+            Ok(Err(e.to_string()))
+        }
+    }
 }
 
 /// Writes merged settings into the test parameters.
@@ -279,9 +319,11 @@ fn plan(a: &Args) -> anyhow::Result<TestParams> {
             "-b/--bitrate applies to UDP (-u); for TCP use --fq-rate",
         ));
     }
-    if protocol == Protocol::Udp && (a.mss.is_some() || a.congestion.is_some() || a.zerocopy) {
+    if protocol == Protocol::Udp
+        && (a.mss.is_some() || a.congestion.is_some() || a.zerocopy || a.rfc6349)
+    {
         return Err(crate::exit::usage(
-            "-M, -C and -Z apply to TCP only; drop them with -u",
+            "-M, -C, -Z and --rfc6349 apply to TCP only; drop them with -u",
         ));
     }
     let window = a
@@ -578,6 +620,82 @@ fn print_end(out: &mut impl Write, p: &TestParams, end: &TestEnd) -> std::io::Re
     )
 }
 
+/// The RFC 6349 block after the final table. Every figure that could not
+/// be computed is named with the reason instead.
+fn print_rfc6349(out: &mut impl Write, r: &Rfc6349) -> std::io::Result<()> {
+    let dir = match r.direction {
+        fatpipe_schema::test::Direction::Down => "server to client",
+        fatpipe_schema::test::Direction::Up => "client to server",
+    };
+    let us = |v: u64| units::format_duration(Duration::from_micros(v));
+    let at_least = if r.bottleneck_lower_bound {
+        "at least "
+    } else {
+        ""
+    };
+    writeln!(out, "RFC 6349 ({dir}):")?;
+    if let Some(b) = r.baseline_rtt_us {
+        writeln!(out, "  baseline RTT            {}", us(b))?;
+    }
+    if let Some(bb) = r.bottleneck_bps {
+        writeln!(
+            out,
+            "  bottleneck bandwidth    {at_least}{} (IP packets, probed)",
+            units::format_rate(bb as f64)
+        )?;
+    }
+    if let Some(bdp) = r.bdp_bytes {
+        writeln!(
+            out,
+            "  BDP                     {at_least}{}",
+            units::format_bytes(bdp)
+        )?;
+    }
+    if let Some(max) = r.max_tcp_bps {
+        writeln!(
+            out,
+            "  max achievable TCP      {at_least}{} (MSS {} in {}-byte packets)",
+            units::format_rate(max),
+            r.mss,
+            r.packet_bytes
+        )?;
+    }
+    writeln!(
+        out,
+        "  actual TCP throughput   {} ({} in {:.2} s)",
+        units::format_rate(r.actual_bps),
+        units::format_bytes(r.bytes),
+        r.seconds
+    )?;
+    if let (Some(ratio), Some(ideal)) = (r.transfer_time_ratio, r.ideal_seconds) {
+        writeln!(
+            out,
+            "  transfer time ratio     {ratio:.3} ({:.2} s actual / {ideal:.2} s ideal)",
+            r.seconds
+        )?;
+    }
+    if let Some(e) = r.tcp_efficiency_percent {
+        writeln!(
+            out,
+            "  TCP efficiency          {e:.3}% ({} retransmits, ~{} of {} sent)",
+            r.retransmits,
+            units::format_bytes(r.retransmitted_bytes),
+            units::format_bytes(r.bytes_sent + r.retransmitted_bytes)
+        )?;
+    }
+    if let (Some(d), Some(avg)) = (r.buffer_delay_percent, r.avg_rtt_us) {
+        writeln!(
+            out,
+            "  buffer delay            {d:.1}% (average RTT {})",
+            us(avg)
+        )?;
+    }
+    for u in &r.unavailable {
+        writeln!(out, "  not computed: {u}")?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,6 +781,8 @@ mod tests {
         assert!(parse(&["h", "-u", "-l", "65507"]).is_ok());
         assert!(parse(&["h", "-b", "1g"]).is_err(), "bitrate needs -u");
         assert!(parse(&["h", "-u", "-Z"]).is_err());
+        assert!(parse(&["h", "-u", "--rfc6349"]).is_err());
+        assert!(parse(&["h", "--rfc6349", "--no-auto"]).is_ok());
     }
 
     #[test]
@@ -761,6 +881,42 @@ mod tests {
         }
         let (_, p) = parsed(&["h", "--no-auto"]);
         assert_eq!((p.streams, p.window, p.congestion), (1, None, None));
+    }
+
+    #[test]
+    fn rfc6349_block_names_what_it_could_not_compute() {
+        let r = Rfc6349 {
+            direction: fatpipe_schema::test::Direction::Up,
+            baseline_rtt_us: Some(40_000),
+            bottleneck_bps: Some(900_000_000),
+            bottleneck_lower_bound: true,
+            packet_bytes: 1500,
+            mss: 1448,
+            bdp_bytes: Some(4_500_000),
+            max_tcp_bps: Some(868_800_000.0),
+            bytes: 1_000_000_000,
+            seconds: 10.0,
+            actual_bps: 800_000_000.0,
+            ideal_seconds: None,
+            transfer_time_ratio: None,
+            bytes_sent: 1_000_000_000,
+            retransmits: 0,
+            retransmitted_bytes: 0,
+            tcp_efficiency_percent: Some(100.0),
+            avg_rtt_us: Some(50_000),
+            buffer_delay_percent: Some(25.0),
+            unavailable: vec!["transfer_time_ratio: lower bound".into()],
+            notes: vec![],
+        };
+        let mut out = Vec::new();
+        print_rfc6349(&mut out, &r).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("baseline RTT            40.0 ms"), "{text}");
+        assert!(text.contains("bottleneck bandwidth    at least "), "{text}");
+        assert!(!text.contains("transfer time ratio     "), "{text}");
+        assert!(text.contains("not computed: transfer_time_ratio: lower bound"));
+        assert!(text.contains("TCP efficiency          100.000%"), "{text}");
+        assert!(text.contains("buffer delay            25.0% (average RTT 50.0 ms)"));
     }
 
     #[test]

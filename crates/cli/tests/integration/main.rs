@@ -13,5 +13,6 @@ mod demo;
 mod lab;
 mod lab_copy;
 mod path;
+mod rfc6349;
 mod server_test;
 mod tune;

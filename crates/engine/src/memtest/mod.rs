@@ -1221,5 +1221,6 @@ fn merge_final(
         streams,
         cpu_local,
         cpu_remote,
+        rfc6349: None,
     }
 }
