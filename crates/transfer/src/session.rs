@@ -63,8 +63,8 @@ pub enum Grow<'a> {
     /// The client: opens the connections the server granted with `open`
     /// (tags continue after the last one) and reports to `live`.
     Client {
-        /// Opens data connection `tag`.
-        open: &'a dyn Fn(u32) -> Result<TcpStream, CopyError>,
+        /// Opens data connection `tag` (called from several threads at once).
+        open: &'a (dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
         /// The tuner's handle on this session.
         live: Arc<Live>,
     },
@@ -94,8 +94,9 @@ pub trait Link: Send + Sync {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError>;
 }
 
-/// One session's way to open connections to the server.
-pub trait Conn: Send {
+/// One session's way to open connections to the server. Data connections
+/// are opened in parallel (each costs round trips), hence `Sync`.
+pub trait Conn: Send + Sync {
     /// Opens connection `tag` (0 is copy-control, 1.. are data).
     fn open(&self, tag: u32) -> Result<TcpStream, CopyError>;
 }
@@ -546,27 +547,54 @@ fn server_grow(
 /// Client: opens the `n` streams the server granted and tells the tuner.
 fn client_grow(
     n: u16,
-    open: &dyn Fn(u32) -> Result<TcpStream, CopyError>,
+    open: &(dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
     live: &Live,
     pool: &Pool,
 ) -> Result<Vec<TcpStream>, CopyError> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let one = || -> Result<TcpStream, CopyError> {
-            let mut s = open(live.next_tag())?;
-            s.write_all(&Hello::Data.encode()).map_err(net)?;
-            pool.add(&s).map_err(net)?;
-            Ok(s)
-        };
-        match one() {
-            Ok(s) => out.push(s),
-            Err(e) => {
-                live.streams_added(Err(e.to_string()));
-                return Err(e);
-            }
+    let tags: Vec<u32> = (0..n).map(|_| live.next_tag()).collect();
+    let opened = open_data(open, &tags).and_then(|v| {
+        for s in &v {
+            pool.add(s).map_err(net)?;
+        }
+        Ok(v)
+    });
+    live.streams_added(match &opened {
+        Ok(_) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    });
+    opened
+}
+
+/// Opens the data connections `tags` at once, each with its data hello:
+/// every one costs a few round trips (connect, the engine's cookie check),
+/// which one after another would add seconds on a long path.
+fn open_data(
+    open: &(dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+    tags: &[u32],
+) -> Result<Vec<TcpStream>, CopyError> {
+    let one = |tag: u32| -> Result<TcpStream, CopyError> {
+        let mut s = open(tag)?;
+        s.write_all(&Hello::Data.encode()).map_err(net)?;
+        Ok(s)
+    };
+    let mut out = Vec::with_capacity(tags.len());
+    // At most 32 dials in flight.
+    for group in tags.chunks(32) {
+        let opened: Vec<Result<TcpStream, CopyError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = group.iter().map(|&t| sc.spawn(move || one(t))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(CopyError::Failed("a dialing thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        for r in opened {
+            out.push(r?);
         }
     }
-    live.streams_added(Ok(n));
     Ok(out)
 }
 
@@ -1096,14 +1124,10 @@ fn client_session(
     ctrl.set_read_timeout(None).map_err(net)?;
     report.streams = accept.streams;
     report.remote_io = accept.io.clone();
-    let mut data = Vec::new();
-    for tag in 1..=u32::from(accept.streams) {
-        let mut s = conn.open(tag)?;
-        s.write_all(&Hello::Data.encode()).map_err(net)?;
-        data.push(s);
-    }
-    let live = Arc::new(Live::new(job.direction, accept));
     let open = |tag: u32| conn.open(tag);
+    let tags: Vec<u32> = (1..=u32::from(accept.streams)).collect();
+    let data = open_data(&open, &tags)?;
+    let live = Arc::new(Live::new(job.direction, accept));
     let grow = Grow::Client {
         open: &open,
         live: Arc::clone(&live),

@@ -49,6 +49,8 @@ const TEST_STREAMS_ENV: &str = "FATPIPE_TEST_COPY_STREAMS";
 /// Test hook `N@K`: add N streams at the adjuster's K-th sample, whatever
 /// it would have decided.
 const TEST_ADD_ENV: &str = "FATPIPE_TEST_COPY_ADD";
+/// Debug hook: print every sample and the adjuster's answer on stderr.
+const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 
 /// Arguments of `fatpipe copy`.
 #[derive(Debug, clap::Args)]
@@ -644,6 +646,7 @@ struct Tuning {
     zero: Mutex<Option<Instant>>,
     samples: Mutex<u32>,
     force_add: Option<(u32, u32)>,
+    trace: bool,
     quiet: bool,
 }
 
@@ -681,6 +684,7 @@ impl Tuning {
             zero: Mutex::new(None),
             samples: Mutex::new(0),
             force_add,
+            trace: std::env::var_os(TRACE_ENV).is_some(),
             quiet,
         }
     }
@@ -770,6 +774,19 @@ impl Tuning {
                     None => continue,
                 },
             };
+            if self.trace {
+                eprintln!(
+                    "auto: sample {k} at {:.1} s: {} streams, {}, {} retransmits, RTT {} ({}): {:?} {}",
+                    sample.now.as_secs_f64(),
+                    s.streams,
+                    units::format_rate(sample.throughput as f64),
+                    sample.retransmits,
+                    units::format_duration(sample.rtt),
+                    sender.congestion,
+                    decision.action,
+                    decision.reason
+                );
+            }
             self.carry_out(live, decision);
         }
     }
