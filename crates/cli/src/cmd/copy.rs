@@ -1020,6 +1020,53 @@ mod tests {
         e.chain().any(|c| c.is::<crate::exit::UsageError>())
     }
 
+    fn record(rate: Option<u64>, warnings: &[&str]) -> AutoTune {
+        AutoTune {
+            facts: fatpipe_schema::tune::PathFacts {
+                rtt_secs: 0.093,
+                bottleneck_rate: rate,
+                loss_rate: 0.0,
+                mtu: 1500,
+            },
+            plan: fatpipe_schema::tune::Plan {
+                streams: 4,
+                per_stream_buffer: 4 << 20,
+                set_buffers: true,
+                forced_buffers: false,
+                congestion: "cubic".into(),
+                pacing_rate: None,
+                bdp: None,
+                reason: "auto: test".into(),
+            },
+            streams: 4,
+            buffer: None,
+            forced_buffers: false,
+            congestion: Some("cubic".into()),
+            pacing_rate: None,
+            overridden: vec![],
+            probe_secs: 1.0,
+            adjusting: true,
+            decisions: vec![],
+            warnings: warnings.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_adjuster_gets_a_rate_only_when_it_is_the_paths() {
+        const G: u64 = 1_000_000_000;
+        let t = Tuning::new(&record(Some(G), &[]), 4, None, None, true);
+        assert_eq!(t.facts.bottleneck_rate, Some(G));
+        // A probe that could not outpace the path only bounds its rate.
+        let lower = "this host could not send probe trains faster than 648 Mbit/s: the path rate is a lower bound";
+        let t = Tuning::new(&record(Some(G), &[lower]), 4, None, None, true);
+        assert_eq!(t.facts.bottleneck_rate, None);
+        // --bwlimit is the most this copy may reach.
+        let t = Tuning::new(&record(Some(G), &[lower]), 4, None, Some(G / 10), true);
+        assert_eq!(t.facts.bottleneck_rate, Some(G / 10));
+        let t = Tuning::new(&record(Some(G / 20), &[]), 4, None, Some(G / 10), true);
+        assert_eq!(t.facts.bottleneck_rate, Some(G / 20));
+    }
+
     #[test]
     fn auto_settings_go_to_the_sending_end_and_bwlimit_replaces_pacing() {
         let s = auto::Settings {
