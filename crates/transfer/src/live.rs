@@ -338,6 +338,11 @@ impl Live {
         st.writer = Some(writer);
     }
 
+    /// True while an `AddStreams` waits for its answer.
+    pub(crate) fn asking(&self) -> bool {
+        lock(&self.state).asked
+    }
+
     pub(crate) fn next_tag(&self) -> u32 {
         self.next_tag.fetch_add(1, Ordering::SeqCst)
     }

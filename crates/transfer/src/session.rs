@@ -755,6 +755,24 @@ pub fn run_sink(
         }
     };
     let _ = waiter.join();
+    if let (Ok(_), Grow::Client { open, live }) = (&result, grow) {
+        // Finished while asking for streams: the server may already have
+        // granted them and be waiting for them (not reading our Done), so
+        // open what it grants; they only carry its End.
+        let end = Instant::now() + SETUP_TIMEOUT;
+        while live.asking() && Instant::now() < end {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(SinkEvent::Grow(n)) => {
+                    if let Ok(new) = client_grow(n, *open, live, &pool) {
+                        threads.extend(new.into_iter().map(|s| spawn_receiver(&sink, &pool, s)));
+                    }
+                    break;
+                }
+                Ok(SinkEvent::Finished(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
     match result {
         Ok(summary) => {
             let sent = sink.send_done(&summary);
