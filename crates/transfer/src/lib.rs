@@ -15,6 +15,8 @@
 //! * [`source`] and [`sink`]: the sending and receiving halves of a session,
 //!   written against plain `TcpStream`s so they run the same on either side.
 //! * [`session`]: the client's reconnecting driver and the server's handler.
+//! * [`live`]: a session's connections, and the handle an in-flight tuner
+//!   uses to sample them and add streams while data flows.
 //!
 //! The transport (authentication, cookies, the engine's sessions) is behind
 //! the small [`session::Link`] trait so everything here is testable over
@@ -24,6 +26,7 @@ pub mod beneath;
 pub mod hash;
 pub mod io;
 pub mod journal;
+pub mod live;
 pub mod manifest;
 pub mod plan;
 pub mod relpath;

@@ -20,12 +20,15 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::beneath::{Dir, ResolveError};
 use crate::hash::Algo;
 use crate::io::keepalive;
+use crate::live::{congestion_allowed, CtrlSend, Live, Pool};
 use crate::manifest::{Manifest, WalkError};
 use crate::relpath::RelPath;
 use crate::sink::{Sink, SinkOptions};
@@ -40,8 +43,36 @@ use crate::{Failure, Progress};
 pub const CHUNK_LIMITS: (u32, u32) = (64 * 1024, 64 << 20);
 /// Most data connections per session.
 pub const MAX_STREAMS: u16 = 256;
-/// How long the server waits for the request and the data connections.
+/// How long the server waits for the request and the data connections
+/// (also for connections added mid-session).
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a sending server reports its TCP counters ([`Msg::Stats`]).
+pub const STATS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How a running session gets more data connections.
+pub enum Grow<'a> {
+    /// The server: grants [`Msg::AddStreams`] up to `max` data connections
+    /// in all, then accepts the new ones through `accept` (with the
+    /// setup timeout and the same data hello as at setup).
+    Server {
+        /// Yields the session's next connection, waiting at most the time given.
+        accept: &'a dyn Fn(Duration) -> Result<TcpStream, String>,
+        /// The most data connections of the session.
+        max: u16,
+    },
+    /// The client: opens the connections the server granted with `open`
+    /// (tags continue after the last one) and reports to `live`.
+    Client {
+        /// Opens data connection `tag` (called from several threads at once).
+        open: &'a (dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+        /// The tuner's handle on this session.
+        live: Arc<Live>,
+    },
+}
+
+/// A tuner run on its own thread beside each client session: it watches
+/// the session through [`Live`] and returns when [`Live::ended`].
+pub type Tuner<'a> = dyn Fn(&Live) + Sync + 'a;
 
 /// How a copy failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +94,9 @@ pub trait Link: Send + Sync {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError>;
 }
 
-/// One session's way to open connections to the server.
-pub trait Conn: Send {
+/// One session's way to open connections to the server. Data connections
+/// are opened in parallel (each costs round trips), hence `Sync`.
+pub trait Conn: Send + Sync {
     /// Opens connection `tag` (0 is copy-control, 1.. are data).
     fn open(&self, tag: u32) -> Result<TcpStream, CopyError>;
 }
@@ -142,6 +174,17 @@ pub fn run_client(
     progress: Arc<Progress>,
     on_retry: &dyn Fn(&str),
 ) -> Result<Report, CopyError> {
+    run_client_tuned(link, job, progress, on_retry, None)
+}
+
+/// [`run_client`] with an in-flight tuner started beside every session.
+pub fn run_client_tuned(
+    link: &dyn Link,
+    job: &Job,
+    progress: Arc<Progress>,
+    on_retry: &dyn Fn(&str),
+    tuner: Option<&Tuner<'_>>,
+) -> Result<Report, CopyError> {
     let started = Instant::now();
     let local = match job.direction {
         Direction::Push => Some(local_manifest(job)?),
@@ -157,6 +200,7 @@ pub fn run_client(
             local.as_ref(),
             Arc::clone(&progress),
             &mut report,
+            tuner,
         ) {
             Ok(()) => {
                 if let Some(m) = &local {
@@ -286,11 +330,15 @@ pub fn serve(
         Direction::Pull if cfg.sendfile => "pread+sendfile",
         Direction::Pull => "pread+write",
     };
+    let congestion = fatpipe_sys::get_congestion(&ctrl).unwrap_or_default();
     write_msg(
         &mut ctrl,
         &Msg::Accept(Accept {
             streams,
             io: io_name.into(),
+            max_streams: MAX_STREAMS,
+            congestion,
+            congestion_allowed: congestion_allowed(),
         }),
     )
     .map_err(net)?;
@@ -304,6 +352,10 @@ pub fn serve(
         data.push(s);
     }
     ctrl.set_read_timeout(None).map_err(net)?;
+    let grow = Grow::Server {
+        accept,
+        max: MAX_STREAMS,
+    };
     match plan {
         ServerPlan::Pull(m) => {
             let src = Arc::new(Source::new(
@@ -318,7 +370,7 @@ pub fn serve(
                 },
                 progress,
             ));
-            run_source(src, ctrl, data)
+            run_source(src, ctrl, data, &grow)
         }
         ServerPlan::Push {
             root,
@@ -327,16 +379,18 @@ pub fn serve(
         } => {
             let opts = sink_options(&req);
             let map = move |entries: &[Entry]| map_beneath(&root, dest.as_ref(), into_dir, entries);
-            run_sink(ctrl, data, opts, progress, &map).map(|(s, _)| s)
+            run_sink(ctrl, data, opts, progress, &map, &grow).map(|(s, _)| s)
         }
     }
 }
 
 /// Sends the manifest, takes the needs, streams until the receiver is done.
+/// Streams added mid-session (`grow`) pull from the same queue.
 pub fn run_source(
     src: Arc<Source>,
     mut ctrl: TcpStream,
     data: Vec<TcpStream>,
+    grow: &Grow<'_>,
 ) -> Result<Summary, CopyError> {
     for msg in entries_messages(src.entries()) {
         write_msg(&mut ctrl, &msg).map_err(net)?;
@@ -365,35 +419,69 @@ pub fn run_source(
     src.plan(&needs);
     src.account_done_before(&needs);
     src.set_control(ctrl.try_clone().map_err(net)?);
-    let teardown = Teardown::new(&ctrl, &data)?;
-    let mut threads = Vec::new();
-    for s in data {
-        keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
-        let src = Arc::clone(&src);
-        let td = teardown.clone_handles()?;
-        threads.push(std::thread::spawn(move || {
-            let r = src.send(s);
-            if r.is_err() && src.done().is_none() {
-                src.stop();
-                td.all();
-            }
-            r
-        }));
+    let pool = Arc::new(Pool::new(&ctrl, &data).map_err(net)?);
+    if let Grow::Client { live, .. } = grow {
+        live.attach(Arc::clone(&pool), Arc::clone(&src) as Arc<dyn CtrlSend>);
     }
+    let mut threads: Vec<_> = data
+        .into_iter()
+        .map(|s| spawn_sender(&src, &pool, s))
+        .collect();
     keepalive(std::os::fd::AsRawFd::as_raw_fd(&ctrl));
+    // A sending server reports its counters so the client can tune.
+    let stats_stop = Arc::new(AtomicBool::new(false));
+    let stats = matches!(grow, Grow::Server { .. }).then(|| {
+        let (src, pool, stop) = (Arc::clone(&src), Arc::clone(&pool), Arc::clone(&stats_stop));
+        std::thread::spawn(move || {
+            let step = Duration::from_millis(50);
+            let mut next = Instant::now() + STATS_INTERVAL;
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(step);
+                if Instant::now() < next {
+                    continue;
+                }
+                next += STATS_INTERVAL;
+                if src.send_control(&Msg::Stats(pool.sender_stats())).is_err() {
+                    return;
+                }
+            }
+        })
+    });
     let outcome = loop {
-        match read_msg(&mut ctrl) {
-            Ok(msg) => match src.handle(msg) {
+        let msg = match read_msg(&mut ctrl) {
+            Ok(m) => m,
+            Err(e) => break Err(net(e)),
+        };
+        let added = match (msg, grow) {
+            (Msg::AddStreams { n }, Grow::Server { accept, max }) => {
+                server_grow(n, *max, *accept, &pool, &*src)
+            }
+            (Msg::StreamsAdded { n }, Grow::Client { open, live }) => {
+                client_grow(n, *open, live, &pool)
+            }
+            (Msg::SetCongestion { name }, Grow::Server { .. }) => {
+                // Best effort: the next statistics show what took.
+                let _ = pool.set_congestion(&name);
+                Ok(Vec::new())
+            }
+            (msg, _) => match src.handle(msg) {
                 Ok(true) => break Ok(()),
-                Ok(false) => {}
+                Ok(false) => Ok(Vec::new()),
                 Err(why) => break Err(CopyError::Failed(why)),
             },
-            Err(e) => break Err(net(e)),
+        };
+        match added {
+            Ok(new) => threads.extend(new.into_iter().map(|s| spawn_sender(&src, &pool, s))),
+            Err(e) => break Err(e),
         }
     };
+    stats_stop.store(true, Ordering::SeqCst);
+    if let Some(t) = stats {
+        let _ = t.join();
+    }
     if outcome.is_err() {
         src.stop();
-        teardown.all();
+        pool.all();
     }
     let mut send_err = None;
     for t in threads {
@@ -408,6 +496,118 @@ pub fn run_source(
     })
 }
 
+fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<io::Result<()>> {
+    keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
+    let (src, pool) = (Arc::clone(src), Arc::clone(pool));
+    std::thread::spawn(move || {
+        let r = src.send(s);
+        if r.is_err() && src.done().is_none() {
+            src.stop();
+            pool.all();
+        }
+        r
+    })
+}
+
+fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<()> {
+    keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
+    let (sk, pool) = (Arc::clone(sink), Arc::clone(pool));
+    std::thread::spawn(move || {
+        if let Err(e) = sk.receive(s) {
+            if !sk.finished() {
+                sk.abort(format!("data connection: {e}"));
+                pool.all();
+            }
+        }
+    })
+}
+
+/// Server: answers a request for `n` more streams with what the cap
+/// allows, then accepts that many with the setup timeout. A connection
+/// that does not come fails the session (the client resumes it).
+fn server_grow(
+    n: u16,
+    max: u16,
+    accept: &dyn Fn(Duration) -> Result<TcpStream, String>,
+    pool: &Pool,
+    ctrl: &dyn CtrlSend,
+) -> Result<Vec<TcpStream>, CopyError> {
+    let grant = n.min(max.saturating_sub(pool.streams()));
+    ctrl.send_control(&Msg::StreamsAdded { n: grant })
+        .map_err(net)?;
+    let mut out = Vec::new();
+    for _ in 0..grant {
+        let mut s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
+        s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+        expect_hello(&mut s, Hello::Data)?;
+        s.set_read_timeout(None).map_err(net)?;
+        pool.add(&s).map_err(net)?;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// Client: opens the `n` streams the server granted and tells the tuner.
+fn client_grow(
+    n: u16,
+    open: &(dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+    live: &Live,
+    pool: &Pool,
+) -> Result<Vec<TcpStream>, CopyError> {
+    let tags: Vec<u32> = (0..n).map(|_| live.next_tag()).collect();
+    let opened = open_data(open, &tags).and_then(|v| {
+        for s in &v {
+            pool.add(s).map_err(net)?;
+        }
+        Ok(v)
+    });
+    live.streams_added(match &opened {
+        Ok(_) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    });
+    opened
+}
+
+/// Opens the data connections `tags` at once, each with its data hello:
+/// every one costs a few round trips (connect, the engine's cookie check),
+/// which one after another would add seconds on a long path.
+fn open_data(
+    open: &(dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+    tags: &[u32],
+) -> Result<Vec<TcpStream>, CopyError> {
+    let one = |tag: u32| -> Result<TcpStream, CopyError> {
+        let mut s = open(tag)?;
+        s.write_all(&Hello::Data.encode()).map_err(net)?;
+        Ok(s)
+    };
+    let mut out = Vec::with_capacity(tags.len());
+    // At most 32 dials in flight.
+    for group in tags.chunks(32) {
+        let opened: Vec<Result<TcpStream, CopyError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = group.iter().map(|&t| sc.spawn(move || one(t))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(CopyError::Failed("a dialing thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        for r in opened {
+            out.push(r?);
+        }
+    }
+    Ok(out)
+}
+
+enum SinkEvent {
+    /// More streams: asked for (server) or granted (client).
+    Grow(u16),
+    /// The sink is complete or aborted.
+    Finished(Result<Summary, String>),
+}
+
 /// Maps the manifest to a destination directory (and an optional new name
 /// for its single top-level item).
 pub type MapDest<'a> = dyn Fn(&[Entry]) -> Result<(Dir, Option<Vec<u8>>), CopyError> + 'a;
@@ -420,6 +620,7 @@ pub fn run_sink(
     opts: SinkOptions,
     progress: Arc<Progress>,
     map: &MapDest<'_>,
+    grow: &Grow<'_>,
 ) -> Result<(Summary, Vec<Failure>), CopyError> {
     let mut entries = Vec::new();
     loop {
@@ -481,64 +682,113 @@ pub fn run_sink(
         write_msg(&mut ctrl, &msg).map_err(net)?;
     }
     write_msg(&mut ctrl, &Msg::NeedEnd).map_err(net)?;
-    let teardown = Teardown::new(&ctrl, &data)?;
-    let mut threads = Vec::new();
-    for s in data {
-        keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
-        let sk = Arc::clone(&sink);
-        let td = teardown.clone_handles()?;
-        threads.push(std::thread::spawn(move || {
-            let r = sk.receive(s);
-            if let Err(e) = &r {
-                if !sk.finished() {
-                    sk.abort(format!("data connection: {e}"));
-                    td.all();
-                }
-            }
-        }));
-    }
+    let pool = Arc::new(Pool::new(&ctrl, &data).map_err(net)?);
+    let live = match grow {
+        Grow::Client { live, .. } => {
+            live.attach(Arc::clone(&pool), Arc::clone(&sink) as Arc<dyn CtrlSend>);
+            Some(Arc::clone(live))
+        }
+        Grow::Server { .. } => None,
+    };
+    let mut threads: Vec<_> = data
+        .into_iter()
+        .map(|s| spawn_receiver(&sink, &pool, s))
+        .collect();
     keepalive(std::os::fd::AsRawFd::as_raw_fd(&ctrl));
+    let (tx, rx) = mpsc::channel();
     let reader = {
         let sk = Arc::clone(&sink);
         let mut c = ctrl.try_clone().map_err(net)?;
-        let td = teardown.clone_handles()?;
+        let td = Arc::clone(&pool);
+        let tx = tx.clone();
         std::thread::spawn(move || loop {
-            match read_msg(&mut c) {
-                Ok(Msg::FileFailed { file, message }) => sk.remote_failure(file, message),
-                Ok(Msg::Abort { message }) => {
-                    sk.abort(format!("sender aborted: {message}"));
-                    td.all();
-                    return;
+            let stop = |why: String| {
+                sk.abort(why);
+                td.all();
+            };
+            match (read_msg(&mut c), &live) {
+                (Ok(Msg::FileFailed { file, message }), _) => sk.remote_failure(file, message),
+                (Ok(Msg::Abort { message }), _) => {
+                    return stop(format!("sender aborted: {message}"));
                 }
-                Ok(other) => {
-                    sk.abort(format!("unexpected message from sender: {other:?}"));
-                    td.all();
-                    return;
+                // The server is asked for streams; the client is granted them.
+                (Ok(Msg::AddStreams { n }), None) | (Ok(Msg::StreamsAdded { n }), Some(_)) => {
+                    if tx.send(SinkEvent::Grow(n)).is_err() {
+                        return;
+                    }
                 }
-                Err(e) => {
+                (Ok(Msg::Stats(st)), Some(l)) => l.set_remote(st),
+                (Ok(other), _) => {
+                    return stop(format!("unexpected message from sender: {other:?}"));
+                }
+                (Err(e), _) => {
                     if !sk.finished() {
-                        sk.abort(format!("control connection: {e}"));
-                        td.all();
+                        stop(format!("control connection: {e}"));
                     }
                     return;
                 }
             }
         })
     };
-    let result = sink.wait();
+    let waiter = {
+        let sk = Arc::clone(&sink);
+        std::thread::spawn(move || {
+            let _ = tx.send(SinkEvent::Finished(sk.wait()));
+        })
+    };
+    let result = loop {
+        match rx.recv() {
+            Ok(SinkEvent::Finished(r)) => break r,
+            Ok(SinkEvent::Grow(n)) => {
+                let added = match grow {
+                    Grow::Server { accept, max } => server_grow(n, *max, *accept, &pool, &*sink),
+                    Grow::Client { open, live } => client_grow(n, *open, live, &pool),
+                };
+                match added {
+                    Ok(new) => {
+                        threads.extend(new.into_iter().map(|s| spawn_receiver(&sink, &pool, s)))
+                    }
+                    Err(e) => {
+                        sink.abort(format!("adding streams: {e}"));
+                        pool.all();
+                    }
+                }
+            }
+            Err(_) => break Err("the session's waiter stopped".into()),
+        }
+    };
+    let _ = waiter.join();
+    if let (Ok(_), Grow::Client { open, live }) = (&result, grow) {
+        // Finished while asking for streams: the server may already have
+        // granted them and be waiting for them (not reading our Done), so
+        // open what it grants; they only carry its End.
+        let end = Instant::now() + SETUP_TIMEOUT;
+        while live.asking() && Instant::now() < end {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(SinkEvent::Grow(n)) => {
+                    if let Ok(new) = client_grow(n, *open, live, &pool) {
+                        threads.extend(new.into_iter().map(|s| spawn_receiver(&sink, &pool, s)));
+                    }
+                    break;
+                }
+                Ok(SinkEvent::Finished(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
     match result {
         Ok(summary) => {
             let sent = sink.send_done(&summary);
             for t in threads {
                 let _ = t.join();
             }
-            teardown.all();
+            pool.all();
             let _ = reader.join();
             sent.map_err(net)?;
             Ok((summary, sink.failures()))
         }
         Err(why) => {
-            teardown.all();
+            pool.all();
             for t in threads {
                 let _ = t.join();
             }
@@ -888,6 +1138,7 @@ fn client_session(
     local: Option<&Manifest>,
     progress: Arc<Progress>,
     report: &mut Report,
+    tuner: Option<&Tuner<'_>>,
 ) -> Result<(), CopyError> {
     let conn = link.connect()?;
     let mut ctrl = conn.open(0)?;
@@ -927,12 +1178,36 @@ fn client_session(
     ctrl.set_read_timeout(None).map_err(net)?;
     report.streams = accept.streams;
     report.remote_io = accept.io.clone();
-    let mut data = Vec::new();
-    for tag in 1..=u32::from(accept.streams) {
-        let mut s = conn.open(tag)?;
-        s.write_all(&Hello::Data.encode()).map_err(net)?;
-        data.push(s);
-    }
+    let open = |tag: u32| conn.open(tag);
+    let tags: Vec<u32> = (1..=u32::from(accept.streams)).collect();
+    let data = open_data(&open, &tags)?;
+    let live = Arc::new(Live::new(job.direction, accept));
+    let grow = Grow::Client {
+        open: &open,
+        live: Arc::clone(&live),
+    };
+    let r = std::thread::scope(|scope| {
+        if let Some(t) = tuner {
+            let l = &*live;
+            scope.spawn(move || t(l));
+        }
+        let r = client_roles(job, local, progress, report, ctrl, data, &grow);
+        live.end();
+        r
+    });
+    report.streams = report.streams.max(live.streams());
+    r
+}
+
+fn client_roles(
+    job: &Job,
+    local: Option<&Manifest>,
+    progress: Arc<Progress>,
+    report: &mut Report,
+    ctrl: TcpStream,
+    data: Vec<TcpStream>,
+    grow: &Grow<'_>,
+) -> Result<(), CopyError> {
     match job.direction {
         Direction::Push => {
             let m = local.ok_or_else(|| CopyError::Failed("no manifest".into()))?;
@@ -956,7 +1231,7 @@ fn client_session(
                 },
                 progress,
             ));
-            let r = run_source(Arc::clone(&src), ctrl, data);
+            let r = run_source(Arc::clone(&src), ctrl, data, grow);
             report.local_io = src.io_path().into();
             merge_failures(&mut report.failures, src.failures());
             let summary = r?;
@@ -975,7 +1250,7 @@ fn client_session(
             let dest = job.local_dest.clone();
             let p2 = Arc::clone(&progress);
             let map = move |entries: &[Entry]| map_local(&dest, entries);
-            let (summary, failures) = run_sink(ctrl, data, opts, p2, &map)?;
+            let (summary, failures) = run_sink(ctrl, data, opts, p2, &map, grow)?;
             report.files_total = progress
                 .total_files
                 .load(std::sync::atomic::Ordering::Relaxed);
@@ -1018,37 +1293,6 @@ fn net(e: io::Error) -> CopyError {
 
 fn fail(e: io::Error) -> CopyError {
     CopyError::Failed(e.to_string())
-}
-
-/// Socket clones, so any thread can shut every connection of the session
-/// down and wake the others.
-struct Teardown {
-    socks: Vec<TcpStream>,
-}
-
-impl Teardown {
-    fn new(ctrl: &TcpStream, data: &[TcpStream]) -> Result<Teardown, CopyError> {
-        let mut socks = vec![ctrl.try_clone().map_err(net)?];
-        for d in data {
-            socks.push(d.try_clone().map_err(net)?);
-        }
-        Ok(Teardown { socks })
-    }
-
-    fn clone_handles(&self) -> Result<Teardown, CopyError> {
-        let socks = self
-            .socks
-            .iter()
-            .map(|s| s.try_clone().map_err(net))
-            .collect::<Result<_, _>>()?;
-        Ok(Teardown { socks })
-    }
-
-    fn all(&self) {
-        for s in &self.socks {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1353,6 +1597,130 @@ mod tests {
         );
         assert_eq!(std::fs::read(exp.path().join("f")).unwrap(), data);
         assert!(!snapshot(exp.path()).keys().any(|k| k.contains(".fatpipe-")));
+    }
+
+    /// Runs a copy with a tuner that asks for 3 more streams at its 2nd
+    /// sample and (pulling) switches the server to reno at its 3rd; returns
+    /// the report, what `add_streams` answered and the samples seen.
+    fn tuned_copy(
+        srv: &TestServer,
+        j: &Job,
+    ) -> (
+        Report,
+        Option<Result<u16, String>>,
+        Vec<crate::live::LiveSample>,
+    ) {
+        let added = Mutex::new(None);
+        let samples = Mutex::new(Vec::new());
+        let tuner = |live: &Live| {
+            let mut k = 0;
+            while !live.sleep(Duration::from_millis(250)) {
+                let Some(s) = live.sample() else { continue };
+                samples.lock().unwrap().push(s);
+                k += 1;
+                if k == 2 {
+                    *added.lock().unwrap() = Some(live.add_streams(3, Duration::from_secs(10)));
+                }
+                if k == 3 && live.direction() == Direction::Pull {
+                    live.set_congestion("reno").unwrap();
+                }
+            }
+        };
+        let rep = run_client_tuned(&srv.link, j, Arc::default(), &|_| {}, Some(&tuner)).unwrap();
+        let a = added.lock().unwrap().clone();
+        let s = samples.lock().unwrap().clone();
+        (rep, a, s)
+    }
+
+    #[test]
+    fn streams_added_mid_copy_carry_data_and_the_copy_is_identical() {
+        let src = tempfile::tempdir().unwrap();
+        let t = src.path().join("t");
+        std::fs::create_dir(&t).unwrap();
+        std::fs::write(t.join("big"), pseudo_random(24 << 20, 21)).unwrap();
+        for i in 0..50 {
+            std::fs::write(t.join(format!("s{i}")), pseudo_random(5000 + i, i as u64)).unwrap();
+        }
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![t.clone()];
+        j.streams = 2;
+        j.bwlimit = Some(100_000_000); // ~2 s: the streams are added mid-copy
+        let (rep, added, samples) = tuned_copy(&srv, &j);
+        assert_eq!(added, Some(Ok(3)), "{samples:?}");
+        assert_eq!(rep.streams, 5);
+        assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+        assert_eq!(snapshot(&t), snapshot(&exp.path().join("t")));
+        assert_eq!(
+            rep.summary.bytes_written,
+            (24 << 20) + (0..50).map(|i| 5000 + i).sum::<u64>()
+        );
+        // Push: the client's own sockets are the senders.
+        assert!(samples.iter().all(|s| s.sender.is_some()), "{samples:?}");
+        assert!(
+            samples.last().is_some_and(|s| s.streams == 5),
+            "{samples:?}"
+        );
+        // Control plus 5 data connections, and the added ones carried data.
+        let opened = srv.link.opened.lock().unwrap();
+        assert_eq!(opened.len(), 6);
+        for s in &opened[3..] {
+            let acked = fatpipe_sys::tcp_info(s).unwrap().bytes_acked.unwrap_or(0);
+            assert!(acked > 1 << 20, "an added stream moved only {acked} bytes");
+        }
+        drop(opened);
+
+        // Pull it back the same way: the server sends on the added streams,
+        // reports its counters and switches congestion control when asked.
+        srv.link.opened.lock().unwrap().clear();
+        let back = tempfile::tempdir().unwrap();
+        let mut j = job(Direction::Pull, "data", &["t"]);
+        j.local_dest = back.path().join("t");
+        j.streams = 2;
+        j.bwlimit = Some(100_000_000);
+        let (rep, added, samples) = tuned_copy(&srv, &j);
+        assert_eq!(added, Some(Ok(3)), "{samples:?}");
+        assert_eq!(rep.streams, 5);
+        assert_eq!(snapshot(&t), snapshot(&back.path().join("t")));
+        let opened = srv.link.opened.lock().unwrap();
+        assert_eq!(opened.len(), 6);
+        for s in &opened[3..] {
+            let got = fatpipe_sys::tcp_info(s)
+                .unwrap()
+                .bytes_received
+                .unwrap_or(0);
+            assert!(got > 1 << 20, "an added stream moved only {got} bytes");
+        }
+        let stats: Vec<_> = samples.iter().filter_map(|s| s.sender.clone()).collect();
+        assert!(stats.iter().any(|s| s.bytes_acked > 0), "{samples:?}");
+        assert!(
+            stats
+                .last()
+                .is_some_and(|s| s.streams == 5 && s.congestion == "reno"),
+            "{samples:?}"
+        );
+        let results = srv.results.lock().unwrap();
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    }
+
+    #[test]
+    fn the_server_grants_no_more_than_its_cap() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), pseudo_random(8 << 20, 5)).unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        j.streams = MAX_STREAMS - 1;
+        j.bwlimit = Some(50_000_000);
+        let (rep, added, _) = tuned_copy(&srv, &j);
+        assert_eq!(added, Some(Ok(1)));
+        assert_eq!(rep.streams, MAX_STREAMS);
+        assert_eq!(
+            std::fs::read(src.path().join("f")).unwrap(),
+            std::fs::read(exp.path().join("f")).unwrap()
+        );
     }
 
     #[test]

@@ -217,6 +217,15 @@ impl Sink {
         }
     }
 
+    /// Writes one control message under the same lock as every other
+    /// report, so frames never interleave.
+    pub fn send_control(&self, msg: &Msg) -> io::Result<()> {
+        match lock(&self.ctrl).as_mut() {
+            Some(c) => write_msg(c, msg),
+            None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        }
+    }
+
     /// True when no file is waiting for data.
     pub fn is_complete(&self) -> bool {
         lock(&self.state).pending == 0

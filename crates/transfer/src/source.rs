@@ -156,6 +156,15 @@ impl Source {
         *lock(&self.ctrl) = Some(ctrl);
     }
 
+    /// Writes one control message under the same lock as every other
+    /// report, so frames never interleave.
+    pub fn send_control(&self, msg: &Msg) -> io::Result<()> {
+        match lock(&self.ctrl).as_mut() {
+            Some(c) => write_msg(c, msg),
+            None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        }
+    }
+
     /// Handles one control message from the receiver. Returns true when the
     /// receiver said it is done.
     pub fn handle(&self, msg: Msg) -> Result<bool, String> {

@@ -24,7 +24,9 @@ use std::io::{self, Read, Write};
 use crate::hash::Algo;
 use crate::relpath::{PathError, RelPath, MAX_PATH};
 
-/// Protocol version; bumped on any incompatible change.
+/// Protocol version; bumped on any incompatible change (2: streams added
+/// mid-session, sender statistics, congestion switches, the server's socket
+/// settings in the request).
 pub const VERSION: u16 = 2;
 /// The largest control frame accepted (payload bytes).
 pub const MAX_FRAME: usize = 1 << 20;
@@ -34,8 +36,10 @@ pub const MAX_CHUNK: u32 = 64 << 20;
 pub const MAX_REQUEST_PATHS: usize = 4096;
 /// The longest message string accepted.
 pub const MAX_TEXT: usize = 4096;
-/// The longest congestion-control name accepted (Linux: 16 with the NUL).
-pub const MAX_CONGESTION_NAME: usize = 32;
+/// The most congestion-control names an [`Accept`] may list.
+pub const MAX_CONGESTION_NAMES: usize = 64;
+/// The longest congestion-control name (the kernel's `TCP_CA_NAME_MAX` is 16).
+pub const MAX_CONGESTION_NAME: usize = 16;
 /// Size of a chunk header on a data connection.
 pub const HEADER_LEN: usize = 32;
 
@@ -138,6 +142,30 @@ pub struct Accept {
     pub streams: u16,
     /// The I/O path the server will use ("sendfile", "pwrite", ...).
     pub io: String,
+    /// The most data connections the session may have in all, counting
+    /// those added later with [`Msg::AddStreams`].
+    pub max_streams: u16,
+    /// The congestion control the server's data sockets start with.
+    pub congestion: String,
+    /// Congestion controls the server may switch its sockets to
+    /// ([`Msg::SetCongestion`]); empty when unknown.
+    pub congestion_allowed: Vec<String>,
+}
+
+/// The sending end's TCP counters, summed over its data connections
+/// (from `TCP_INFO`). Counters run from the start of the session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Data connections counted.
+    pub streams: u16,
+    /// Payload bytes the receiver acknowledged.
+    pub bytes_acked: u64,
+    /// Segments retransmitted.
+    pub retransmits: u64,
+    /// Smoothed RTT averaged over the connections, microseconds.
+    pub rtt_us: u32,
+    /// The congestion control of the connections (of the first, if mixed).
+    pub congestion: String,
 }
 
 /// Whose fault a refusal is.
@@ -259,6 +287,27 @@ pub enum Msg {
         /// Why.
         message: String,
     },
+    /// Client → server: the client wants `n` more data connections.
+    AddStreams {
+        /// How many.
+        n: u16,
+    },
+    /// Server → client: open `n` more data connections now (0: none; the
+    /// session is at its cap). Their tags continue after the last one.
+    StreamsAdded {
+        /// How many the server will accept.
+        n: u16,
+    },
+    /// Client → server: switch the server's data sockets (and any added
+    /// later) to this congestion control. Only meaningful when the server
+    /// sends (pull); the next [`Msg::Stats`] shows the outcome.
+    SetCongestion {
+        /// Kernel name, e.g. "bbr".
+        name: String,
+    },
+    /// Server → client, about once a second while the server sends (pull):
+    /// its TCP counters, so the client can tune from the sending end.
+    Stats(SenderStats),
 }
 
 /// The role a connection declares in its first 8 bytes.
@@ -427,6 +476,12 @@ impl Msg {
                 w.u8(2);
                 w.u16(a.streams);
                 w.bytes(a.io.as_bytes());
+                w.u16(a.max_streams);
+                w.bytes(a.congestion.as_bytes());
+                w.u32(a.congestion_allowed.len() as u32);
+                for c in &a.congestion_allowed {
+                    w.bytes(c.as_bytes());
+                }
             }
             Msg::Refuse(r) => {
                 w.u8(3);
@@ -487,6 +542,26 @@ impl Msg {
                 w.u8(11);
                 w.bytes(message.as_bytes());
             }
+            Msg::AddStreams { n } => {
+                w.u8(12);
+                w.u16(*n);
+            }
+            Msg::StreamsAdded { n } => {
+                w.u8(13);
+                w.u16(*n);
+            }
+            Msg::SetCongestion { name } => {
+                w.u8(14);
+                w.bytes(name.as_bytes());
+            }
+            Msg::Stats(st) => {
+                w.u8(15);
+                w.u16(st.streams);
+                w.u64(st.bytes_acked);
+                w.u64(st.retransmits);
+                w.u32(st.rtt_us);
+                w.bytes(st.congestion.as_bytes());
+            }
         }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_be_bytes());
@@ -524,9 +599,7 @@ impl Msg {
                     1 => true,
                     v => return Err(unknown("force flag", v)),
                 };
-                let congestion = std::str::from_utf8(r.bytes(MAX_CONGESTION_NAME)?)
-                    .map_err(|_| WireError::Utf8)?
-                    .to_string();
+                let congestion = r.short_text(MAX_CONGESTION_NAME)?;
                 let pacing = r.u64()?;
                 Msg::Request(Request {
                     version,
@@ -548,10 +621,24 @@ impl Msg {
                     },
                 })
             }
-            2 => Msg::Accept(Accept {
-                streams: r.u16()?,
-                io: r.text()?,
-            }),
+            2 => {
+                let streams = r.u16()?;
+                let io = r.text()?;
+                let max_streams = r.u16()?;
+                let congestion = r.short_text(MAX_CONGESTION_NAME)?;
+                let n = r.count(MAX_CONGESTION_NAMES, 2)?;
+                let mut congestion_allowed = Vec::with_capacity(n);
+                for _ in 0..n {
+                    congestion_allowed.push(r.short_text(MAX_CONGESTION_NAME)?);
+                }
+                Msg::Accept(Accept {
+                    streams,
+                    io,
+                    max_streams,
+                    congestion,
+                    congestion_allowed,
+                })
+            }
             3 => {
                 let class = match r.u8()? {
                     1 => RefuseClass::Usage,
@@ -613,6 +700,18 @@ impl Msg {
                 io: r.text()?,
             }),
             11 => Msg::Abort { message: r.text()? },
+            12 => Msg::AddStreams { n: r.u16()? },
+            13 => Msg::StreamsAdded { n: r.u16()? },
+            14 => Msg::SetCongestion {
+                name: r.short_text(MAX_CONGESTION_NAME)?,
+            },
+            15 => Msg::Stats(SenderStats {
+                streams: r.u16()?,
+                bytes_acked: r.u64()?,
+                retransmits: r.u64()?,
+                rtt_us: r.u32()?,
+                congestion: r.short_text(MAX_CONGESTION_NAME)?,
+            }),
             v => return Err(unknown("message type", v)),
         };
         if !r.buf.is_empty() {
@@ -798,7 +897,10 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
     fn text(&mut self) -> Result<String, WireError> {
-        let b = self.bytes(MAX_TEXT)?;
+        self.short_text(MAX_TEXT)
+    }
+    fn short_text(&mut self, max: usize) -> Result<String, WireError> {
+        let b = self.bytes(max)?;
         String::from_utf8(b.to_vec()).map_err(|_| WireError::Utf8)
     }
     /// A count of items each at least `min_size` bytes: refused if the rest of
@@ -884,6 +986,9 @@ mod tests {
             Msg::Accept(Accept {
                 streams: 4,
                 io: "sendfile".into(),
+                max_streams: 256,
+                congestion: "cubic".into(),
+                congestion_allowed: vec!["reno".into(), "cubic".into(), "bbr".into()],
             }),
             Msg::Refuse(Refuse {
                 class: RefuseClass::Usage,
@@ -939,6 +1044,16 @@ mod tests {
             Msg::Abort {
                 message: "bye".into(),
             },
+            Msg::AddStreams { n: 4 },
+            Msg::StreamsAdded { n: 3 },
+            Msg::SetCongestion { name: "bbr".into() },
+            Msg::Stats(SenderStats {
+                streams: 9,
+                bytes_acked: 1 << 33,
+                retransmits: 1234,
+                rtt_us: 228_000,
+                congestion: "bbr".into(),
+            }),
         ]
     }
 
@@ -978,6 +1093,16 @@ mod tests {
         let big = ((MAX_FRAME + 1) as u32).to_be_bytes();
         let err = read_msg(&mut &big[..]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        // A congestion name longer than the kernel's is refused.
+        let mut buf = Vec::new();
+        Msg::SetCongestion {
+            name: "x".repeat(MAX_CONGESTION_NAME + 1),
+        }
+        .encode(&mut buf);
+        assert!(matches!(
+            Msg::decode(&buf[4..]),
+            Err(WireError::TooLarge(_))
+        ));
         // An entry whose path climbs is refused by the decoder.
         let mut buf = Vec::new();
         let mut w = Writer(&mut buf);

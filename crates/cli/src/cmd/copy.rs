@@ -18,7 +18,7 @@ use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -26,18 +26,31 @@ use fatpipe_engine::{ClientSession, EngineError, ServerSession, Service, Service
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION,
 };
-use fatpipe_schema::tune::AutoTune;
+use fatpipe_schema::tune::{Action, AutoTune, Decision};
 use fatpipe_schema::units;
 use fatpipe_transfer::hash::Algo;
+use fatpipe_transfer::live::Live;
 use fatpipe_transfer::session::{self, Conn, CopyError, Export, Job, Link, ServerConfig};
 use fatpipe_transfer::wire::{Direction, SocketTuning};
 use fatpipe_transfer::Progress;
-use fatpipe_tune::auto;
+use fatpipe_tune::{auto, AdjustConfig, Adjuster, Sample};
 
 /// The port `fatpipe server` listens on unless told otherwise.
 const DEFAULT_PORT: u16 = 5301;
 /// Streams without auto-tuning and without `-P`.
 const DEFAULT_STREAMS: u16 = 4;
+/// The most streams the in-flight adjuster may grow a copy to.
+const ADJUST_MAX_STREAMS: u32 = 64;
+/// How often the in-flight adjuster samples the transfer.
+const ADJUST_INTERVAL: Duration = Duration::from_secs(1);
+/// Test hook: start an auto-tuned copy with this many streams instead of
+/// the plan's (the adjuster then starts from there).
+const TEST_STREAMS_ENV: &str = "FATPIPE_TEST_COPY_STREAMS";
+/// Test hook `N@K`: add N streams at the adjuster's K-th sample, whatever
+/// it would have decided.
+const TEST_ADD_ENV: &str = "FATPIPE_TEST_COPY_ADD";
+/// Debug hook: print every sample and the adjuster's answer on stderr.
+const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 
 /// Arguments of `fatpipe copy`.
 #[derive(Debug, clap::Args)]
@@ -284,16 +297,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let (streams, data_opts, tuning, auto) = if args.no_auto || args.parallel.is_some() {
-        (
-            args.parallel.unwrap_or(DEFAULT_STREAMS),
-            DataOpts::default(),
-            SocketTuning::default(),
-            None,
+    let (mut streams, data_opts, server_sockets, mut auto) =
+        if args.no_auto || args.parallel.is_some() {
+            (
+                args.parallel.unwrap_or(DEFAULT_STREAMS),
+                DataOpts::default(),
+                SocketTuning::default(),
+                None,
+            )
+        } else {
+            auto_tune(&args, &plan, addr, key.clone())?
+        };
+    // Only when auto-tuning chose the streams does it adjust them in flight.
+    let tuning = auto.as_mut().map(|rec| {
+        if let Some(n) = env_number(TEST_STREAMS_ENV) {
+            streams = u16::try_from(n).unwrap_or(1).clamp(1, session::MAX_STREAMS);
+            rec.streams = u32::from(streams);
+            rec.warnings.push(format!(
+                "{TEST_STREAMS_ENV}: started with {streams} streams"
+            ));
+        }
+        rec.adjusting = true;
+        Tuning::new(
+            rec,
+            u32::from(streams),
+            data_opts.congestion.clone(),
+            plan.job.bwlimit,
+            args.quiet,
         )
-    } else {
-        auto_tune(&args, &plan, addr, key.clone())?
-    };
+    });
     let spec = &plan.job;
     let algo = if spec.strong {
         Algo::Blake3
@@ -317,7 +349,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         streams,
         chunk_size: spec.chunk_size,
         bwlimit: spec.bwlimit,
-        tuning,
+        tuning: server_sockets,
         retries: args.retries,
         sendfile: !args.no_sendfile,
         corrupt_chunk: fatpipe_transfer::source::SourceOptions::corrupt_from_env(),
@@ -335,11 +367,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::thread::spawn(move || progress_bar(&p, &s))
     });
     let quiet = args.quiet;
-    let result = session::run_client(&link, &job, Arc::clone(&progress), &|line| {
+    let on_retry = |line: &str| {
         if !quiet {
             eprintln!("\r\x1b[Kfatpipe: copy: {line}");
         }
-    });
+    };
+    let tuner = |live: &Live| {
+        if let Some(t) = &tuning {
+            t.run(live);
+        }
+    };
+    let result = session::run_client_tuned(
+        &link,
+        &job,
+        Arc::clone(&progress),
+        &on_retry,
+        tuning.as_ref().map(|_| &tuner as &session::Tuner<'_>),
+    );
     stop.store(true, Ordering::SeqCst);
     if let Some(b) = bar {
         let _ = b.join();
@@ -350,6 +394,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(e) => return Err(anyhow::anyhow!(e)).context("copy"),
     };
     let mut out = to_schema(&args, &plan, &job, &report);
+    if let (Some(rec), Some(t)) = (auto.as_mut(), &tuning) {
+        rec.decisions = t.decisions();
+        rec.streams = rec.streams.max(out.streams);
+    }
     out.auto = auto;
     if args.json {
         let mut stdout = std::io::stdout().lock();
@@ -602,6 +650,218 @@ fn auto_tune(
     Ok((streams, opts, tuning, Some(record)))
 }
 
+/// The in-flight adjuster of an auto-tuned copy: once a second it samples
+/// the sending end (this end's sockets when pushing, the server's reports
+/// when pulling), feeds `fatpipe_tune::Adjuster` and carries out what it
+/// decides: more streams, or another congestion control at the sender.
+/// It outlives reconnects: a new session is brought back to the streams
+/// and congestion control the adjuster had reached.
+struct Tuning {
+    /// Built at the first session, when the server's answer is known.
+    adjuster: Mutex<Option<Adjuster>>,
+    plan: fatpipe_schema::tune::Plan,
+    facts: fatpipe_schema::tune::PathFacts,
+    streams: u32,
+    congestion: Option<String>,
+    decisions: Mutex<Vec<Decision>>,
+    /// When data started flowing (the adjuster's time zero).
+    zero: Mutex<Option<Instant>>,
+    samples: Mutex<u32>,
+    force_add: Option<(u32, u32)>,
+    trace: bool,
+    quiet: bool,
+}
+
+impl Tuning {
+    fn new(
+        rec: &AutoTune,
+        streams: u32,
+        congestion: Option<String>,
+        bwlimit: Option<u64>,
+        quiet: bool,
+    ) -> Tuning {
+        let mut facts = rec.facts.clone();
+        // A rate the probe could not push past (this host sent its trains
+        // no faster) is a floor, not the path's rate: the adjuster would
+        // take reaching it for "at the path rate" and never act.
+        if rec.warnings.iter().any(|w| w.contains("lower bound")) {
+            facts.bottleneck_rate = None;
+        }
+        // A rate cap is the most this copy may reach: below it there is no
+        // shortfall to add streams for.
+        if let Some(cap) = bwlimit {
+            facts.bottleneck_rate = Some(facts.bottleneck_rate.map_or(cap, |r| r.min(cap)));
+        }
+        let force_add = std::env::var(TEST_ADD_ENV).ok().and_then(|v| {
+            let (n, k) = v.split_once('@')?;
+            Some((n.trim().parse().ok()?, k.trim().parse().ok()?))
+        });
+        Tuning {
+            adjuster: Mutex::new(None),
+            plan: rec.plan.clone(),
+            facts,
+            streams,
+            congestion,
+            decisions: Mutex::new(Vec::new()),
+            zero: Mutex::new(None),
+            samples: Mutex::new(0),
+            force_add,
+            trace: std::env::var_os(TRACE_ENV).is_some(),
+            quiet,
+        }
+    }
+
+    fn decisions(&self) -> Vec<Decision> {
+        lock(&self.decisions).clone()
+    }
+
+    /// The adjuster, made at the first session from what the server said
+    /// (pulling, the server sends: its congestion control and choices).
+    fn adjuster_for(&self, live: &Live) -> Adjuster {
+        let acc = live.accepted();
+        let (congestion, allowed) = match live.direction() {
+            Direction::Push => (
+                self.congestion.clone().unwrap_or_default(),
+                fatpipe_transfer::live::congestion_allowed(),
+            ),
+            Direction::Pull => (acc.congestion.clone(), acc.congestion_allowed.clone()),
+        };
+        let mut plan = self.plan.clone();
+        plan.streams = self.streams;
+        plan.congestion = congestion;
+        let max = ADJUST_MAX_STREAMS
+            .max(self.streams)
+            .min(u32::from(acc.max_streams.max(1)));
+        let bbr = allowed.iter().any(|c| c == "bbr");
+        Adjuster::new(AdjustConfig::for_plan(&plan, &self.facts, max, bbr))
+    }
+
+    /// Runs beside one session until it ends.
+    fn run(&self, live: &Live) {
+        let (want, cc) = {
+            let mut a = lock(&self.adjuster);
+            let adj = a.get_or_insert_with(|| self.adjuster_for(live));
+            (adj.streams(), adj.congestion().to_string())
+        };
+        // A reconnected session starts with the planned streams: restore
+        // what the adjuster had reached before the drop.
+        let switched = lock(&self.decisions)
+            .iter()
+            .any(|d| matches!(d.action, Action::SwitchCongestion { .. }));
+        let mut restored = false;
+        let mut last: Option<(Instant, u64, u64)> = None;
+        while !live.sleep(ADJUST_INTERVAL) {
+            let Some(s) = live.sample() else { continue };
+            if !restored {
+                restored = true;
+                let have = u32::from(s.streams);
+                if want > have {
+                    let n = u16::try_from(want - have).unwrap_or(u16::MAX);
+                    let _ = live.add_streams(n, SETUP_WAIT);
+                }
+                if switched {
+                    let _ = live.set_congestion(&cc);
+                }
+            }
+            // Pulling, the sender's counters come from the server.
+            let Some(sender) = s.sender else { continue };
+            let now = Instant::now();
+            let Some((t0, bytes0, retrans0)) = last.replace((now, s.bytes, sender.retransmits))
+            else {
+                continue;
+            };
+            let dt = now.duration_since(t0).as_secs_f64().max(1e-3);
+            let throughput = (s.bytes.saturating_sub(bytes0) as f64 * 8.0 / dt) as u64;
+            let zero = *lock(&self.zero).get_or_insert(t0);
+            let sample = Sample {
+                now: now.duration_since(zero),
+                throughput,
+                retransmits: sender.retransmits.saturating_sub(retrans0),
+                rtt: Duration::from_micros(u64::from(sender.rtt_us)),
+            };
+            let k = {
+                let mut n = lock(&self.samples);
+                *n += 1;
+                *n
+            };
+            let decision = match self.force_add {
+                Some((n, at)) if at == k => Decision {
+                    at_secs: sample.now.as_secs_f64(),
+                    action: Action::AddStreams { n },
+                    streams: u32::from(s.streams) + n,
+                    reason: format!("test hook {TEST_ADD_ENV}: {n} streams at sample {k}"),
+                },
+                _ => match lock(&self.adjuster).as_mut() {
+                    Some(a) => a.handle_sample(sample),
+                    None => continue,
+                },
+            };
+            if self.trace {
+                eprintln!(
+                    "auto: sample {k} at {:.1} s: {} streams, {}, {} retransmits, RTT {} ({}): {:?} {}",
+                    sample.now.as_secs_f64(),
+                    s.streams,
+                    units::format_rate(sample.throughput as f64),
+                    sample.retransmits,
+                    units::format_duration(sample.rtt),
+                    sender.congestion,
+                    decision.action,
+                    decision.reason
+                );
+            }
+            self.carry_out(live, decision);
+        }
+    }
+
+    fn carry_out(&self, live: &Live, mut d: Decision) {
+        let outcome = match d.action.clone() {
+            Action::Hold => return,
+            Action::AddStreams { n } => {
+                let n16 = u16::try_from(n).unwrap_or(u16::MAX);
+                match live.add_streams(n16, SETUP_WAIT) {
+                    Ok(got) if got == n16 => Ok(()),
+                    Ok(got) => {
+                        d.action = Action::AddStreams { n: u32::from(got) };
+                        Err(format!("the server granted {got} of {n}"))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Action::SwitchCongestion { to } => live.set_congestion(&to),
+        };
+        d.streams = u32::from(live.streams());
+        if let Err(why) = &outcome {
+            d.reason = format!("{} ({why})", d.reason);
+        }
+        if !self.quiet {
+            let what = match &d.action {
+                Action::AddStreams { n } => format!("+{n} streams"),
+                Action::SwitchCongestion { to } => format!("congestion control → {to}"),
+                Action::Hold => String::new(),
+            };
+            let clear = if std::io::stderr().is_terminal() {
+                "\r\x1b[K"
+            } else {
+                ""
+            };
+            eprintln!("{clear}auto: {what} at {:.1} s: {}", d.at_secs, d.reason);
+        }
+        lock(&self.decisions).push(d);
+    }
+}
+
+/// How long adding streams may take (the server's own accept timeout
+/// plus a margin).
+const SETUP_WAIT: Duration = Duration::from_secs(40);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn env_number(name: &str) -> Option<u32> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
 fn classify(e: EngineError) -> CopyError {
     if e.is_auth() {
         return CopyError::Usage(format!("{e} (check --key-file)"));
@@ -780,6 +1040,53 @@ mod tests {
 
     fn is_usage(e: &anyhow::Error) -> bool {
         e.chain().any(|c| c.is::<crate::exit::UsageError>())
+    }
+
+    fn record(rate: Option<u64>, warnings: &[&str]) -> AutoTune {
+        AutoTune {
+            facts: fatpipe_schema::tune::PathFacts {
+                rtt_secs: 0.093,
+                bottleneck_rate: rate,
+                loss_rate: 0.0,
+                mtu: 1500,
+            },
+            plan: fatpipe_schema::tune::Plan {
+                streams: 4,
+                per_stream_buffer: 4 << 20,
+                set_buffers: true,
+                forced_buffers: false,
+                congestion: "cubic".into(),
+                pacing_rate: None,
+                bdp: None,
+                reason: "auto: test".into(),
+            },
+            streams: 4,
+            buffer: None,
+            forced_buffers: false,
+            congestion: Some("cubic".into()),
+            pacing_rate: None,
+            overridden: vec![],
+            probe_secs: 1.0,
+            adjusting: true,
+            decisions: vec![],
+            warnings: warnings.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_adjuster_gets_a_rate_only_when_it_is_the_paths() {
+        const G: u64 = 1_000_000_000;
+        let t = Tuning::new(&record(Some(G), &[]), 4, None, None, true);
+        assert_eq!(t.facts.bottleneck_rate, Some(G));
+        // A probe that could not outpace the path only bounds its rate.
+        let lower = "this host could not send probe trains faster than 648 Mbit/s: the path rate is a lower bound";
+        let t = Tuning::new(&record(Some(G), &[lower]), 4, None, None, true);
+        assert_eq!(t.facts.bottleneck_rate, None);
+        // --bwlimit is the most this copy may reach.
+        let t = Tuning::new(&record(Some(G), &[lower]), 4, None, Some(G / 10), true);
+        assert_eq!(t.facts.bottleneck_rate, Some(G / 10));
+        let t = Tuning::new(&record(Some(G / 20), &[]), 4, None, Some(G / 10), true);
+        assert_eq!(t.facts.bottleneck_rate, Some(G / 20));
     }
 
     #[test]

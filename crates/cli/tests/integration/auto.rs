@@ -220,3 +220,153 @@ fn lab_auto_fills_1gbit_93ms() {
     drop(_srv);
     lab.down().expect("lab down");
 }
+
+/// Writes `len` bytes that neither compress nor repeat.
+fn random_file(path: &std::path::Path, len: usize, seed: u64) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for w in buf.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(buf.len());
+        f.write_all(&buf[..n]).expect("write");
+        left -= n;
+    }
+    f.flush().expect("flush");
+}
+
+#[test]
+fn copy_adds_streams_in_flight_and_records_the_decision() {
+    let dir = setup();
+    let export = dir.path().join("export");
+    std::fs::create_dir(&export).expect("mkdir export");
+    let src = dir.path().join("f.bin");
+    random_file(&src, 120 << 20, 3);
+    let data = std::fs::read(&src).expect("read source");
+    let spec = format!("d={}:public", export.display());
+    let (_srv, port) = loopback_server(&dir, &["--export", &spec]);
+    // Two streams to start with, three more forced at the 2nd sample; the
+    // rate cap keeps the copy running (~5 s) past it.
+    let copy = |args: &[&str]| {
+        let out = run(dir
+            .cmd()
+            .env("FATPIPE_TEST_COPY_STREAMS", "2")
+            .env("FATPIPE_TEST_COPY_ADD", "3@2")
+            .args([
+                "copy",
+                "-p",
+                &port.to_string(),
+                "--json",
+                "--bwlimit",
+                "200M",
+            ])
+            .args(args));
+        assert_exit(&out, 0);
+        let r: CopyReport = serde_json::from_slice(&out.stdout).expect("copy JSON");
+        (r, stderr(&out))
+    };
+    let (r, err) = copy(&["f.bin", "127.0.0.1:d/pushed.bin"]);
+    assert_eq!(
+        std::fs::read(export.join("pushed.bin")).expect("pushed"),
+        data
+    );
+    let auto = r.auto.as_ref().expect("auto in the copy JSON");
+    assert!(auto.adjusting, "{auto:?}");
+    assert_eq!(r.streams, 5, "{auto:?}");
+    let d = auto.decisions.first().expect("a decision");
+    assert_eq!(d.action, fatpipe_schema::tune::Action::AddStreams { n: 3 });
+    assert_eq!(d.streams, 5);
+    assert!(err.contains("auto: +3 streams at "), "{err}");
+
+    // Pulling, the server sends on the added streams.
+    let (r, err) = copy(&["127.0.0.1:d/pushed.bin", "pulled.bin"]);
+    assert_eq!(
+        std::fs::read(dir.path().join("pulled.bin")).expect("pulled"),
+        data
+    );
+    assert_eq!(r.streams, 5);
+    assert!(err.contains("auto: +3 streams at "), "{err}");
+
+    // -P chose the streams: nothing is adjusted (the hook is ignored).
+    let (r, err) = copy(&["-P", "2", "f.bin", "127.0.0.1:d/fixed.bin"]);
+    assert!(r.auto.is_none());
+    assert_eq!(r.streams, 2);
+    assert!(!err.contains("auto:"), "{err}");
+}
+
+#[test]
+fn lab_copy_adds_streams_on_a_lossy_long_link() {
+    if !util::need_root("lab_copy_adds_streams_on_a_lossy_long_link") {
+        return;
+    }
+    let name = "ca-adj-it";
+    let _ = fatpipe_lab::down(name);
+    let spec = LinkSpec {
+        seed: 11,
+        loss: 0.001,
+        ..LinkSpec::new(Duration::from_millis(93), 1_000_000_000)
+    };
+    let opts = UpOptions {
+        exe: Some(util::bin()),
+        owner: Some(std::process::id()),
+    };
+    let dir = setup();
+    let export = dir.path().join("export");
+    std::fs::create_dir(&export).expect("mkdir export");
+    let src = dir.path().join("f.bin");
+    random_file(&src, 768 << 20, 5);
+    let lab = Lab::up(name, &spec, &opts).expect("lab up");
+    let mut cmd = lab.command(End::B, util::bin());
+    let spec_arg = format!("d={}:public", export.display());
+    cmd.args(["server", "--port", "0", "--quiet", "--export", &spec_arg]);
+    let (srv, port) = spawn_server(cmd);
+    // A deliberately small start (one stream): the adjuster must see the
+    // loss at minimum RTT and grow the copy while it runs.
+    let mut cmd = lab.command(End::A, util::bin());
+    cmd.env("FATPIPE_TEST_COPY_STREAMS", "1").args([
+        "copy",
+        "-p",
+        &port.to_string(),
+        "--json",
+        &src.display().to_string(),
+        &format!("{}:d/", lab.addr(End::B)),
+    ]);
+    let out = run(&mut cmd);
+    drop(srv);
+    lab.down().expect("lab down");
+    assert_exit(&out, 0);
+    let r: CopyReport = serde_json::from_slice(&out.stdout).expect("copy JSON");
+    let auto = r.auto.as_ref().expect("auto");
+    assert!(auto.adjusting);
+    let added: u32 = auto
+        .decisions
+        .iter()
+        .map(|d| match d.action {
+            fatpipe_schema::tune::Action::AddStreams { n } => n,
+            _ => 0,
+        })
+        .sum();
+    assert!(
+        added > 0 && r.streams > 1,
+        "no streams added: {:?}\n{}",
+        auto.decisions,
+        stderr(&out)
+    );
+    assert!(
+        std::fs::read(&src).expect("source") == std::fs::read(export.join("f.bin")).expect("copy"),
+        "the copy differs"
+    );
+    eprintln!(
+        "lab_copy_adds_streams_on_a_lossy_long_link: {:.3} Gbit/s, {} streams at the end; {:?}",
+        r.rate as f64 / 1e9,
+        r.streams,
+        auto.decisions
+    );
+}
