@@ -11,18 +11,33 @@
 //!
 //! * the transfer is past its warm-up (slow start takes ~15 RTTs to fill a
 //!   long fat pipe) and past the settling time of its last change;
-//! * throughput is below what the path carries (when its rate is known);
-//! * the streams retransmit — a clean path that is slow is limited by
-//!   windows, CPU or disk, not by loss;
+//! * throughput is below what the path carries (when its rate is known; a
+//!   transfer faster than the estimate proves the estimate low, and the
+//!   adjuster then goes on as if the rate were unknown);
 //! * RTT is near its minimum — a rising RTT means the bottleneck queue is
-//!   full, so the losses are congestion the transfer causes itself;
+//!   full, so more streams would only deepen it (and any losses are
+//!   congestion the transfer causes itself);
 //! * the last change helped (≥ 5 % more throughput), so a path that stopped
 //!   responding is never pushed further;
 //! * the stream count is below its bound.
 //!
-//! Its first remedy, for a loss-based congestion control when BBR is
-//! available, is to switch to BBR; after that it adds streams in proportion
-//! to the shortfall, at most doubling them per step.
+//! Two shortfalls pass those tests, and more streams cure both:
+//!
+//! * **loss-limited**: the streams retransmit at minimum RTT (random loss
+//!   holds each stream's window back). For a loss-based congestion control
+//!   when BBR is available the first remedy is to switch to BBR;
+//! * **window-limited**: no retransmits and RTT within 1.2 × its minimum —
+//!   there is no queue, so the path is idle part of each round trip: each
+//!   stream's window is capped (buffers limited by the host caps, or the
+//!   receiver's out-of-order queue eating the receive buffer). Such a path
+//!   is never congested by the extra streams; if it was slow for another
+//!   reason (CPU, disk) the one step gains nothing and the adjuster holds for
+//!   good.
+//!
+//! Streams are added in proportion to the shortfall, at most doubling them
+//! per step. Without a rate (or with one proven low) the target is twice the
+//! current throughput, so the adjuster keeps adding while each step gains
+//! at least 5 %.
 
 use std::time::Duration;
 
@@ -150,22 +165,28 @@ impl Adjuster {
             return self.hold(now, "the last change gained under 5%; holding".to_string());
         }
         if let Some(rate) = self.cfg.path_rate {
-            if avg.throughput as f64 >= self.cfg.near_rate * rate as f64 {
+            if avg.throughput > rate {
+                // Goodput above the "bottleneck" rate: the estimate was low
+                // (a probe that could not send faster). Unknown from now on.
+                self.cfg.path_rate = None;
+            } else if avg.throughput as f64 >= self.cfg.near_rate * rate as f64 {
                 let why = format!("{thr} is at the path rate {}", format_rate(rate as f64));
                 return self.hold(now, why);
             }
         }
-        if avg.retransmits == 0 {
-            let why =
-                format!("{thr} with no retransmits: not loss-limited, more streams would not help");
-            return self.hold(now, why);
-        }
         let min_rtt = self.cfg.min_rtt;
-        if !min_rtt.is_zero() && avg.rtt.as_secs_f64() > 1.5 * min_rtt.as_secs_f64() {
+        let rtt_ratio = if min_rtt.is_zero() {
+            1.0
+        } else {
+            avg.rtt.as_secs_f64() / min_rtt.as_secs_f64()
+        };
+        let clean = avg.retransmits == 0;
+        if rtt_ratio > 1.5 || (clean && rtt_ratio > 1.2) {
             let why = format!(
-                "RTT {} against {} minimum: the bottleneck queue is full, losses are congestion",
+                "RTT {} against {} minimum: the bottleneck queue is filling{}",
                 format_duration(avg.rtt),
-                format_duration(min_rtt)
+                format_duration(min_rtt),
+                if clean { "" } else { ", losses are congestion" }
             );
             return self.hold(now, why);
         }
@@ -181,12 +202,12 @@ impl Adjuster {
         }
         if self.streams >= self.cfg.max_streams {
             let why = format!(
-                "{thr} with {} retransmits, but at the cap of {} streams",
-                avg.retransmits, self.cfg.max_streams
+                "{thr} below the path rate, but at the cap of {} streams",
+                self.cfg.max_streams
             );
             return self.hold(now, why);
         }
-        if self.congestion != "bbr" && self.cfg.bbr_available {
+        if !clean && self.congestion != "bbr" && self.cfg.bbr_available {
             let why = format!(
                 "{thr} with {} retransmits at minimum RTT: random loss holds {} back; bbr ignores it",
                 avg.retransmits, self.congestion
@@ -215,10 +236,17 @@ impl Adjuster {
             .saturating_sub(u64::from(self.streams))
             .clamp(1, u64::from(self.streams)) as u32;
         let n = n.min(room);
-        let why = format!(
-            "{thr} with {} retransmits at minimum RTT: loss holds each stream back, adding {n}",
-            avg.retransmits
-        );
+        let rtt = format_duration(avg.rtt);
+        let why = if clean {
+            format!(
+                "{thr} with no retransmits at minimum RTT ({rtt}): each stream's window caps it, adding {n}"
+            )
+        } else {
+            format!(
+                "{thr} with {} retransmits at minimum RTT ({rtt}): loss holds each stream back, adding {n}",
+                avg.retransmits
+            )
+        };
         self.streams += n;
         self.changed(now, avg.throughput, Action::AddStreams { n }, why)
     }
@@ -335,11 +363,57 @@ mod tests {
     }
 
     #[test]
-    fn clean_slow_path_is_never_parallelised() {
+    fn clean_path_at_rate_never_changes() {
         let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
-        let changes = drive(&mut a, 60, |_, _| (400_000_000, 0, RTT));
+        let changes = drive(&mut a, 120, |_, _| (930_000_000, 0, RTT));
         assert!(changes.is_empty(), "{changes:?}");
         assert_eq!(a.streams(), 4);
+    }
+
+    #[test]
+    fn clean_window_limited_path_gets_streams_until_near_rate() {
+        // 228 ms, each stream's window carries 80 Mbit/s; no loss, no queue.
+        let rtt = Duration::from_millis(228);
+        let mut c = cfg(Some(G), 8, "bbr", true);
+        c.min_rtt = rtt;
+        let mut a = Adjuster::new(c);
+        let link = |n: u32, _: &str| ((u64::from(n) * 80_000_000).min(940_000_000), 0, rtt);
+        let changes = drive(&mut a, 60, link);
+        let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
+        // 640 Mbit/s → 11 streams for 880 (near rate), then it holds.
+        assert_eq!(counts, [11], "{changes:?}");
+        assert!(changes[0].reason.contains("window"), "{changes:?}");
+        assert!(matches!(changes[0].action, Action::AddStreams { n: 3 }));
+    }
+
+    #[test]
+    fn clean_cpu_limited_path_gets_one_try_then_holds_for_good() {
+        // 400 Mbit/s whatever the streams: the step gains nothing.
+        let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
+        let changes = drive(&mut a, 120, |_, _| (400_000_000, 0, RTT));
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(a.streams(), 8);
+        assert!(a.saturated);
+    }
+
+    #[test]
+    fn clean_path_with_a_queue_holds() {
+        // RTT 1.3 × minimum and no loss: a queue is building; hold.
+        let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
+        let changes = drive(&mut a, 60, |_, _| (500_000_000, 0, RTT * 13 / 10));
+        assert!(changes.is_empty(), "{changes:?}");
+    }
+
+    #[test]
+    fn rate_estimate_proven_low_falls_back_to_the_unknown_rate_rule() {
+        // The probe said 500 Mbit/s; streams carry 70 Mbit/s each up to 940.
+        let mut a = Adjuster::new(cfg(Some(G / 2), 8, "bbr", true));
+        let link = |n: u32, _: &str| ((u64::from(n) * 70_000_000).min(940_000_000), 0, RTT);
+        let changes = drive(&mut a, 120, link);
+        let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
+        // 560 > 500: rate unknown; 8 → 16 (940), then 32 gains nothing.
+        assert_eq!(counts, [16, 32], "{changes:?}");
+        assert_eq!(a.cfg.path_rate, None);
     }
 
     #[test]
