@@ -79,7 +79,9 @@ pub const RATE_IS_LOWER_BOUND: &str = "the path rate is a lower bound";
 
 /// True if the pre-flight recorded in `auto` found the rate a lower bound.
 pub fn rate_is_lower_bound(auto: &AutoTune) -> bool {
-    auto.warnings.iter().any(|w| w.ends_with(RATE_IS_LOWER_BOUND))
+    auto.warnings
+        .iter()
+        .any(|w| w.ends_with(RATE_IS_LOWER_BOUND))
 }
 
 /// What the pre-flight found and planned.

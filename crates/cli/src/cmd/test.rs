@@ -14,7 +14,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fatpipe_engine::memtest::{run_client_adjusting, Adjust, Adjustment, Applied, Progress, TestPlan};
+use fatpipe_engine::memtest::{
+    run_client_adjusting, Adjust, Adjustment, Applied, Progress, TestPlan,
+};
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_proto::testmsg::{Direction, Protocol, TestParams, MAX_STREAMS};
 use fatpipe_schema::test::{StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine};
@@ -288,7 +290,11 @@ fn sample_of(iv: &TestInterval) -> Option<Sample> {
         return None;
     }
     let n = iv.sums.len() as u64;
-    let rtt_us: u64 = iv.sums.iter().map(|s| u64::from(s.rtt_us.unwrap_or(0))).sum();
+    let rtt_us: u64 = iv
+        .sums
+        .iter()
+        .map(|s| u64::from(s.rtt_us.unwrap_or(0)))
+        .sum();
     Some(Sample {
         now: Duration::try_from_secs_f64(iv.end_s).unwrap_or_default(),
         throughput: iv.sums.iter().map(|s| s.bits_per_second).sum::<f64>() as u64,
