@@ -12,13 +12,14 @@
 //! * the transfer is past its warm-up (slow start takes ~15 RTTs to fill a
 //!   long fat pipe) and past the settling time of its last change;
 //! * throughput is below what the path carries (when its rate is known; a
-//!   transfer faster than the estimate proves the estimate low, and the
-//!   adjuster then goes on as if the rate were unknown);
+//!   transfer 25 % faster than the estimate proves the estimate low, and
+//!   the adjuster then goes on as if the rate were unknown);
 //! * RTT is near its minimum — a rising RTT means the bottleneck queue is
 //!   full, so more streams would only deepen it (and any losses are
 //!   congestion the transfer causes itself);
-//! * the last change helped (≥ 5 % more throughput), so a path that stopped
-//!   responding is never pushed further;
+//! * the last change helped (≥ 5 % more throughput) and did not bring
+//!   congestion losses (retransmits per byte more than doubled), so a path
+//!   that stopped responding is never pushed further;
 //! * the stream count is below its bound.
 //!
 //! Two shortfalls pass those tests, and more streams cure both:
@@ -26,7 +27,7 @@
 //! * **loss-limited**: the streams retransmit at minimum RTT (random loss
 //!   holds each stream's window back). For a loss-based congestion control
 //!   when BBR is available the first remedy is to switch to BBR;
-//! * **window-limited**: no retransmits and RTT within 1.2 × its minimum —
+//! * **window-limited**: no retransmits and RTT within 1.1 × its minimum —
 //!   there is no queue, so the path is idle part of each round trip: each
 //!   stream's window is capped (buffers limited by the host caps, or the
 //!   receiver's out-of-order queue eating the receive buffer). Such a path
@@ -108,8 +109,9 @@ pub struct Adjuster {
     congestion: String,
     /// No decision before this time (warm-up, then settling after a change).
     quiet_until: Duration,
-    /// Throughput before the last change, to see whether it helped.
-    before_change: Option<u64>,
+    /// Throughput and retransmits before the last change, to see whether
+    /// it helped and whether it brought congestion losses.
+    before_change: Option<(u64, u64)>,
     /// Set once a change did not help: the adjuster then only holds.
     saturated: bool,
     acc: Accumulator,
@@ -169,9 +171,10 @@ impl Adjuster {
             return self.hold(now, "the last change gained under 5%; holding".to_string());
         }
         if let Some(rate) = self.cfg.path_rate {
-            if avg.throughput > rate {
-                // Goodput above the "bottleneck" rate: the estimate was low
-                // (a probe that could not send faster). Unknown from now on.
+            if avg.throughput as f64 > 1.25 * rate as f64 {
+                // Goodput well above the "bottleneck" rate (an interval may
+                // read a little high): the estimate was low, e.g. a probe
+                // that could not send faster. Unknown from now on.
                 self.cfg.path_rate = None;
             } else if avg.throughput as f64 >= self.cfg.near_rate * rate as f64 {
                 let why = format!("{thr} is at the path rate {}", format_rate(rate as f64));
@@ -185,7 +188,7 @@ impl Adjuster {
             avg.rtt.as_secs_f64() / min_rtt.as_secs_f64()
         };
         let clean = avg.retransmits == 0;
-        if rtt_ratio > 1.5 || (clean && rtt_ratio > 1.2) {
+        if rtt_ratio > 1.5 || (clean && rtt_ratio > 1.1) {
             let why = format!(
                 "RTT {} against {} minimum: the bottleneck queue is filling{}",
                 format_duration(avg.rtt),
@@ -194,7 +197,22 @@ impl Adjuster {
             );
             return self.hold(now, why);
         }
-        if let Some(before) = self.before_change {
+        if let Some((before, before_retx)) = self.before_change {
+            // Random loss retransmits in proportion to the bytes sent; a
+            // change that doubled the share (and not by a handful) made
+            // the transfer overflow the bottleneck queue itself.
+            let share = |retx: u64, thr: u64| retx as f64 / thr.max(1) as f64;
+            if avg.retransmits >= 30
+                && share(avg.retransmits, avg.throughput) > 2.0 * share(before_retx, before)
+            {
+                self.saturated = true;
+                let why = format!(
+                    "{thr} with {} retransmits after the last change against {before_retx} before: \
+                     the streams now congest the path; holding",
+                    avg.retransmits
+                );
+                return self.hold(now, why);
+            }
             if (avg.throughput as f64) < before as f64 * 1.05 {
                 self.saturated = true;
                 let why = format!(
@@ -219,7 +237,7 @@ impl Adjuster {
             self.congestion = "bbr".to_string();
             return self.changed(
                 now,
-                avg.throughput,
+                (avg.throughput, avg.retransmits),
                 Action::SwitchCongestion {
                     to: "bbr".to_string(),
                 },
@@ -255,7 +273,12 @@ impl Adjuster {
             )
         };
         self.streams += n;
-        self.changed(now, avg.throughput, Action::AddStreams { n }, why)
+        self.changed(
+            now,
+            (avg.throughput, avg.retransmits),
+            Action::AddStreams { n },
+            why,
+        )
     }
 
     fn hold(&self, now: Duration, reason: String) -> Decision {
@@ -270,11 +293,11 @@ impl Adjuster {
     fn changed(
         &mut self,
         now: Duration,
-        throughput: u64,
+        (throughput, retransmits): (u64, u64),
         action: Action,
         reason: String,
     ) -> Decision {
-        self.before_change = Some(throughput);
+        self.before_change = Some((throughput, retransmits));
         self.quiet_until = now + settle_time(self.cfg.min_rtt);
         self.acc = Accumulator::default();
         Decision {
@@ -438,6 +461,47 @@ mod tests {
     }
 
     #[test]
+    fn underestimated_clean_path_is_not_pushed_past_its_rate() {
+        // The probe said 168 Mbit/s; the 228 ms link carries 965 and each
+        // stream's window 160. At the rate BBR keeps a small queue (RTT
+        // +16%), which stops the window rule.
+        let rtt = Duration::from_millis(228);
+        let mut c = cfg(Some(168_000_000), 2, "bbr", true);
+        c.min_rtt = rtt;
+        c.near_rate = 0.92;
+        let mut a = Adjuster::new(c);
+        let link = |n: u32, _: &str| {
+            let t = u64::from(n) * 160_000_000;
+            if t >= 965_000_000 {
+                (965_000_000, 0, rtt * 116 / 100)
+            } else {
+                (t, 0, rtt)
+            }
+        };
+        let changes = drive(&mut a, 60, link);
+        let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
+        assert_eq!(counts, [4, 8], "{changes:?}");
+    }
+
+    #[test]
+    fn a_step_that_brings_congestion_losses_is_the_last() {
+        // Rate unknown; 0.1% random loss (80 retransmits per Gbit/s per
+        // interval) until more than 16 streams overflow the queue.
+        let mut a = Adjuster::new(cfg(None, 8, "bbr", true));
+        let link = |n: u32, _: &str| {
+            let t = (u64::from(n) * 60_000_000).min(960_000_000);
+            let retx = t * 80 / 1_000_000_000;
+            let retx = if n > 16 { retx * 50 } else { retx };
+            (t, retx, RTT * 12 / 10)
+        };
+        let changes = drive(&mut a, 120, link);
+        let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
+        // 8 → 16 → 32, whose losses stop it (no 64).
+        assert_eq!(counts, [16, 32], "{changes:?}");
+        assert!(a.saturated);
+    }
+
+    #[test]
     fn clean_path_with_a_queue_holds() {
         // RTT 1.3 × minimum and no loss: a queue is building; hold.
         let mut a = Adjuster::new(cfg(Some(G), 4, "cubic", true));
@@ -447,12 +511,12 @@ mod tests {
 
     #[test]
     fn rate_estimate_proven_low_falls_back_to_the_unknown_rate_rule() {
-        // The probe said 500 Mbit/s; streams carry 70 Mbit/s each up to 940.
-        let mut a = Adjuster::new(cfg(Some(G / 2), 8, "bbr", true));
+        // The probe said 400 Mbit/s; streams carry 70 Mbit/s each up to 940.
+        let mut a = Adjuster::new(cfg(Some(G * 2 / 5), 8, "bbr", true));
         let link = |n: u32, _: &str| ((u64::from(n) * 70_000_000).min(940_000_000), 0, RTT);
         let changes = drive(&mut a, 120, link);
         let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
-        // 560 > 500: rate unknown; 8 → 16 (940), then 32 gains nothing.
+        // 560 > 1.25 × 400: rate unknown; 8 → 16 (940), then 32 gains nothing.
         assert_eq!(counts, [16, 32], "{changes:?}");
         assert_eq!(a.cfg.path_rate, None);
     }
