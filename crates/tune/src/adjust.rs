@@ -188,7 +188,7 @@ impl Adjuster {
             avg.rtt.as_secs_f64() / min_rtt.as_secs_f64()
         };
         let clean = avg.retransmits == 0;
-        if rtt_ratio > 1.5 || (clean && rtt_ratio > 1.1) {
+        if rtt_ratio > 1.15 || (clean && rtt_ratio > 1.1) {
             let why = format!(
                 "RTT {} against {} minimum: the bottleneck queue is filling{}",
                 format_duration(avg.rtt),
@@ -492,7 +492,7 @@ mod tests {
             let t = (u64::from(n) * 60_000_000).min(960_000_000);
             let retx = t * 80 / 1_000_000_000;
             let retx = if n > 16 { retx * 50 } else { retx };
-            (t, retx, RTT * 12 / 10)
+            (t, retx, RTT * 11 / 10)
         };
         let changes = drive(&mut a, 120, link);
         let counts: Vec<u32> = changes.iter().map(|d| d.streams).collect();
@@ -584,6 +584,18 @@ mod tests {
         let link = |n: u32, _: &str| ((u64::from(n) * 20_000_000).min(940_000_000), 50, RTT);
         let changes = drive(&mut a, 30, link);
         assert!(matches!(changes[0].action, Action::AddStreams { n: 4 }));
+    }
+
+    #[test]
+    fn retransmits_with_a_queue_are_congestion() {
+        // A clean 93 ms link at rate on a busy host: 880 Mbit/s, a few
+        // hundred retransmits as the queue overflows, RTT 1.2 × minimum.
+        let mut a = Adjuster::new(AdjustConfig {
+            near_rate: 0.92,
+            ..cfg(Some(G), 5, "bbr", true)
+        });
+        let changes = drive(&mut a, 60, |_, _| (880_000_000, 280, RTT * 12 / 10));
+        assert!(changes.is_empty(), "{changes:?}");
     }
 
     #[test]
