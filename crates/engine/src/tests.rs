@@ -269,6 +269,7 @@ struct Script {
     at: Vec<(u32, memtest::Adjustment)>,
     results: Vec<(memtest::Adjustment, Result<memtest::Applied, String>)>,
     streams_seen: Vec<usize>,
+    unavailable: Option<String>,
 }
 
 impl memtest::Adjust for Script {
@@ -287,6 +288,10 @@ impl memtest::Adjust for Script {
         result: Result<memtest::Applied, String>,
     ) {
         self.results.push((change.clone(), result));
+    }
+
+    fn unavailable(&mut self, why: &str) {
+        self.unavailable = Some(why.to_string());
     }
 }
 
@@ -322,6 +327,7 @@ fn memtest_adds_streams_while_data_flows() {
         at: vec![(2, memtest::Adjustment::AddStreams(3))],
         results: Vec::new(),
         streams_seen: Vec::new(),
+        unavailable: None,
     };
     let report = adjusted_run(addr, params, &mut script);
     assert_eq!(script.results.len(), 1, "{:?}", script.results);
@@ -371,6 +377,7 @@ fn memtest_adds_streams_both_ways_and_switches_congestion() {
         ],
         results: Vec::new(),
         streams_seen: Vec::new(),
+        unavailable: None,
     };
     let report = adjusted_run(addr, params, &mut script);
     assert_eq!(script.results.len(), 2, "{:?}", script.results);
@@ -419,10 +426,33 @@ fn memtest_refuses_streams_beyond_the_bound() {
         at: vec![(0, memtest::Adjustment::AddStreams(MAX_STREAMS))],
         results: Vec::new(),
         streams_seen: Vec::new(),
+        unavailable: None,
     };
     let report = adjusted_run(addr, params, &mut script);
     let err = script.results[0].1.clone().unwrap_err();
     assert!(err.contains("at most 1024"), "{err}");
     assert_eq!(report.end.streams.len(), 1);
+    stop.trigger();
+}
+
+#[test]
+fn memtest_udp_is_never_adjusted() {
+    use fatpipe_proto::testmsg::Protocol;
+    let (addr, stop) = memtest_server();
+    let mut params = test_params(Protocol::Udp);
+    params.omit_ms = 0;
+    params.duration_ms = 400;
+    params.interval_ms = 100;
+    let mut script = Script {
+        at: vec![(0, memtest::Adjustment::AddStreams(1))],
+        results: Vec::new(),
+        streams_seen: Vec::new(),
+        unavailable: None,
+    };
+    let total = params.total_streams() as usize;
+    let report = adjusted_run(addr, params, &mut script);
+    assert!(script.unavailable.is_some());
+    assert!(script.results.is_empty() && script.streams_seen.is_empty());
+    assert_eq!(report.end.streams.len(), total);
     stop.trigger();
 }

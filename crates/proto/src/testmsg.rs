@@ -318,6 +318,10 @@ pub enum TestMsg {
     Ready {
         /// UDP ports, one per stream; empty for TCP.
         udp_ports: Vec<u16>,
+        /// The server takes `AddStreams` and `SetCongestion` (absent, so
+        /// false, from servers older than them).
+        #[serde(default)]
+        adjustable: bool,
     },
     /// Server → client: all streams attached, with the server's settings.
     Attached {
@@ -584,6 +588,7 @@ mod tests {
         let msgs = [
             TestMsg::Ready {
                 udp_ports: vec![1, 2],
+                adjustable: true,
             },
             TestMsg::Start,
             TestMsg::SendDone,

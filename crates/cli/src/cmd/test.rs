@@ -165,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut report =
         run_client_adjusting(&plan, &mut on_progress, adjust).map_err(|e| classify(e, &plan))?;
     if let (Some(a), Some(s)) = (auto.as_mut(), steering) {
+        a.adjusting = !s.unavailable;
         a.decisions = s.decisions;
     }
     report.start.auto = auto;
@@ -267,8 +268,11 @@ struct Steering {
     /// The decision under way.
     pending: Option<Decision>,
     decisions: Vec<Decision>,
-    /// An add failed: the adjuster's count no longer matches; stop.
+    /// An add failed (the adjuster's count no longer matches) or the test
+    /// cannot be adjusted: ask for nothing more.
     stopped: bool,
+    /// The test cannot be adjusted (the engine said why before it started).
+    unavailable: bool,
 }
 
 impl Steering {
@@ -279,6 +283,7 @@ impl Steering {
             pending: None,
             decisions: Vec::new(),
             stopped: false,
+            unavailable: false,
         }
     }
 }
@@ -316,6 +321,12 @@ impl Adjust for Steering {
         };
         self.pending = Some(d);
         Some(change)
+    }
+
+    fn unavailable(&mut self, why: &str) {
+        self.stopped = true;
+        self.unavailable = true;
+        eprintln!("fatpipe: warning: auto: no in-flight adjustment: {why}");
     }
 
     fn on_result(&mut self, change: &Adjustment, result: Result<Applied, String>) {

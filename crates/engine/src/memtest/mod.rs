@@ -119,6 +119,11 @@ pub trait Adjust {
     /// Called once per change asked for: carried out at both ends, or why
     /// not (then nothing changed, or only this end's part of a switch).
     fn on_result(&mut self, change: &Adjustment, result: std::result::Result<Applied, String>);
+    /// Called before the test starts if it cannot be adjusted (UDP, or a
+    /// server too old for it); nothing else is called then.
+    fn unavailable(&mut self, why: &str) {
+        let _ = why;
+    }
 }
 
 /// Runs a test as the client and returns the full report.
@@ -148,8 +153,11 @@ pub fn run_client_adjusting(
         &p.encode(),
     )?);
     let control = session.control().clone();
-    let udp_ports = match recv_msg(&control, SETUP_TIMEOUT, "waiting for Ready")? {
-        TestMsg::Ready { udp_ports } => udp_ports,
+    let (udp_ports, adjustable) = match recv_msg(&control, SETUP_TIMEOUT, "waiting for Ready")? {
+        TestMsg::Ready {
+            udp_ports,
+            adjustable,
+        } => (udp_ports, adjustable),
         other => return Err(unexpected(&other, "Ready")),
     };
     let mut warnings = Vec::new();
@@ -170,8 +178,19 @@ pub fn run_client_adjusting(
     control.send(&TestMsg::Start.encode())?;
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
     let mut side = Side::start(p.clone(), streams, tx, rx)?;
+    let adjust = match adjust {
+        Some(a) if p.protocol != Protocol::Tcp => {
+            a.unavailable("only TCP tests can be adjusted");
+            None
+        }
+        Some(a) if !adjustable => {
+            a.unavailable("the server is too old to add streams mid-test");
+            None
+        }
+        other => other,
+    };
     let mut steer = Steer {
-        adjust: adjust.filter(|_| p.protocol == Protocol::Tcp),
+        adjust,
         session: Arc::clone(&session),
         pending: None,
         off: false,
@@ -537,7 +556,11 @@ fn serve(session: &ServerSession) -> Result<()> {
     let mut streams = Vec::with_capacity(total as usize);
     match p.protocol {
         Protocol::Tcp => {
-            control.send(&TestMsg::Ready { udp_ports: vec![] }.encode())?;
+            let ready = TestMsg::Ready {
+                udp_ports: vec![],
+                adjustable: true,
+            };
+            control.send(&ready.encode())?;
             // Each connection may take up to the setup timeout after the
             // previous one: a thousand streams on a long path arrive slowly.
             let mut seen = HashMap::new();
@@ -571,7 +594,11 @@ fn serve(session: &ServerSession) -> Result<()> {
                 .map(|u| u.local_addr().map(|a| a.port()))
                 .collect::<std::io::Result<Vec<_>>>()
                 .map_err(|e| EngineError::io("read UDP port", e))?;
-            control.send(&TestMsg::Ready { udp_ports: ports }.encode())?;
+            let ready = TestMsg::Ready {
+                udp_ports: ports,
+                adjustable: false,
+            };
+            control.send(&ready.encode())?;
             bind_udp_peers(&socks, session)?;
             for (id, u) in socks.into_iter().enumerate() {
                 let id = id as u32;
