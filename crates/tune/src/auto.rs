@@ -288,7 +288,7 @@ pub fn from_outcome(
 /// a few thousand probe packets cannot rule out a loss rate (the "rule of
 /// three" bound, 3/n at 95 %) that would hold CUBIC's streams far below
 /// the path on a long RTT (at 93 ms, 1e-4 holds one stream to ~15 Mbit/s),
-/// and the in-flight adjuster that could react is not running. `None` when
+/// and the in-flight adjuster would need several steps to catch up. `None` when
 /// the plan already avoids loss-based control, BBR is not on offer, or even
 /// that loss would not matter (short paths).
 fn unseen_loss_matters(
