@@ -262,3 +262,197 @@ fn memtest_runs_in_process_both_ways_tcp_and_udp() {
     }
     stop.trigger();
 }
+
+/// Asks for scripted changes at given interval indices and records what
+/// came of them.
+struct Script {
+    at: Vec<(u32, memtest::Adjustment)>,
+    results: Vec<(memtest::Adjustment, Result<memtest::Applied, String>)>,
+    streams_seen: Vec<usize>,
+    unavailable: Option<String>,
+}
+
+impl memtest::Adjust for Script {
+    fn on_interval(
+        &mut self,
+        iv: &fatpipe_schema::test::TestInterval,
+    ) -> Option<memtest::Adjustment> {
+        self.streams_seen.push(iv.streams.len());
+        let i = self.at.iter().position(|(k, _)| *k == iv.index)?;
+        Some(self.at.remove(i).1)
+    }
+
+    fn on_result(
+        &mut self,
+        change: &memtest::Adjustment,
+        result: Result<memtest::Applied, String>,
+    ) {
+        self.results.push((change.clone(), result));
+    }
+
+    fn unavailable(&mut self, why: &str) {
+        self.unavailable = Some(why.to_string());
+    }
+}
+
+fn memtest_server() -> (SocketAddr, Shutdown) {
+    start(Server::builder().service(memtest::TestService))
+}
+
+fn adjusted_run(
+    addr: SocketAddr,
+    params: fatpipe_proto::testmsg::TestParams,
+    script: &mut Script,
+) -> fatpipe_schema::test::TestReport {
+    let plan = memtest::TestPlan {
+        server: addr.to_string(),
+        addr,
+        options: ClientOptions::default(),
+        params,
+    };
+    memtest::run_client_adjusting(&plan, &mut |_| {}, Some(script)).unwrap()
+}
+
+#[test]
+fn memtest_adds_streams_while_data_flows() {
+    use fatpipe_proto::testmsg::{Direction, Protocol};
+    let (addr, stop) = memtest_server();
+    let mut params = test_params(Protocol::Tcp);
+    params.streams = 1;
+    params.direction = Direction::Up;
+    params.omit_ms = 0;
+    params.duration_ms = 2000;
+    params.interval_ms = 200;
+    let mut script = Script {
+        at: vec![(2, memtest::Adjustment::AddStreams(3))],
+        results: Vec::new(),
+        streams_seen: Vec::new(),
+        unavailable: None,
+    };
+    let report = adjusted_run(addr, params, &mut script);
+    assert_eq!(script.results.len(), 1, "{:?}", script.results);
+    let applied = script.results[0].1.clone().unwrap();
+    assert_eq!(applied.streams, 4);
+    assert!(applied.at_s > 0.3 && applied.at_s < 1.5, "{applied:?}");
+    // Intervals before the change show one stream, the last ones four.
+    assert_eq!(script.streams_seen[0], 1);
+    assert_eq!(script.streams_seen.last(), Some(&4));
+    let end = &report.end;
+    let ids: Vec<_> = end.streams.iter().map(|s| s.id).collect();
+    assert_eq!(ids, [Some(0), Some(1), Some(2), Some(3)]);
+    for s in &end.streams {
+        assert!(s.bytes > 0, "stream {:?} moved nothing", s.id);
+        assert!(s.bytes_sent >= s.bytes, "{s:?}");
+    }
+    let total: u64 = end.streams.iter().map(|s| s.bytes).sum();
+    assert_eq!(end.sums.len(), 1);
+    assert_eq!(end.sums[0].bytes, total);
+    // Every interval's sum is its streams' sum.
+    for iv in &report.intervals {
+        let b: u64 = iv.streams.iter().map(|s| s.bytes).sum();
+        assert_eq!(iv.sums[0].bytes, b);
+    }
+    // The report lists the added streams' sockets, both ends.
+    assert_eq!(report.start.local.len(), 4);
+    assert_eq!(report.start.remote.len(), 4);
+    stop.trigger();
+}
+
+#[test]
+fn memtest_adds_streams_both_ways_and_switches_congestion() {
+    use fatpipe_proto::testmsg::{Direction, Protocol};
+    use fatpipe_schema::test::Direction as Dir;
+    let (addr, stop) = memtest_server();
+    let mut params = test_params(Protocol::Tcp);
+    params.streams = 1;
+    params.direction = Direction::Both;
+    params.omit_ms = 0;
+    params.duration_ms = 2000;
+    params.interval_ms = 200;
+    // "reno" is built into every Linux kernel.
+    let mut script = Script {
+        at: vec![
+            (1, memtest::Adjustment::AddStreams(2)),
+            (4, memtest::Adjustment::SetCongestion("reno".into())),
+        ],
+        results: Vec::new(),
+        streams_seen: Vec::new(),
+        unavailable: None,
+    };
+    let report = adjusted_run(addr, params, &mut script);
+    assert_eq!(script.results.len(), 2, "{:?}", script.results);
+    assert_eq!(script.results[0].1.clone().unwrap().streams, 3);
+    assert_eq!(script.results[1].1.clone().unwrap().streams, 3);
+    let end = &report.end;
+    // Streams 0 up and 1 down from the start, then 2, 3 up and 4, 5 down.
+    let dirs: Vec<_> = end.streams.iter().map(|s| (s.id, s.direction)).collect();
+    assert_eq!(
+        dirs,
+        [
+            (Some(0), Some(Dir::Up)),
+            (Some(1), Some(Dir::Down)),
+            (Some(2), Some(Dir::Up)),
+            (Some(3), Some(Dir::Up)),
+            (Some(4), Some(Dir::Down)),
+            (Some(5), Some(Dir::Down)),
+        ]
+    );
+    for s in &end.streams {
+        assert!(s.bytes > 0, "stream {:?} moved nothing", s.id);
+    }
+    for sum in &end.sums {
+        let b: u64 = end
+            .streams
+            .iter()
+            .filter(|s| s.direction == sum.direction)
+            .map(|s| s.bytes)
+            .sum();
+        assert_eq!(sum.bytes, b);
+    }
+    stop.trigger();
+}
+
+#[test]
+fn memtest_refuses_streams_beyond_the_bound() {
+    use fatpipe_proto::testmsg::{Direction, Protocol, MAX_STREAMS};
+    let (addr, stop) = memtest_server();
+    let mut params = test_params(Protocol::Tcp);
+    params.streams = 1;
+    params.direction = Direction::Up;
+    params.omit_ms = 0;
+    params.duration_ms = 600;
+    params.interval_ms = 200;
+    let mut script = Script {
+        at: vec![(0, memtest::Adjustment::AddStreams(MAX_STREAMS))],
+        results: Vec::new(),
+        streams_seen: Vec::new(),
+        unavailable: None,
+    };
+    let report = adjusted_run(addr, params, &mut script);
+    let err = script.results[0].1.clone().unwrap_err();
+    assert!(err.contains("at most 1024"), "{err}");
+    assert_eq!(report.end.streams.len(), 1);
+    stop.trigger();
+}
+
+#[test]
+fn memtest_udp_is_never_adjusted() {
+    use fatpipe_proto::testmsg::Protocol;
+    let (addr, stop) = memtest_server();
+    let mut params = test_params(Protocol::Udp);
+    params.omit_ms = 0;
+    params.duration_ms = 400;
+    params.interval_ms = 100;
+    let mut script = Script {
+        at: vec![(0, memtest::Adjustment::AddStreams(1))],
+        results: Vec::new(),
+        streams_seen: Vec::new(),
+        unavailable: None,
+    };
+    let total = params.total_streams() as usize;
+    let report = adjusted_run(addr, params, &mut script);
+    assert!(script.unavailable.is_some());
+    assert!(script.results.is_empty() && script.streams_seen.is_empty());
+    assert_eq!(report.end.streams.len(), total);
+    stop.trigger();
+}

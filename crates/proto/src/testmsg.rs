@@ -17,6 +17,12 @@
 //! run, the server reporting [`TestMsg::Interval`]s; each side says
 //! [`TestMsg::SendDone`] when its senders finish; the server ends with
 //! [`TestMsg::Final`].
+//!
+//! While data flows the client may change the test (the auto-tuning
+//! adjuster does): [`TestMsg::AddStreams`] opens more data streams, with
+//! ids following the existing ones, and [`TestMsg::SetCongestion`] switches
+//! the server's sending streams to another congestion control; the server
+//! answers each with [`TestMsg::Adjusted`].
 
 use serde::{Deserialize, Serialize};
 
@@ -122,9 +128,43 @@ impl TestParams {
             return Err("UDP needs a bitrate above 0".into());
         }
         if let Some(cc) = &self.congestion {
-            if cc.is_empty() || cc.len() > 15 || !cc.bytes().all(|c| c.is_ascii_graphic()) {
-                return Err("congestion control name must be 1..15 printable bytes".into());
-            }
+            check_congestion_name(cc)?;
+        }
+        Ok(())
+    }
+
+    /// Checks an [`TestMsg::AddStreams`] against the test: ids must follow
+    /// the `total_now` existing streams, the new streams must go the test's
+    /// way(s), and no direction may exceed [`MAX_STREAMS`]. `up_now` and
+    /// `down_now` count the existing streams per direction.
+    pub fn check_add(
+        &self,
+        total_now: u32,
+        up_now: u32,
+        down_now: u32,
+        add: &AddStreams,
+    ) -> Result<(), String> {
+        if self.protocol != Protocol::Tcp {
+            return Err("streams can be added to TCP tests only".into());
+        }
+        if add.first != total_now {
+            return Err(format!(
+                "new stream ids must start at {total_now}, not {}",
+                add.first
+            ));
+        }
+        if add.up == 0 && add.down == 0 {
+            return Err("no streams to add".into());
+        }
+        match self.direction {
+            Direction::Up if add.down > 0 => return Err("this test only sends up".into()),
+            Direction::Down if add.up > 0 => return Err("this test only sends down".into()),
+            _ => {}
+        }
+        let up = up_now.saturating_add(add.up);
+        let down = down_now.saturating_add(add.down);
+        if up > MAX_STREAMS || down > MAX_STREAMS {
+            return Err(format!("at most {MAX_STREAMS} streams per direction"));
         }
         Ok(())
     }
@@ -162,6 +202,39 @@ impl TestParams {
             });
         }
         serde_json::from_slice(bytes).map_err(|_| DecodeError::Invalid("test params"))
+    }
+}
+
+/// Checks a congestion control name: 1..=15 printable ASCII bytes (the
+/// kernel's `TCP_CA_NAME_MAX` is 16 with the terminating zero).
+pub fn check_congestion_name(cc: &str) -> Result<(), String> {
+    if cc.is_empty() || cc.len() > 15 || !cc.bytes().all(|c| c.is_ascii_graphic()) {
+        return Err("congestion control name must be 1..15 printable bytes".into());
+    }
+    Ok(())
+}
+
+/// What [`TestMsg::AddStreams`] asks for: streams `first..first + up` carry
+/// data client → server, `first + up..first + up + down` server → client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddStreams {
+    /// Id of the first new stream: the number of streams so far.
+    pub first: u32,
+    /// New streams on which the client sends.
+    pub up: u32,
+    /// New streams on which the server sends.
+    pub down: u32,
+}
+
+impl AddStreams {
+    /// Number of new streams.
+    pub fn count(&self) -> u32 {
+        self.up.saturating_add(self.down)
+    }
+
+    /// True if the client sends on new stream `id`.
+    pub fn client_sends(&self, id: u32) -> bool {
+        id < self.first.saturating_add(self.up)
     }
 }
 
@@ -245,6 +318,10 @@ pub enum TestMsg {
     Ready {
         /// UDP ports, one per stream; empty for TCP.
         udp_ports: Vec<u16>,
+        /// The server takes `AddStreams` and `SetCongestion` (absent, so
+        /// false, from servers older than them).
+        #[serde(default)]
+        adjustable: bool,
     },
     /// Server → client: all streams attached, with the server's settings.
     Attached {
@@ -286,6 +363,31 @@ pub enum TestMsg {
         /// The server process's CPU over the test.
         cpu: CpuSample,
         /// More `Final` messages follow.
+        more: bool,
+    },
+    /// Client → server, while data flows: open more streams. The client
+    /// dials them right after this message (tag = stream id); the server
+    /// accepts them, configures them like the first ones and answers
+    /// [`Adjusted`](TestMsg::Adjusted); both ends start them at once.
+    AddStreams(AddStreams),
+    /// Client → server, while data flows: switch the server's sending
+    /// streams (and any added later) to congestion control `name`.
+    SetCongestion {
+        /// Congestion control, e.g. "bbr".
+        name: String,
+    },
+    /// Server → client: answer to `AddStreams` or `SetCongestion`.
+    Adjusted {
+        /// The new streams' settings (`AddStreams`), or the server's
+        /// sending streams' after the switch (`SetCongestion`).
+        streams: Vec<SocketSetup>,
+        /// What the server's host refused or capped.
+        #[serde(default)]
+        warnings: Vec<String>,
+        /// Why the server refused the change; nothing changed then.
+        #[serde(default)]
+        refused: Option<String>,
+        /// More `Adjusted` messages follow.
         more: bool,
     },
     /// Either way: the test failed at this end.
@@ -334,6 +436,28 @@ impl TestMsg {
                     TestMsg::Attached {
                         streams: b,
                         warnings: Vec::new(),
+                        more,
+                    },
+                )
+            }
+            TestMsg::Adjusted {
+                streams,
+                warnings,
+                refused,
+                more,
+            } if streams.len() > 1 => {
+                let (a, b) = halve(streams);
+                (
+                    TestMsg::Adjusted {
+                        streams: a,
+                        warnings,
+                        refused: refused.clone(),
+                        more: true,
+                    },
+                    TestMsg::Adjusted {
+                        streams: b,
+                        warnings: Vec::new(),
+                        refused,
                         more,
                     },
                 )
@@ -464,6 +588,7 @@ mod tests {
         let msgs = [
             TestMsg::Ready {
                 udp_ports: vec![1, 2],
+                adjustable: true,
             },
             TestMsg::Start,
             TestMsg::SendDone,
@@ -477,11 +602,57 @@ mod tests {
                 cpu: CpuSample::default(),
                 more: false,
             },
+            TestMsg::AddStreams(AddStreams {
+                first: 4,
+                up: 2,
+                down: 0,
+            }),
+            TestMsg::SetCongestion { name: "bbr".into() },
+            TestMsg::Adjusted {
+                streams: vec![SocketSetup::default()],
+                warnings: vec!["w".into()],
+                refused: None,
+                more: false,
+            },
         ];
         for m in msgs {
             assert_eq!(TestMsg::decode(&m.encode()), Ok(m));
         }
         assert!(TestMsg::decode(b"{\"type\":\"nope\"}").is_err());
+    }
+
+    #[test]
+    fn adding_streams_is_checked_against_the_test() {
+        let both = params();
+        let add = |first, up, down| AddStreams { first, up, down };
+        assert_eq!(both.check_add(8, 4, 4, &add(8, 2, 2)), Ok(()));
+        assert!(both.check_add(8, 4, 4, &add(7, 2, 2)).is_err());
+        assert!(both.check_add(8, 4, 4, &add(8, 0, 0)).is_err());
+        assert!(both.check_add(8, 4, 4, &add(8, 1021, 0)).is_err());
+        assert_eq!(both.check_add(8, 4, 4, &add(8, 1020, 0)), Ok(()));
+        let up = TestParams {
+            direction: Direction::Up,
+            ..params()
+        };
+        assert!(up.check_add(4, 4, 0, &add(4, 0, 1)).is_err());
+        assert_eq!(up.check_add(4, 4, 0, &add(4, 3, 0)), Ok(()));
+        let down = TestParams {
+            direction: Direction::Down,
+            ..params()
+        };
+        assert!(down.check_add(4, 0, 4, &add(4, 1, 0)).is_err());
+        let udp = TestParams {
+            protocol: Protocol::Udp,
+            bitrate: 1,
+            ..up
+        };
+        assert!(udp.check_add(4, 4, 0, &add(4, 1, 0)).is_err());
+        let a = add(10, 3, 2);
+        assert_eq!(a.count(), 5);
+        assert!(a.client_sends(12) && !a.client_sends(13));
+        assert!(check_congestion_name("bbr").is_ok());
+        assert!(check_congestion_name("").is_err());
+        assert!(check_congestion_name("a\u{0}b").is_err());
     }
 
     #[test]

@@ -267,6 +267,9 @@ pub enum TestStreamLine {
     Start(TestStart),
     /// One per interval.
     Interval(TestInterval),
+    /// A change the in-flight adjuster made (auto-tuned tests), right after
+    /// the interval it was decided on and once both ends carried it out.
+    Adjust(crate::tune::Decision),
     /// Last line.
     End(TestEnd),
 }

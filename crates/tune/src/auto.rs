@@ -73,6 +73,17 @@ impl PreflightConfig {
     }
 }
 
+/// Ends the pre-flight warning that the probed rate is only a lower bound
+/// (the in-flight adjuster then treats the rate as unknown).
+pub const RATE_IS_LOWER_BOUND: &str = "the path rate is a lower bound";
+
+/// True if the pre-flight recorded in `auto` found the rate a lower bound.
+pub fn rate_is_lower_bound(auto: &AutoTune) -> bool {
+    auto.warnings
+        .iter()
+        .any(|w| w.ends_with(RATE_IS_LOWER_BOUND))
+}
+
 /// What the pre-flight found and planned.
 #[derive(Debug, Clone)]
 pub struct Preflight {
@@ -214,7 +225,7 @@ pub fn from_outcome(
     if let Some(r) = &o.rate {
         if r.sender_limited {
             warnings.push(format!(
-                "this host could not send probe trains faster than {}: the path rate is a lower bound",
+                "this host could not send probe trains faster than {}: {RATE_IS_LOWER_BOUND}",
                 format_rate(r.rate)
             ));
         }
@@ -281,7 +292,7 @@ pub fn from_outcome(
 /// a few thousand probe packets cannot rule out a loss rate (the "rule of
 /// three" bound, 3/n at 95 %) that would hold CUBIC's streams far below
 /// the path on a long RTT (at 93 ms, 1e-4 holds one stream to ~15 Mbit/s),
-/// and the in-flight adjuster that could react is not running. `None` when
+/// and the in-flight adjuster would need several steps to catch up. `None` when
 /// the plan already avoids loss-based control, BBR is not on offer, or even
 /// that loss would not matter (short paths).
 fn unseen_loss_matters(

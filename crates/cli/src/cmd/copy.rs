@@ -684,7 +684,7 @@ impl Tuning {
         // A rate the probe could not push past (this host sent its trains
         // no faster) is a floor, not the path's rate: the adjuster would
         // take reaching it for "at the path rate" and never act.
-        if rec.warnings.iter().any(|w| w.contains("lower bound")) {
+        if auto::rate_is_lower_bound(rec) {
             facts.bottleneck_rate = None;
         }
         // A rate cap is the most this copy may reach: below it there is no

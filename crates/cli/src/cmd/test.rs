@@ -14,14 +14,17 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fatpipe_engine::memtest::{run_client, Progress, TestPlan};
+use fatpipe_engine::memtest::{
+    run_client_adjusting, Adjust, Adjustment, Applied, Progress, TestPlan,
+};
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_proto::testmsg::{Direction, Protocol, TestParams, MAX_STREAMS};
 use fatpipe_schema::test::{
     Rfc6349, StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine,
 };
-use fatpipe_schema::tune::AutoTune;
+use fatpipe_schema::tune::{Action, AutoTune, Decision};
 use fatpipe_schema::units;
+use fatpipe_tune::adjust::{AdjustConfig, Adjuster, Sample};
 use fatpipe_tune::{auto, rfc6349};
 
 /// The port `fatpipe server` listens on unless told otherwise.
@@ -118,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..ClientOptions::default()
     };
     let mut baseline = None;
-    let auto = if wants_auto(&args, &params) {
+    let mut auto = if wants_auto(&args, &params) {
         auto_tune(&args, addr, &options, &mut params, &mut baseline)?
     } else {
         None
@@ -139,6 +142,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Output::Text
     };
+    let mut steering = auto
+        .as_mut()
+        .and_then(|a| adjust_config(&args, &plan.params, a))
+        .map(|cfg| Steering::new(cfg, mode));
+    if let (Some(a), true) = (auto.as_mut(), steering.is_some()) {
+        a.adjusting = true;
+    }
     let mut out = std::io::stdout().lock();
     let mut io_err: Option<std::io::Error> = None;
     let mut on_progress = |p: Progress<'_>| {
@@ -162,7 +172,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             io_err = Some(e);
         }
     };
-    let mut report = run_client(&plan, &mut on_progress).map_err(|e| classify(e, &plan))?;
+    let adjust = steering.as_mut().map(|s| s as &mut dyn Adjust);
+    let mut report =
+        run_client_adjusting(&plan, &mut on_progress, adjust).map_err(|e| classify(e, &plan))?;
+    if let (Some(a), Some(s)) = (auto.as_mut(), steering) {
+        a.adjusting = !s.unavailable;
+        a.decisions = s.decisions;
+    }
     report.start.auto = auto;
     if let (true, Some(b)) = (args.rfc6349, &baseline) {
         report.end.rfc6349 = rfc6349::assess(b, &report);
@@ -252,6 +268,143 @@ fn probe_baseline(
         Err(e) => {
             eprintln!("fatpipe: warning: rfc6349: path probe failed: {e}");
             Ok(Err(e.to_string()))
+        }
+    }
+}
+
+/// The in-flight adjuster's bounds when auto-tuning chose the streams (no
+/// `-P`); `None` leaves the test as planned. A rate the pre-flight found
+/// only a lower bound is treated as unknown.
+fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConfig> {
+    if a.parallel.is_some() || p.protocol != Protocol::Tcp {
+        return None;
+    }
+    let policy = fatpipe_tune::Policy::default();
+    // BBR may be switched to only if no -C fixed the congestion control and
+    // the sender is this host and offers it (the server's list is not known).
+    let bbr = a.congestion.is_none()
+        && p.direction == Direction::Up
+        && fatpipe_tune::host::Host::live()
+            .limits(fatpipe_tune::host::is_privileged())
+            .is_ok_and(|l| l.congestion.iter().any(|c| c == "bbr"));
+    let mut cfg = AdjustConfig::for_plan(&auto.plan, &auto.facts, policy.max_streams, bbr);
+    cfg.streams = p.streams;
+    cfg.max_streams = policy.max_streams.max(p.streams);
+    if let Some(cc) = &p.congestion {
+        cfg.congestion.clone_from(cc);
+    }
+    if auto::rate_is_lower_bound(auto) {
+        cfg.path_rate = None;
+    }
+    Some(cfg)
+}
+
+/// Feeds each merged interval to the in-flight adjuster, carries out its
+/// changes through the engine, says so on stderr (and in `--json-stream`)
+/// and keeps those carried out for the JSON report.
+struct Steering {
+    adjuster: Adjuster,
+    mode: Output,
+    /// The decision under way.
+    pending: Option<Decision>,
+    decisions: Vec<Decision>,
+    /// An add failed (the adjuster's count no longer matches) or the test
+    /// cannot be adjusted: ask for nothing more.
+    stopped: bool,
+    /// The test cannot be adjusted (the engine said why before it started).
+    unavailable: bool,
+}
+
+impl Steering {
+    fn new(cfg: AdjustConfig, mode: Output) -> Self {
+        Steering {
+            adjuster: Adjuster::new(cfg),
+            mode,
+            pending: None,
+            decisions: Vec::new(),
+            stopped: false,
+            unavailable: false,
+        }
+    }
+}
+
+/// The adjuster's view of an interval: goodput at the receivers,
+/// retransmits at the senders and their mean RTT, over all directions.
+fn sample_of(iv: &TestInterval) -> Option<Sample> {
+    if iv.sums.is_empty() {
+        return None;
+    }
+    let n = iv.sums.len() as u64;
+    let rtt_us: u64 = iv
+        .sums
+        .iter()
+        .map(|s| u64::from(s.rtt_us.unwrap_or(0)))
+        .sum();
+    Some(Sample {
+        now: Duration::try_from_secs_f64(iv.end_s).unwrap_or_default(),
+        throughput: iv.sums.iter().map(|s| s.bits_per_second).sum::<f64>() as u64,
+        retransmits: iv.sums.iter().filter_map(|s| s.retransmits).sum(),
+        rtt: Duration::from_micros(rtt_us / n),
+    })
+}
+
+impl Adjust for Steering {
+    fn on_interval(&mut self, iv: &TestInterval) -> Option<Adjustment> {
+        if self.stopped {
+            return None;
+        }
+        let d = self.adjuster.handle_sample(sample_of(iv)?);
+        let change = match &d.action {
+            Action::Hold => return None,
+            Action::AddStreams { n } => Adjustment::AddStreams(*n),
+            Action::SwitchCongestion { to } => Adjustment::SetCongestion(to.clone()),
+        };
+        self.pending = Some(d);
+        Some(change)
+    }
+
+    fn unavailable(&mut self, why: &str) {
+        self.stopped = true;
+        self.unavailable = true;
+        eprintln!("fatpipe: warning: auto: no in-flight adjustment: {why}");
+    }
+
+    fn on_result(&mut self, change: &Adjustment, result: Result<Applied, String>) {
+        let Some(d) = self.pending.take() else {
+            return;
+        };
+        let what = match &d.action {
+            Action::AddStreams { n } => format!("+{n} streams"),
+            Action::SwitchCongestion { to } => format!("switch to {to}"),
+            Action::Hold => "hold".to_string(),
+        };
+        match result {
+            Ok(applied) => {
+                eprintln!(
+                    "auto: {what} at {:.1} s → {} streams: {}",
+                    d.at_secs, applied.streams, d.reason
+                );
+                for w in &applied.warnings {
+                    eprintln!("fatpipe: warning: auto: {w}");
+                }
+                if let Output::JsonStream = self.mode {
+                    let mut out = std::io::stdout().lock();
+                    let _ = json_line(&mut out, &TestStreamLine::Adjust(d.clone()));
+                }
+                self.decisions.push(d);
+            }
+            Err(why) => {
+                let more = if matches!(change, Adjustment::AddStreams(_)) {
+                    self.stopped = true;
+                    "; no more changes"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "fatpipe: warning: auto: {what} at {:.1} s not carried out: {why}{more}",
+                    d.at_secs
+                );
+            }
         }
     }
 }
@@ -551,12 +704,14 @@ fn print_interval(out: &mut impl Write, p: &TestParams, iv: &TestInterval) -> st
         header(out, p)?;
     }
     let span = format!("{:.2}-{:.2} s", iv.start_s, iv.end_s);
-    if p.streams > 1 || p.direction == Direction::Both {
+    // More streams than asked for: the adjuster added some.
+    let many = p.streams > 1 || iv.streams.len() > p.total_streams() as usize;
+    if many || p.direction == Direction::Both {
         for s in &iv.streams {
             row(out, p, &span, s, iv.omitted)?;
         }
     }
-    if p.streams > 1 || iv.streams.is_empty() {
+    if many || iv.streams.is_empty() {
         for s in &iv.sums {
             row(out, p, &span, s, iv.omitted)?;
         }

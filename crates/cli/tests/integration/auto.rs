@@ -48,7 +48,9 @@ fn test_without_flags_is_auto_tuned_and_says_why() {
     assert!(auto.plan.reason.starts_with("auto: RTT "), "{auto:?}");
     assert!(auto.facts.rtt_secs > 0.0 && auto.facts.rtt_secs < 0.01);
     assert!(auto.overridden.is_empty(), "{auto:?}");
-    assert!(!auto.adjusting && auto.decisions.is_empty());
+    // The adjuster runs (streams were the plan's), but a 1 s test ends
+    // before its first decision.
+    assert!(auto.adjusting && auto.decisions.is_empty());
     // What ran is what was planned.
     assert_eq!(r.start.streams, auto.streams);
     assert_eq!(r.start.streams, auto.plan.streams);

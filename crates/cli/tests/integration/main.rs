@@ -7,6 +7,7 @@
 
 mod util;
 
+mod adjust;
 mod auto;
 mod copy;
 mod demo;

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fatpipe_proto::testmsg::{
-    CpuSample, Direction, Protocol, Role, SocketSetup, StreamSample, TestMsg, TestParams,
+    check_congestion_name, AddStreams, CpuSample, Direction, Protocol, Role, SocketSetup,
+    StreamSample, TestMsg, TestParams,
 };
 use fatpipe_schema::test as schema;
 
@@ -88,17 +89,75 @@ pub enum Progress<'a> {
     Interval(&'a schema::TestInterval),
 }
 
+/// A change to a running test, asked for by an [`Adjust`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adjustment {
+    /// Open this many more streams per direction (in both with `--bidir`).
+    AddStreams(u32),
+    /// Switch every sending stream (either end) to this congestion control.
+    SetCongestion(String),
+}
+
+/// What came of an [`Adjustment`] that both ends carried out.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Applied {
+    /// When it took effect, seconds after the test start.
+    pub at_s: f64,
+    /// Streams per direction from now on.
+    pub streams: u32,
+    /// What either host refused or capped (the server's start "server: ").
+    pub warnings: Vec<String>,
+}
+
+/// Steers a running test: sees every merged interval and may ask for a
+/// change (the auto-tuning adjuster of `fatpipe test` implements this; the
+/// engine does not know its rules).
+pub trait Adjust {
+    /// Called with each interval, merged from both ends, right after it is
+    /// reported. Not called while an earlier change is under way.
+    fn on_interval(&mut self, iv: &schema::TestInterval) -> Option<Adjustment>;
+    /// Called once per change asked for: carried out at both ends, or why
+    /// not (then nothing changed, or only this end's part of a switch).
+    fn on_result(&mut self, change: &Adjustment, result: std::result::Result<Applied, String>);
+    /// Called before the test starts if it cannot be adjusted (UDP, or a
+    /// server too old for it); nothing else is called then.
+    fn unavailable(&mut self, why: &str) {
+        let _ = why;
+    }
+}
+
 /// Runs a test as the client and returns the full report.
 pub fn run_client(
     plan: &TestPlan,
     on_progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<schema::TestReport> {
+    run_client_adjusting(plan, on_progress, None)
+}
+
+/// [`run_client`], with `adjust` consulted after each interval to add
+/// streams or switch congestion control while data flows (TCP only; a UDP
+/// test never asks it). Streams added report their own bytes in the
+/// intervals and totals, with ids after the first ones; the report's
+/// `start.local`/`start.remote` list them too.
+pub fn run_client_adjusting(
+    plan: &TestPlan,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+    adjust: Option<&mut dyn Adjust>,
+) -> Result<schema::TestReport> {
     let p = &plan.params;
     p.validate().map_err(EngineError::Service)?;
-    let session = connect_with(plan.addr, &plan.options, SERVICE, &p.encode())?;
+    let session = Arc::new(connect_with(
+        plan.addr,
+        &plan.options,
+        SERVICE,
+        &p.encode(),
+    )?);
     let control = session.control().clone();
-    let udp_ports = match recv_msg(&control, SETUP_TIMEOUT, "waiting for Ready")? {
-        TestMsg::Ready { udp_ports } => udp_ports,
+    let (udp_ports, adjustable) = match recv_msg(&control, SETUP_TIMEOUT, "waiting for Ready")? {
+        TestMsg::Ready {
+            udp_ports,
+            adjustable,
+        } => (udp_ports, adjustable),
         other => return Err(unexpected(&other, "Ready")),
     };
     let mut warnings = Vec::new();
@@ -110,7 +169,7 @@ pub fn run_client(
         }
         Protocol::Udp => open_udp_streams(&session, p, &udp_ports, &mut warnings)?,
     };
-    let start_info = start_info(plan, &session, &streams, &remote_setup, warnings);
+    let mut start_info = start_info(plan, &session, &streams, &remote_setup, warnings);
     on_progress(Progress::Start(&start_info));
 
     let (tx, rx) = mpsc::channel();
@@ -119,7 +178,28 @@ pub fn run_client(
     control.send(&TestMsg::Start.encode())?;
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
     let mut side = Side::start(p.clone(), streams, tx, rx)?;
-    let result = client_loop(&mut side, &control, p, on_progress);
+    let adjust = match adjust {
+        Some(a) if p.protocol != Protocol::Tcp => {
+            a.unavailable("only TCP tests can be adjusted");
+            None
+        }
+        Some(a) if !adjustable => {
+            a.unavailable("the server is too old to add streams mid-test");
+            None
+        }
+        other => other,
+    };
+    let mut steer = Steer {
+        adjust,
+        session: Arc::clone(&session),
+        pending: None,
+        off: false,
+        local: Vec::new(),
+        remote: Vec::new(),
+    };
+    let result = client_loop(&mut side, &control, p, on_progress, &mut steer);
+    start_info.local.append(&mut steer.local);
+    start_info.remote.append(&mut steer.remote);
     let cpu_local = cpu_use_since(cpu0);
     side.stop();
     finished.store(true, Ordering::Relaxed);
@@ -151,6 +231,8 @@ pub(crate) enum Ev {
     Peer(TestMsg),
     /// The control connection failed or closed.
     PeerGone(EngineError),
+    /// The client finished dialing streams it is adding.
+    Dialed(Result<Vec<Dialed>>),
 }
 
 /// One end's streams, workers and interval bookkeeping.
@@ -159,6 +241,14 @@ struct Side {
     streams: Vec<Stream>,
     workers: Vec<std::thread::JoinHandle<()>>,
     rx: Receiver<Ev>,
+    /// For the workers of streams added while the test runs.
+    tx: Sender<Ev>,
+    /// The parameters new streams are configured with: the test's, with
+    /// the congestion control switched to if it was.
+    config: TestParams,
+    /// This end said `SendDone`; the peer said it.
+    sent_done: bool,
+    peer_sent_done: bool,
     running: usize,
     senders_running: usize,
     interval: Duration,
@@ -192,6 +282,7 @@ impl Side {
     ) -> Result<Side> {
         let omit = Duration::from_millis(params.omit_ms);
         let interval = Duration::from_millis(params.interval_ms);
+        let config = params.clone();
         let shared = Arc::new(data::Shared::new(params));
         let mut workers = Vec::with_capacity(streams.len());
         for s in &streams {
@@ -216,6 +307,10 @@ impl Side {
             shared,
             workers,
             rx,
+            tx,
+            config,
+            sent_done: false,
+            peer_sent_done: false,
             running: n,
             senders_running,
             interval,
@@ -234,10 +329,14 @@ impl Side {
         })
     }
 
-    /// Waits for the next event or the next tick (`None`).
-    fn next_event(&mut self) -> Option<Ev> {
+    /// Waits for the next event or the next tick (`None`); no longer than
+    /// `at_most` when given (something else needs polling).
+    fn next_event(&mut self, at_most: Option<Duration>) -> Option<Ev> {
         let now = Instant::now();
         let mut until = self.next_tick;
+        if let Some(d) = at_most {
+            until = until.min(now + d);
+        }
         if let Some(d) = self.udp_drain_at {
             until = until.min(d);
         }
@@ -260,13 +359,85 @@ impl Side {
             .any(|s| s.id == id && s.role == Role::Send);
         if was_sender {
             self.senders_running = self.senders_running.saturating_sub(1);
-            return self.senders_running == 0;
+            if self.senders_running == 0 {
+                self.sent_done = true;
+                return true;
+            }
         }
         false
     }
 
+    /// True once streams may no longer be added: a sender finished its
+    /// part (either end), the send time is over, or everything stopped.
+    fn ending(&self) -> bool {
+        self.sent_done
+            || self.peer_sent_done
+            || self.done()
+            || self.shared.stop.load(Ordering::Relaxed)
+            || self
+                .shared
+                .clock
+                .get()
+                .and_then(|c| c.send_until)
+                .is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// Streams at this end with `role`.
+    fn count(&self, role: Role) -> u32 {
+        self.streams.iter().filter(|s| s.role == role).count() as u32
+    }
+
+    /// Starts workers for streams added while the test runs; they join the
+    /// interval samples and totals from their first byte.
+    fn add(&mut self, streams: Vec<Stream>) -> Result<()> {
+        for s in streams {
+            let handle = data::spawn(&s, &self.shared, self.tx.clone())
+                .map_err(|e| EngineError::io("start a stream thread", e))?;
+            self.workers.push(handle);
+            self.running += 1;
+            if s.role == Role::Send {
+                self.senders_running += 1;
+            }
+            self.last.push(data::Snapshot::default());
+            self.at_omit.push(data::Snapshot::default());
+            self.streams.push(s);
+        }
+        Ok(())
+    }
+
+    /// Switches this end's sending streams (and those added later) to
+    /// congestion control `name`. Returns the warnings (one per distinct
+    /// failure) and whether any stream switched (true with none sending).
+    fn set_congestion(&mut self, name: &str) -> (Vec<String>, bool) {
+        let mut warnings = Vec::new();
+        let (mut tried, mut ok) = (0, 0);
+        for s in self.streams.iter_mut().filter(|s| s.role == Role::Send) {
+            let data::Sock::Tcp(t) = &*s.sock else {
+                continue;
+            };
+            tried += 1;
+            match fatpipe_sys::set_congestion(t, name) {
+                Ok(()) => {
+                    ok += 1;
+                    s.setup.congestion = fatpipe_sys::get_congestion(t).unwrap_or_default();
+                }
+                Err(e) => {
+                    let line = format!("congestion control '{name}' unavailable ({e})");
+                    if !warnings.contains(&line) {
+                        warnings.push(line);
+                    }
+                }
+            }
+        }
+        if tried == 0 || ok > 0 {
+            self.config.congestion = Some(name.to_string());
+        }
+        (warnings, tried == 0 || ok > 0)
+    }
+
     /// The peer's senders are done: UDP receivers drain, then stop.
     fn on_peer_send_done(&mut self) {
+        self.peer_sent_done = true;
         if self.shared.params.protocol == Protocol::Udp {
             self.udp_drain_at = Some(Instant::now() + UDP_DRAIN);
         }
@@ -385,7 +556,11 @@ fn serve(session: &ServerSession) -> Result<()> {
     let mut streams = Vec::with_capacity(total as usize);
     match p.protocol {
         Protocol::Tcp => {
-            control.send(&TestMsg::Ready { udp_ports: vec![] }.encode())?;
+            let ready = TestMsg::Ready {
+                udp_ports: vec![],
+                adjustable: true,
+            };
+            control.send(&ready.encode())?;
             // Each connection may take up to the setup timeout after the
             // previous one: a thousand streams on a long path arrive slowly.
             let mut seen = HashMap::new();
@@ -419,7 +594,11 @@ fn serve(session: &ServerSession) -> Result<()> {
                 .map(|u| u.local_addr().map(|a| a.port()))
                 .collect::<std::io::Result<Vec<_>>>()
                 .map_err(|e| EngineError::io("read UDP port", e))?;
-            control.send(&TestMsg::Ready { udp_ports: ports }.encode())?;
+            let ready = TestMsg::Ready {
+                udp_ports: ports,
+                adjustable: false,
+            };
+            control.send(&ready.encode())?;
             bind_udp_peers(&socks, session)?;
             for (id, u) in socks.into_iter().enumerate() {
                 let id = id as u32;
@@ -478,13 +657,155 @@ fn serve(session: &ServerSession) -> Result<()> {
     Ok(())
 }
 
+/// Streams the client is adding: those accepted so far, until all are.
+struct ServerAdd {
+    add: AddStreams,
+    got: BTreeMap<u32, Stream>,
+    warnings: Vec<String>,
+    deadline: Instant,
+}
+
+/// Server: takes an `AddStreams`, or refuses it.
+fn on_add_streams(
+    side: &Side,
+    control: &Control,
+    pending: &mut Option<ServerAdd>,
+    add: AddStreams,
+) -> Result<()> {
+    let total = side.streams.len() as u32;
+    let (up, down) = (side.count(Role::Recv), side.count(Role::Send));
+    let check = if pending.is_some() {
+        Err("streams are already being added".to_string())
+    } else if side.ending() {
+        Err("the test is ending".to_string())
+    } else {
+        side.shared.params.check_add(total, up, down, &add)
+    };
+    match check {
+        Ok(()) => {
+            *pending = Some(ServerAdd {
+                add,
+                got: BTreeMap::new(),
+                warnings: Vec::new(),
+                deadline: Instant::now() + SETUP_TIMEOUT,
+            });
+            Ok(())
+        }
+        Err(why) => refuse(control, why),
+    }
+}
+
+fn refuse(control: &Control, why: String) -> Result<()> {
+    let msg = TestMsg::Adjusted {
+        streams: Vec::new(),
+        warnings: Vec::new(),
+        refused: Some(why),
+        more: false,
+    };
+    control.send(&msg.encode())
+}
+
+/// Server: accepts the data connections of a pending `AddStreams` (their
+/// tags must be the new ids), and once all are in starts their workers and
+/// answers `Adjusted`; refuses the change when they do not come in time.
+fn poll_add(
+    side: &mut Side,
+    control: &Control,
+    session: &ServerSession,
+    pending: &mut Option<ServerAdd>,
+) -> Result<()> {
+    let Some(add) = pending.as_mut() else {
+        return Ok(());
+    };
+    let want = add.add.count() as usize;
+    while add.got.len() < want {
+        let conn = match session.accept_data(Duration::ZERO) {
+            Ok(c) => c,
+            Err(EngineError::Timeout(_)) => break,
+            Err(e) => return Err(e),
+        };
+        let id = conn.tag;
+        let first = add.add.first;
+        if id < first || id - first >= add.add.count() || add.got.contains_key(&id) {
+            return Err(EngineError::Service(format!(
+                "data connection with bad stream id {id}"
+            )));
+        }
+        let role = if add.add.client_sends(id) {
+            Role::Recv
+        } else {
+            Role::Send
+        };
+        data::configure_tcp(&conn.stream, &side.config, role, &mut add.warnings);
+        let stream = new_stream(id, role, Sock::Tcp(conn.stream), &side.config);
+        add.got.insert(id, stream);
+    }
+    if add.got.len() == want {
+        let Some(add) = pending.take() else {
+            return Ok(());
+        };
+        let streams: Vec<Stream> = add.got.into_values().collect();
+        let setups = streams.iter().map(|s| s.setup.clone()).collect();
+        side.add(streams)?;
+        let mut seen = std::collections::HashSet::new();
+        let mut warnings = add.warnings;
+        warnings.retain(|w| seen.insert(w.clone()));
+        send_split(
+            control,
+            TestMsg::Adjusted {
+                streams: setups,
+                warnings,
+                refused: None,
+                more: false,
+            },
+        )?;
+    } else if Instant::now() > add.deadline || side.ending() {
+        // The streams accepted so far close with `add`.
+        *pending = None;
+        refuse(
+            control,
+            "the new data connections did not all arrive in time".into(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Server: switches its sending streams' congestion control.
+fn on_set_congestion(side: &mut Side, control: &Control, name: &str) -> Result<()> {
+    if let Err(why) = check_congestion_name(name) {
+        return refuse(control, why);
+    }
+    let (warnings, ok) = side.set_congestion(name);
+    if !ok {
+        return refuse(control, warnings.join("; "));
+    }
+    let setups = side
+        .streams
+        .iter()
+        .filter(|s| s.role == Role::Send)
+        .map(|s| s.setup.clone())
+        .collect();
+    send_split(
+        control,
+        TestMsg::Adjusted {
+            streams: setups,
+            warnings,
+            refused: None,
+            more: false,
+        },
+    )
+}
+
 fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> Result<()> {
+    let mut adding: Option<ServerAdd> = None;
     loop {
         side.check_stall()?;
         if session.shutdown().is_set() {
             return Err(EngineError::Service("the server is shutting down".into()));
         }
-        if let Some(ev) = side.next_event() {
+        poll_add(side, control, session, &mut adding)?;
+        let wait = adding.as_ref().map(|_| Duration::from_millis(10));
+        if let Some(ev) = side.next_event(wait) {
             match ev {
                 Ev::Done(_, Some(err)) => return Err(EngineError::Service(err)),
                 Ev::Done(id, None) => {
@@ -496,8 +817,16 @@ fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> R
                 Ev::Peer(TestMsg::Stop) => {
                     return Err(EngineError::Service("the client stopped the test".into()))
                 }
+                Ev::Peer(TestMsg::AddStreams(add)) => {
+                    on_add_streams(side, control, &mut adding, add)?;
+                    poll_add(side, control, session, &mut adding)?;
+                }
+                Ev::Peer(TestMsg::SetCongestion { name }) => {
+                    on_set_congestion(side, control, &name)?;
+                }
                 Ev::Peer(other) => return Err(unexpected(&other, "SendDone or Stop")),
                 Ev::PeerGone(e) => return Err(e),
+                Ev::Dialed(_) => {}
             }
         }
         while let Some((index, begin, end, omitted, streams)) = side.poll_timers() {
@@ -521,11 +850,282 @@ fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> R
 
 type LocalInterval = (Duration, Duration, bool, Vec<StreamSample>);
 
+/// The client's end of in-flight changes.
+struct Steer<'a> {
+    adjust: Option<&'a mut dyn Adjust>,
+    session: Arc<ClientSession>,
+    pending: Option<Pending>,
+    /// A change failed half-way: ask for no more.
+    off: bool,
+    /// Socket settings of added streams, this end's and the server's.
+    local: Vec<schema::SocketInfo>,
+    remote: Vec<schema::SocketInfo>,
+}
+
+/// A change sent to the server and not yet answered.
+struct Pending {
+    change: Adjustment,
+    /// `Some` for `AddStreams`.
+    add: Option<AddStreams>,
+    /// Streams dialed (`AddStreams`), once the dialer is done.
+    dialed: Option<Vec<Stream>>,
+    /// The server's `Adjusted` parts so far, and whether the last came.
+    reply: Vec<SocketSetup>,
+    replied: bool,
+    warnings: Vec<String>,
+    since: Instant,
+}
+
+impl Steer<'_> {
+    /// After an interval: asks the adjuster, and starts what it wants.
+    fn on_interval(
+        &mut self,
+        side: &mut Side,
+        control: &Control,
+        iv: &schema::TestInterval,
+    ) -> Result<()> {
+        if self.off || self.pending.is_some() {
+            return Ok(());
+        }
+        let Some(adjust) = self.adjust.as_mut() else {
+            return Ok(());
+        };
+        let Some(change) = adjust.on_interval(iv) else {
+            return Ok(());
+        };
+        if side.ending() {
+            adjust.on_result(&change, Err("the test is ending".into()));
+            return Ok(());
+        }
+        match &change {
+            Adjustment::AddStreams(n) => self.start_add(side, control, change.clone(), *n),
+            Adjustment::SetCongestion(name) => {
+                let name = name.clone();
+                self.start_congestion(side, control, change, &name)
+            }
+        }
+    }
+
+    fn start_add(
+        &mut self,
+        side: &mut Side,
+        control: &Control,
+        change: Adjustment,
+        n: u32,
+    ) -> Result<()> {
+        let p = &side.shared.params;
+        let (up, down) = match p.direction {
+            Direction::Up => (n, 0),
+            Direction::Down => (0, n),
+            Direction::Both => (n, n),
+        };
+        let add = AddStreams {
+            first: side.streams.len() as u32,
+            up,
+            down,
+        };
+        let (up_now, down_now) = (side.count(Role::Send), side.count(Role::Recv));
+        if let Err(why) = p.check_add(add.first, up_now, down_now, &add) {
+            self.finish(&change, Err(why));
+            return Ok(());
+        }
+        control.send(&TestMsg::AddStreams(add).encode())?;
+        let session = Arc::clone(&self.session);
+        let config = side.config.clone();
+        let tx = side.tx.clone();
+        let dialer = std::thread::Builder::new()
+            .name("adding streams".into())
+            .spawn(move || {
+                let ids: Vec<(u32, Role)> = (add.first..add.first + add.count())
+                    .map(|id| {
+                        let role = if add.client_sends(id) {
+                            Role::Send
+                        } else {
+                            Role::Recv
+                        };
+                        (id, role)
+                    })
+                    .collect();
+                let _ = tx.send(Ev::Dialed(dial_tcp_streams(&session, &config, &ids)));
+            });
+        if let Err(e) = dialer {
+            // The server times out waiting and refuses; nothing changes.
+            self.off = true;
+            self.finish(&change, Err(format!("start a dialing thread: {e}")));
+            return Ok(());
+        }
+        self.pending = Some(Pending {
+            change,
+            add: Some(add),
+            dialed: None,
+            reply: Vec::new(),
+            replied: false,
+            warnings: Vec::new(),
+            since: Instant::now(),
+        });
+        Ok(())
+    }
+
+    fn start_congestion(
+        &mut self,
+        side: &mut Side,
+        control: &Control,
+        change: Adjustment,
+        name: &str,
+    ) -> Result<()> {
+        if let Err(why) = check_congestion_name(name) {
+            self.finish(&change, Err(why));
+            return Ok(());
+        }
+        let (warnings, ok) = side.set_congestion(name);
+        if !ok {
+            self.finish(&change, Err(warnings.join("; ")));
+            return Ok(());
+        }
+        if side.shared.params.direction == Direction::Up {
+            let applied = applied(side, warnings);
+            self.finish(&change, Ok(applied));
+            return Ok(());
+        }
+        control.send(
+            &TestMsg::SetCongestion {
+                name: name.to_string(),
+            }
+            .encode(),
+        )?;
+        self.pending = Some(Pending {
+            change,
+            add: None,
+            dialed: None,
+            reply: Vec::new(),
+            replied: false,
+            warnings,
+            since: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// The dialer of an `AddStreams` finished.
+    fn on_dialed(&mut self, side: &mut Side, dialed: Result<Vec<Dialed>>) -> Result<()> {
+        let Some(pending) = self.pending.as_mut().filter(|p| p.add.is_some()) else {
+            // A change already given up on: the sockets close here.
+            return Ok(());
+        };
+        match dialed {
+            Ok(d) => {
+                let mut streams = Vec::with_capacity(d.len());
+                for (stream, w) in d {
+                    for line in w {
+                        if !pending.warnings.contains(&line) {
+                            pending.warnings.push(line);
+                        }
+                    }
+                    streams.push(stream);
+                }
+                pending.dialed = Some(streams);
+                self.complete(side)
+            }
+            Err(e) => {
+                // The server may have some of them: ask for nothing more.
+                self.off = true;
+                if let Some(p) = self.pending.take() {
+                    self.finish(&p.change, Err(format!("dialing the new streams: {e}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A part of the server's `Adjusted`.
+    fn on_adjusted(
+        &mut self,
+        side: &mut Side,
+        streams: Vec<SocketSetup>,
+        warnings: Vec<String>,
+        refused: Option<String>,
+        more: bool,
+    ) -> Result<()> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Ok(());
+        };
+        if let Some(why) = refused {
+            if let Some(p) = self.pending.take() {
+                self.finish(&p.change, Err(format!("server refused: {why}")));
+            }
+            return Ok(());
+        }
+        pending.reply.extend(streams);
+        add_server_warnings(&mut pending.warnings, warnings);
+        pending.replied = !more;
+        self.complete(side)
+    }
+
+    /// Starts the added streams once both the dialer and the server are
+    /// done; reports a finished switch.
+    fn complete(&mut self, side: &mut Side) -> Result<()> {
+        let Some(pending) = self.pending.as_mut() else {
+            return Ok(());
+        };
+        if !pending.replied || (pending.add.is_some() && pending.dialed.is_none()) {
+            return Ok(());
+        }
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        if let (Some(add), Some(streams)) = (p.add, p.dialed) {
+            let up = |id: u32| add.client_sends(id);
+            self.local
+                .extend(streams.iter().map(|s| socket_info(&s.setup, up(s.id))));
+            self.remote
+                .extend(p.reply.iter().map(|s| socket_info(s, up(s.id))));
+            side.add(streams)?;
+        }
+        let applied = applied(side, p.warnings);
+        self.finish(&p.change, Ok(applied));
+        Ok(())
+    }
+
+    /// Gives up on a change the server never answered.
+    fn check_timeout(&mut self) {
+        let late = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.since.elapsed() > SETUP_TIMEOUT + Duration::from_secs(5));
+        if late {
+            self.off = true;
+            if let Some(p) = self.pending.take() {
+                self.finish(&p.change, Err("the server did not answer in time".into()));
+            }
+        }
+    }
+
+    fn finish(&mut self, change: &Adjustment, result: std::result::Result<Applied, String>) {
+        if let Some(a) = self.adjust.as_mut() {
+            a.on_result(change, result);
+        }
+    }
+}
+
+/// What a change leaves: the time and streams per direction now.
+fn applied(side: &Side, warnings: Vec<String>) -> Applied {
+    let (up, down) = (side.count(Role::Send), side.count(Role::Recv));
+    Applied {
+        at_s: side.shared.start().elapsed().as_secs_f64(),
+        streams: match side.shared.params.direction {
+            Direction::Up => up,
+            Direction::Down => down,
+            Direction::Both => up.max(down),
+        },
+        warnings,
+    }
+}
+
 fn client_loop(
     side: &mut Side,
     control: &Control,
     p: &TestParams,
     on_progress: &mut dyn FnMut(Progress<'_>),
+    steer: &mut Steer<'_>,
 ) -> Result<(Vec<schema::TestInterval>, Vec<StreamSample>, CpuSample)> {
     let mut local: BTreeMap<u32, LocalInterval> = BTreeMap::new();
     let mut remote: BTreeMap<u32, (Vec<StreamSample>, bool)> = BTreeMap::new();
@@ -547,7 +1147,8 @@ fn client_loop(
                 "waiting for the server to finish the test".into(),
             ));
         }
-        if let Some(ev) = side.next_event() {
+        steer.check_timeout();
+        if let Some(ev) = side.next_event(None) {
             match ev {
                 Ev::Done(_, Some(err)) => return Err(EngineError::Service(err)),
                 Ev::Done(id, None) => {
@@ -576,6 +1177,13 @@ fn client_loop(
                 Ev::Peer(TestMsg::Error { message }) => {
                     return Err(EngineError::Service(format!("server: {message}")))
                 }
+                Ev::Peer(TestMsg::Adjusted {
+                    streams,
+                    warnings,
+                    refused,
+                    more,
+                }) => steer.on_adjusted(side, streams, warnings, refused, more)?,
+                Ev::Dialed(d) => steer.on_dialed(side, d)?,
                 Ev::Peer(other) => return Err(unexpected(&other, "Interval or Final")),
                 // The server may hang up once its Final is out.
                 Ev::PeerGone(_) if final_done => {}
@@ -597,9 +1205,13 @@ fn client_loop(
             };
             let iv = merge_interval(p, index, begin, end, omitted, &l, &r);
             on_progress(Progress::Interval(&iv));
+            steer.on_interval(side, control, &iv)?;
             merged.push(iv);
         }
         if side.done() && side.closed && final_done {
+            if let Some(p) = steer.pending.take() {
+                steer.finish(&p.change, Err("the test ended first".into()));
+            }
             return Ok((merged, remote_final, remote_cpu));
         }
     }
@@ -632,17 +1244,47 @@ fn open_tcp_streams(
     p: &TestParams,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Stream>> {
+    let ids: Vec<(u32, Role)> = (0..p.total_streams())
+        .map(|id| {
+            let role = if p.client_sends(id) {
+                Role::Send
+            } else {
+                Role::Recv
+            };
+            (id, role)
+        })
+        .collect();
+    let mut streams = Vec::with_capacity(ids.len());
+    for (stream, w) in dial_tcp_streams(session, p, &ids)? {
+        // The same refusal on every stream is one warning, not a thousand.
+        for line in w {
+            if !warnings.contains(&line) {
+                warnings.push(line);
+            }
+        }
+        streams.push(stream);
+    }
+    Ok(streams)
+}
+
+/// Dials the data connections `ids` (with this end's role on each), in
+/// parallel, configured by `p`; sorted by id.
+fn dial_tcp_streams(
+    session: &ClientSession,
+    p: &TestParams,
+    ids: &[(u32, Role)],
+) -> Result<Vec<Dialed>> {
     // Dial in parallel: one at a time, a thousand streams over a 250 ms
     // path would take minutes of round trips before the test even starts.
-    let total = p.total_streams();
-    let dialers = total.min(DIALERS);
+    let dialers = (ids.len() as u32).clamp(1, DIALERS) as usize;
     let results: Vec<Result<Vec<Dialed>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..dialers)
             .map(|first| {
                 scope.spawn(move || {
-                    (first..total)
-                        .step_by(dialers as usize)
-                        .map(|id| open_tcp_stream(session, p, id))
+                    ids.iter()
+                        .skip(first)
+                        .step_by(dialers)
+                        .map(|&(id, role)| open_tcp_stream(session, p, id, role))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -656,19 +1298,11 @@ fn open_tcp_streams(
             })
             .collect()
     });
-    let mut streams = Vec::with_capacity(total as usize);
+    let mut streams = Vec::with_capacity(ids.len());
     for r in results {
-        for (stream, w) in r? {
-            // The same refusal on every stream is one warning, not a thousand.
-            for line in w {
-                if !warnings.contains(&line) {
-                    warnings.push(line);
-                }
-            }
-            streams.push(stream);
-        }
+        streams.extend(r?);
     }
-    streams.sort_by_key(|s| s.id);
+    streams.sort_by_key(|(s, _)| s.id);
     Ok(streams)
 }
 
@@ -678,12 +1312,7 @@ type Dialed = (Stream, Vec<String>);
 /// Most data connections a client dials at once.
 const DIALERS: u32 = 64;
 
-fn open_tcp_stream(session: &ClientSession, p: &TestParams, id: u32) -> Result<Dialed> {
-    let role = if p.client_sends(id) {
-        Role::Send
-    } else {
-        Role::Recv
-    };
+fn open_tcp_stream(session: &ClientSession, p: &TestParams, id: u32, role: Role) -> Result<Dialed> {
     let mut w = Vec::new();
     let tcp = session.open_data_with(id, |sock| {
         data::configure_tcp(sock, p, role, &mut w);
@@ -915,6 +1544,9 @@ fn unexpected(msg: &TestMsg, wanted: &str) -> EngineError {
         TestMsg::SendDone => "SendDone",
         TestMsg::Stop => "Stop",
         TestMsg::Final { .. } => "Final",
+        TestMsg::AddStreams(_) => "AddStreams",
+        TestMsg::SetCongestion { .. } => "SetCongestion",
+        TestMsg::Adjusted { .. } => "Adjusted",
     };
     EngineError::Service(format!("protocol: got {got} while waiting for {wanted}"))
 }
@@ -965,23 +1597,7 @@ fn start_info(
     warnings: Vec<String>,
 ) -> schema::TestStart {
     let p = &plan.params;
-    let dir = |id: u32| {
-        if p.client_sends(id) {
-            schema::Direction::Up
-        } else {
-            schema::Direction::Down
-        }
-    };
-    let info = |s: &SocketSetup| schema::SocketInfo {
-        id: s.id,
-        direction: dir(s.id),
-        sndbuf: s.sndbuf,
-        rcvbuf: s.rcvbuf,
-        mss: s.mss,
-        congestion: s.congestion.clone(),
-        send_path: s.send_path.clone(),
-        recv_path: s.recv_path.clone(),
-    };
+    let info = |s: &SocketSetup| socket_info(s, p.client_sends(s.id));
     let mut warnings = warnings;
     if let Some(cc) = &p.congestion {
         let used: Vec<&str> = streams
@@ -1048,15 +1664,43 @@ fn start_info(
     }
 }
 
+/// One stream's socket settings for the report; `up` if the client sends.
+fn socket_info(s: &SocketSetup, up: bool) -> schema::SocketInfo {
+    schema::SocketInfo {
+        id: s.id,
+        direction: if up {
+            schema::Direction::Up
+        } else {
+            schema::Direction::Down
+        },
+        sndbuf: s.sndbuf,
+        rcvbuf: s.rcvbuf,
+        mss: s.mss,
+        congestion: s.congestion.clone(),
+        send_path: s.send_path.clone(),
+        recv_path: s.recv_path.clone(),
+    }
+}
+
+/// True if the client sends on the stream of this client-side sample (its
+/// role says; streams added mid-test do not follow the `--bidir` id split).
+fn client_sends(p: &TestParams, local: &StreamSample) -> bool {
+    match local.role {
+        Some(Role::Send) => true,
+        Some(Role::Recv) => false,
+        None => p.client_sends(local.id),
+    }
+}
+
 /// One stream's numbers from the two ends' samples.
 fn merge_stream(
     p: &TestParams,
     id: u32,
+    up: bool,
     local: Option<&StreamSample>,
     remote: Option<&StreamSample>,
     seconds: f64,
 ) -> schema::StreamStats {
-    let up = p.client_sends(id);
     let (sender, receiver) = if up { (local, remote) } else { (remote, local) };
     let recv = receiver.cloned().unwrap_or_default();
     let send = sender.cloned().unwrap_or_default();
@@ -1174,7 +1818,10 @@ fn merge_interval(
     let by_id: HashMap<u32, &StreamSample> = remote.iter().map(|s| (s.id, s)).collect();
     let streams: Vec<_> = local
         .iter()
-        .map(|l| merge_stream(p, l.id, Some(l), by_id.get(&l.id).copied(), seconds))
+        .map(|l| {
+            let up = client_sends(p, l);
+            merge_stream(p, l.id, up, Some(l), by_id.get(&l.id).copied(), seconds)
+        })
         .collect();
     schema::TestInterval {
         index,
@@ -1200,9 +1847,10 @@ fn merge_final(
         .map(|l| {
             let r = by_id.get(&l.id).copied();
             // Measured time is the receiver's: warm-up end to last byte.
-            let recv = if p.client_sends(l.id) { r } else { Some(l) };
+            let up = client_sends(p, l);
+            let recv = if up { r } else { Some(l) };
             let seconds = recv.map_or(0, |s| s.elapsed_us) as f64 / 1e6;
-            let mut s = merge_stream(p, l.id, Some(l), r, seconds);
+            let mut s = merge_stream(p, l.id, up, Some(l), r, seconds);
             if p.protocol == Protocol::Udp {
                 // Over the whole test the sender's count is the truth.
                 let sent = s.packets_sent.unwrap_or(0);
