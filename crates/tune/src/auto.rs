@@ -255,15 +255,8 @@ pub fn from_outcome(
         plan.reason.push_str("; ");
         plan.reason.push_str(&why);
     }
-    let lower_bound = o.rate.as_ref().is_some_and(|r| r.sender_limited);
-    if let (true, Some(p)) = (lower_bound, plan.pacing_rate) {
-        // Pacing at a rate the path exceeds would cap the test below it
-        // (loopback: this host's own send rate).
-        let said = format!(", paced at {} each", format_rate(p as f64));
-        plan.reason = plan.reason.replacen(&said, "", 1);
-        plan.reason
-            .push_str("; not paced (the rate is a lower bound)");
-        plan.pacing_rate = None;
+    if o.rate.as_ref().is_some_and(|r| r.sender_limited) {
+        unpace(&mut plan);
     }
     Ok(Preflight {
         facts,
@@ -271,6 +264,18 @@ pub fn from_outcome(
         probe_secs: o.elapsed.as_secs_f64(),
         warnings,
     })
+}
+
+/// Drops a plan's pacing because its rate is only a lower bound: pacing at
+/// a rate the path exceeds would cap the transfer below it (loopback: this
+/// host's own send rate). Says so in the reason.
+pub fn unpace(plan: &mut Plan) {
+    if let Some(p) = plan.pacing_rate.take() {
+        let said = format!(", paced at {} each", format_rate(p as f64));
+        plan.reason = plan.reason.replacen(&said, "", 1);
+        plan.reason
+            .push_str("; not paced (the rate is a lower bound)");
+    }
 }
 
 /// Why a loss-based plan is too risky although the probe lost nothing:
