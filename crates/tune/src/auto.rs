@@ -11,7 +11,10 @@
 //!
 //! The planner needs to know which end sends: congestion control is chosen
 //! from the sender's list, and a reverse test sends from the server. That is
-//! [`Role`]. What came out is recorded as a
+//! [`Role`]. When the server sends ([`Role::Receiver`]: `test -R`, a pull)
+//! the probe's trains run server → client too (a reverse probe), so an
+//! asymmetric path is planned from the direction the data takes; a server
+//! too old for that is probed forward, with a warning. What came out is recorded as a
 //! [`fatpipe_schema::tune::AutoTune`] in the command's JSON result.
 
 use std::net::SocketAddr;
@@ -174,15 +177,28 @@ pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
     let mut pc = ProbeConfig::new(cfg.addr, cfg.options.clone());
     pc.echoes = cfg.echoes.max(1);
     pc.trains = cfg.trains.max(1);
-    let outcome = probe::run(&pc)?;
+    pc.reverse = cfg.role == Role::Receiver;
+    let mut fallback = None;
+    let outcome = match probe::run(&pc) {
+        Err(ProbeError::Unsupported(why)) if pc.reverse => {
+            fallback = Some(format!(
+                "{why}; planned from the client → server direction instead"
+            ));
+            pc.reverse = false;
+            probe::run(&pc)?
+        }
+        other => other?,
+    };
     let local = Host::live().limits(is_privileged());
-    from_outcome(
+    let mut pre = from_outcome(
         &outcome,
         local,
         cfg.role,
         &cfg.policy,
         cfg.peer_sets_buffers,
-    )
+    )?;
+    pre.warnings.extend(fallback);
+    Ok(pre)
 }
 
 /// The limits a peer that keeps kernel autotuning really has: whatever
@@ -211,7 +227,8 @@ pub fn from_outcome(
     if let Some(r) = &o.rate {
         if r.sender_limited {
             warnings.push(format!(
-                "this host could not send probe trains faster than {}: the path rate is a lower bound",
+                "{} could not send probe trains faster than {}: the path rate is a lower bound",
+                if o.reverse { "the server" } else { "this host" },
                 format_rate(r.rate)
             ));
         }
@@ -459,6 +476,7 @@ mod tests {
             kernel_clock: true,
             train_packets: (1800, 1800),
             peer_limits: peer,
+            reverse: false,
             elapsed: Duration::from_millis(1200),
         }
     }

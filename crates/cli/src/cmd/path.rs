@@ -39,6 +39,10 @@ pub struct Args {
     /// while they disagree).
     #[arg(long, default_value_t = 10)]
     pub trains: u32,
+    /// Measure the server → client direction: the server sends the
+    /// packet trains and this host times them (RTT and MTU as usual).
+    #[arg(short = 'R', long)]
+    pub reverse: bool,
     /// Print one JSON report (schema fatpipe.path).
     #[arg(long)]
     pub json: bool,
@@ -55,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.key_file.as_deref(),
         args.count,
         args.trains,
+        args.reverse,
     )?;
     let local = Host::live().limits(is_privileged());
     let report = probe::report(&outcome, &args.host, local, &Policy::default());
@@ -73,13 +78,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// when it has none) with `echoes` echoes and `trains` trains: resolves
 /// it as `test` does, loads the key, and turns failures into one line
 /// (exit 2 for a bad host, flag or key, 1 when the probe fails). Shared
-/// with `fatpipe tune --for`.
+/// with `fatpipe tune --for`. `reverse` has the server send the trains.
 pub(crate) fn probe_host(
     host: &str,
     port: u16,
     key_file: Option<&Path>,
     echoes: u32,
     trains: u32,
+    reverse: bool,
 ) -> anyhow::Result<probe::ProbeOutcome> {
     let addr = super::test::resolve(host, port)?;
     let key = match key_file {
@@ -88,7 +94,8 @@ pub(crate) fn probe_host(
         }
         None => None,
     };
-    let cfg = config(echoes, trains, addr, key)?;
+    let mut cfg = config(echoes, trains, addr, key)?;
+    cfg.reverse = reverse;
     probe::run(&cfg).map_err(|e| classify(e, host))
 }
 
@@ -126,9 +133,14 @@ fn config(
 fn render(r: &PathReport) -> String {
     let d = Duration::from_secs_f64;
     let mut s = format!(
-        "fatpipe path {} ({}), probed in {}\n",
+        "fatpipe path {} ({}){}, probed in {}\n",
         r.server,
         r.remote,
+        if r.reverse {
+            " in reverse: rate and train loss are server → this host"
+        } else {
+            ""
+        },
         units::format_duration(d(r.duration_secs))
     );
     s += &format!(

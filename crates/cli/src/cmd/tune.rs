@@ -122,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.key_file.as_deref(),
                 PROBE_ECHOES,
                 PROBE_TRAINS,
+                false,
             )?;
             Some((peer.as_str(), Probed::from_outcome(&outcome), outcome))
         }
