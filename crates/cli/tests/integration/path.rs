@@ -79,6 +79,47 @@ fn loopback_probe_reports_small_rtt_mtu_rate_and_a_plan() {
 }
 
 #[test]
+fn reverse_loopback_probe_has_the_server_send_the_trains() {
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("127.0.0.1:{port}");
+    let r = parse(&run(dir.cmd().args([
+        "path",
+        &host,
+        "--reverse",
+        "-c",
+        "3",
+        "--json",
+    ])));
+    assert!(r.reverse);
+    assert_eq!(r.rtt.received, 3);
+    let b = r
+        .bottleneck
+        .as_ref()
+        .expect("a rate from the server's trains");
+    assert!(b.rate > 100_000_000, "{b:?}");
+    assert!(
+        r.loss.train_sent > 0 && r.loss.train_lost == 0,
+        "{:?}",
+        r.loss
+    );
+    let out = run(dir.cmd().args(["path", &host, "-R", "-c", "2"]));
+    assert_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.contains("in reverse")),
+        "{text}"
+    );
+    // A forward report says it is one.
+    let r = parse(&run(dir.cmd().args(["path", &host, "-c", "2", "--json"])));
+    assert!(!r.reverse);
+}
+
+#[test]
 fn ipv6_loopback_probe() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
         eprintln!("skipping ipv6_loopback_probe: this host has no IPv6 loopback");
