@@ -242,6 +242,11 @@ fn control_loop(
                 let mut sent = Vec::with_capacity(count as usize);
                 let mut batch = fatpipe_sys::udp::SendBatch::new();
                 for train in first..first + count {
+                    if shutdown.is_set() || start.elapsed() > SESSION_LIMIT {
+                        return Err(ProbeError::Protocol(
+                            "reverse trains cut short: the session is ending".into(),
+                        ));
+                    }
                     if train > first {
                         std::thread::sleep(gap);
                     }
