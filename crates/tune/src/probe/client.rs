@@ -25,11 +25,11 @@ use fatpipe_schema::tune::HostLimits;
 
 use super::estimate::{self, Arrival, RateEstimate, RttStats, TrainObs};
 use super::mtu::{MtuResult, MtuSearch};
-use super::sock;
 use super::wire::{
     Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_GAP_US, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
 };
 use super::{ip_overhead, ProbeError};
+use fatpipe_sys::probe as sock;
 
 /// What to probe and how hard.
 #[derive(Debug, Clone)]

@@ -13,15 +13,15 @@
 //! * [`report`]: the measured outcome turned into the versioned
 //!   [`PathReport`] with the planner's choice for this path.
 //!
-//! The socket plumbing ([`client`], [`server`], `sock`) is kept thin so that
-//! what can be wrong in the numbers is in the pure modules, where tests
-//! feed them synthetic timestamps.
+//! The socket plumbing ([`client`], [`server`], and `fatpipe_sys::probe` for
+//! the calls `std` lacks) is kept thin so that what can be wrong in the
+//! numbers is in the pure modules, where tests feed them synthetic
+//! timestamps.
 
 pub mod client;
 pub mod estimate;
 pub mod mtu;
 pub mod server;
-mod sock;
 pub mod wire;
 
 use std::net::SocketAddr;

@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use fatpipe_engine::{Control, ServerSession, Service, ServiceResult, Shutdown};
 
-use super::sock;
 use super::wire::{
     ArrivalWire, Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN,
     REVERSE_BUDGET, SERVICE,
 };
 use super::{ip_overhead, ProbeError};
 use crate::host::{is_privileged, Host};
+use fatpipe_sys::probe as sock;
 
 /// The longest one probe session may last.
 pub const SESSION_LIMIT: Duration = Duration::from_secs(120);
