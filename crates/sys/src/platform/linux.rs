@@ -645,3 +645,93 @@ fn to_socket_addr(s: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
         _ => Err(io::Error::other("datagram from an unknown address family")),
     }
 }
+
+// ethtool: NIC offloads and ring sizes through SIOCETHTOOL.
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GRINGPARAM: u32 = 0x10;
+
+/// `struct ifreq` with the `ifr_data` member of its union; padded to the
+/// kernel's 40 bytes.
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: *mut libc::c_void,
+    _pad: [u8; 16],
+}
+
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolRingParam {
+    cmd: u32,
+    rx_max_pending: u32,
+    rx_mini_max_pending: u32,
+    rx_jumbo_max_pending: u32,
+    tx_max_pending: u32,
+    rx_pending: u32,
+    rx_mini_pending: u32,
+    rx_jumbo_pending: u32,
+    tx_pending: u32,
+}
+
+/// One `ETHTOOL_G*` value command (offload flags and the like).
+pub(crate) fn ethtool_value(ifname: &str, cmd: u32) -> io::Result<u32> {
+    let mut v = EthtoolValue { cmd, data: 0 };
+    ethtool_ioctl(ifname, (&mut v as *mut EthtoolValue).cast())?;
+    Ok(v.data)
+}
+
+/// `ETHTOOL_GRINGPARAM`: rx, rx max, tx, tx max.
+pub(crate) fn ethtool_rings(ifname: &str) -> io::Result<[u32; 4]> {
+    let mut r = EthtoolRingParam {
+        cmd: ETHTOOL_GRINGPARAM,
+        ..Default::default()
+    };
+    ethtool_ioctl(ifname, (&mut r as *mut EthtoolRingParam).cast())?;
+    Ok([
+        r.rx_pending,
+        r.rx_max_pending,
+        r.tx_pending,
+        r.tx_max_pending,
+    ])
+}
+
+fn ethtool_ioctl(ifname: &str, data: *mut libc::c_void) -> io::Result<()> {
+    let bytes = ifname.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a valid interface name",
+        ));
+    }
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data,
+        _pad: [0; 16],
+    };
+    for (d, s) in req.name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `req` is a valid ifreq whose data points at a live ethtool
+    // command struct of the layout the command number names; both
+    // outlive the call.
+    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req as *mut IfReq) };
+    let err = io::Error::last_os_error();
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return Err(err);
+    }
+    Ok(())
+}

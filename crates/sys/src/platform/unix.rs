@@ -262,3 +262,13 @@ pub(crate) fn recv_timestamped(
 ) -> io::Result<(usize, std::net::SocketAddr, Option<u64>)> {
     Err(unsupported("SO_TIMESTAMPNS"))
 }
+
+/// `SIOCETHTOOL` is Linux's.
+pub(crate) fn ethtool_value(_: &str, _: u32) -> io::Result<u32> {
+    Err(unsupported("SIOCETHTOOL"))
+}
+
+/// `SIOCETHTOOL` is Linux's.
+pub(crate) fn ethtool_rings(_: &str) -> io::Result<[u32; 4]> {
+    Err(unsupported("SIOCETHTOOL"))
+}
