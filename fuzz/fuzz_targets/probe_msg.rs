@@ -1,9 +1,14 @@
 //! The probe service's decoders on arbitrary bytes: UDP probe datagrams,
 //! control messages and open parameters. Whatever decodes must re-encode
-//! to something that decodes to the same value.
+//! to something that decodes to the same value, and a reverse session's
+//! `SendTrains` that decodes must be within the caps the server relies on
+//! (train numbers below 64, the length, packet size and gap limits).
 #![no_main]
 
-use fatpipe_tune::probe::wire::{Packet, ProbeMsg, ProbeParams};
+use fatpipe_tune::probe::wire::{
+    Packet, ProbeMsg, ProbeParams, MAX_GAP_US, MAX_REVERSE_PACKET, MAX_TRAINS, MAX_TRAIN_LEN,
+    MIN_REVERSE_PACKET,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,6 +24,26 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = ProbeMsg::decode(data) {
         let again = ProbeMsg::decode(&m.encode()).expect("re-encoded message decodes");
         assert_eq!(again, m);
+        match m {
+            ProbeMsg::SendTrains {
+                first,
+                count,
+                len,
+                size,
+                gap_us,
+                ..
+            } => {
+                assert!(count >= 1 && u64::from(first) + u64::from(count) <= u64::from(MAX_TRAINS));
+                assert!(len >= 1 && len <= MAX_TRAIN_LEN);
+                assert!((MIN_REVERSE_PACKET..=MAX_REVERSE_PACKET).contains(&size));
+                assert!(gap_us <= MAX_GAP_US);
+            }
+            ProbeMsg::Sent { trains } => {
+                assert!(trains.len() <= MAX_TRAINS as usize);
+                assert!(trains.iter().all(|t| t.0 < MAX_TRAINS && t.1 <= MAX_TRAIN_LEN));
+            }
+            _ => {}
+        }
     }
     if let Ok(p) = ProbeParams::decode(data) {
         assert_eq!(ProbeParams::decode(&p.encode()).expect("params decode"), p);

@@ -28,9 +28,9 @@ enum Command {
     Test(cmd::test::Args),
     /// Copy files to or from a fatpipe server (scp-style HOST:EXPORT/PATH).
     Copy(cmd::copy::Args),
-    /// Probe a path: RTT, MTU, bottleneck rate, BDP.
+    /// Probe a path: RTT, MTU, bottleneck rate (either direction: -R), BDP.
     Path(cmd::path::Args),
-    /// Audit this host for a target rate and RTT; emit, apply or revert sysctls.
+    /// Audit this host for a target rate and RTT, or for a probed peer (--for HOST); emit, apply or revert sysctls.
     Tune(cmd::tune::Args),
     /// Emulate a long fat network between two namespaces on this machine.
     Lab(cmd::lab::Args),

@@ -31,6 +31,11 @@ pub struct PathReport {
     pub server: String,
     /// The address probed (`IP:PORT` of the control connection).
     pub remote: String,
+    /// True when the trains ran server → client (`fatpipe path
+    /// --reverse`): `bottleneck` and the train counts in `loss` describe
+    /// that direction. Absent (false) in reports from before it existed.
+    #[serde(default)]
+    pub reverse: bool,
     /// Round-trip times of UDP echoes.
     pub rtt: RttReport,
     /// Path MTU.
@@ -52,7 +57,8 @@ pub struct PathReport {
     /// What the planner was given.
     pub facts: PathFacts,
     /// What auto-tuning would choose for a test from this host to the
-    /// server; `None` when neither end's host limits could be read.
+    /// server (with `reverse`, from the server to this host); `None` when
+    /// neither end's host limits could be read.
     pub plan: Option<Plan>,
     /// Things the reader should know (a lower-bound estimate, a guessed
     /// limit, a missing capability), one line each.

@@ -232,6 +232,64 @@ pub struct Audit {
     /// The disk measurement when `--disk` was given.
     pub disk: Option<DiskResult>,
     /// What auto-tuning would choose for the target with this host's
-    /// limits at both ends; `None` when the limits could not be read.
+    /// limits at both ends (with `--for`, this host sending to the peer
+    /// with the peer's limits); `None` when the limits could not be read.
     pub plan: Option<Plan>,
+    /// Where the target's values came from (flags, their defaults, or a
+    /// probe of a peer with `--for`). Absent in reports from before it
+    /// existed.
+    #[serde(default)]
+    pub target: Option<AuditTarget>,
+    /// The peer's limits as its probe service reported them, judged
+    /// against the target (`--for` only; `None` otherwise).
+    #[serde(default)]
+    pub peer: Option<PeerAudit>,
+}
+
+/// Where the audit's target came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditTarget {
+    /// `"probe"` when `--for HOST` probed a peer (parts may still come
+    /// from flags: see `rate_source`, `rtt_source`); `"flags"` otherwise.
+    pub source: String,
+    /// Where `target_rate` came from: `"probe"`, `"flag"` (`--rate`) or
+    /// `"default"` (the `--rate` default, 10 Gbit/s).
+    pub rate_source: String,
+    /// Where `target_rtt_secs` came from: `"probe"`, `"flag"` or `"default"`.
+    pub rtt_source: String,
+    /// The peer as the user wrote it (`--for`).
+    pub peer: Option<String>,
+    /// The address probed (`IP:PORT` of the control connection).
+    pub remote: Option<String>,
+    /// The probe's minimum RTT (seconds), also when `--rtt` replaced it.
+    pub probed_rtt_secs: Option<f64>,
+    /// The probe's bottleneck estimate (bit/s), also when it was not used.
+    pub probed_rate: Option<u64>,
+    /// True when that estimate is only a lower bound.
+    #[serde(default)]
+    pub rate_lower_bound: bool,
+    /// The estimate's confidence, 0 to 1.
+    pub rate_confidence: Option<f64>,
+    /// Loss seen while probing, 0 to 1.
+    pub loss_rate: Option<f64>,
+    /// Path MTU found by the probe (bytes); `None` when unknown.
+    pub mtu: Option<u32>,
+    /// Seconds the probe took.
+    pub probe_secs: Option<f64>,
+    /// What the reader should know about the target, one line each (a
+    /// rate that is only a lower bound, a default used instead).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// The peer's side of `fatpipe tune --for HOST`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerAudit {
+    /// The peer as the user wrote it.
+    pub server: String,
+    /// The address probed.
+    pub remote: String,
+    /// One finding per limit (area `"peer"`); a limit the peer could not
+    /// report is `unknown` with its reason.
+    pub findings: Vec<Finding>,
 }

@@ -38,6 +38,8 @@
 //! | `memfd_create` | yes | unlinked temporary file |
 //! | `sendmmsg`/`recvmmsg` | yes | one `send`/`recv` per datagram |
 //! | UDP GSO/GRO | yes (`UDP_SEGMENT`, `UDP_GRO`) | per-segment sends, no GRO |
+//! | path probe: DF probing, route MTU, `SO_TIMESTAMPNS` | yes | `Unsupported`; receive without a timestamp |
+//! | NIC offloads and rings (`SIOCETHTOOL`) | yes | `Unsupported` |
 //! | `openat2(RESOLVE_BENEATH)` | yes, walk on `ENOSYS` | component walk with `O_NOFOLLOW` |
 //! | `fallocate`, `posix_fadvise`, `O_DIRECT`, `copy_file_range` | yes | size-only / no-op / buffered / copy |
 //! | `getrusage`, monotonic clock, `fstatvfs` | yes | yes |
@@ -52,8 +54,10 @@ mod platform;
 pub mod buffers;
 pub mod cpu;
 pub mod discard;
+pub mod ethtool;
 pub mod files;
 pub mod host;
+pub mod probe;
 pub mod send;
 pub mod splice;
 pub mod tcp;

@@ -11,7 +11,10 @@
 //!
 //! The planner needs to know which end sends: congestion control is chosen
 //! from the sender's list, and a reverse test sends from the server. That is
-//! [`Role`]. What came out is recorded as a
+//! [`Role`]. When the server sends ([`Role::Receiver`]: `test -R`, a pull)
+//! the probe's trains run server → client too (a reverse probe), so an
+//! asymmetric path is planned from the direction the data takes; a server
+//! too old for that is probed forward, with a warning. What came out is recorded as a
 //! [`fatpipe_schema::tune::AutoTune`] in the command's JSON result.
 
 use std::net::SocketAddr;
@@ -188,15 +191,28 @@ pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
     let mut pc = ProbeConfig::new(cfg.addr, cfg.options.clone());
     pc.echoes = cfg.echoes.max(1);
     pc.trains = cfg.trains.max(1);
-    let outcome = probe::run(&pc)?;
+    pc.reverse = cfg.role == Role::Receiver;
+    let mut fallback = None;
+    let outcome = match probe::run(&pc) {
+        Err(ProbeError::Unsupported(why)) if pc.reverse => {
+            fallback = Some(format!(
+                "{why}; planned from the client → server direction instead"
+            ));
+            pc.reverse = false;
+            probe::run(&pc)?
+        }
+        other => other?,
+    };
     let local = Host::live().limits(is_privileged());
-    from_outcome(
+    let mut pre = from_outcome(
         &outcome,
         local,
         cfg.role,
         &cfg.policy,
         cfg.peer_sets_buffers,
-    )
+    )?;
+    pre.warnings.extend(fallback);
+    Ok(pre)
 }
 
 /// The limits a peer that keeps kernel autotuning really has: whatever
@@ -225,7 +241,8 @@ pub fn from_outcome(
     if let Some(r) = &o.rate {
         if r.sender_limited {
             warnings.push(format!(
-                "this host could not send probe trains faster than {}: {RATE_IS_LOWER_BOUND}",
+                "{} could not send probe trains faster than {}: {RATE_IS_LOWER_BOUND}",
+                if o.reverse { "the server" } else { "this host" },
                 format_rate(r.rate)
             ));
         }
@@ -270,14 +287,8 @@ pub fn from_outcome(
         plan.reason.push_str(&why);
     }
     let lower_bound = o.rate.as_ref().is_some_and(|r| r.sender_limited);
-    if let (true, Some(p)) = (lower_bound, plan.pacing_rate) {
-        // Pacing at a rate the path exceeds would cap the test below it
-        // (loopback: this host's own send rate).
-        let said = format!(", paced at {} each", format_rate(p as f64));
-        plan.reason = plan.reason.replacen(&said, "", 1);
-        plan.reason
-            .push_str("; not paced (the rate is a lower bound)");
-        plan.pacing_rate = None;
+    if lower_bound {
+        unpace(&mut plan);
     }
     Ok(Preflight {
         facts,
@@ -286,6 +297,18 @@ pub fn from_outcome(
         rate_lower_bound: lower_bound,
         warnings,
     })
+}
+
+/// Drops a plan's pacing because its rate is only a lower bound: pacing at
+/// a rate the path exceeds would cap the transfer below it (loopback: this
+/// host's own send rate). Says so in the reason.
+pub fn unpace(plan: &mut Plan) {
+    if let Some(p) = plan.pacing_rate.take() {
+        let said = format!(", paced at {} each", format_rate(p as f64));
+        plan.reason = plan.reason.replacen(&said, "", 1);
+        plan.reason
+            .push_str("; not paced (the rate is a lower bound)");
+    }
 }
 
 /// Why a loss-based plan is too risky although the probe lost nothing:
@@ -469,6 +492,7 @@ mod tests {
             kernel_clock: true,
             train_packets: (1800, 1800),
             peer_limits: peer,
+            reverse: false,
             elapsed: Duration::from_millis(1200),
         }
     }

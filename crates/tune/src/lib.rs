@@ -12,7 +12,9 @@
 //!   be read is `Unknown(reason)`, never a guess.
 //! * **Rules and emitters** ([`rules`], [`emit`]) (pure): turn collected facts
 //!   and a target rate × RTT into findings and sysctl snippets for Linux,
-//!   FreeBSD and macOS; [`apply`] writes them with a backup and reverts.
+//!   FreeBSD and macOS; [`apply`] writes them with a backup and reverts;
+//!   [`peer`] turns a probe into the target of `tune --for HOST` and judges
+//!   the peer's reported limits.
 //!
 //! Rendering for people lives in the binary; the serde result types live in
 //! `fatpipe_schema::tune` so the engine and the protocol can name them.
@@ -26,6 +28,7 @@ pub mod disk;
 pub mod emit;
 mod ethtool;
 pub mod host;
+pub mod peer;
 pub mod plan;
 pub mod probe;
 pub mod rfc6349;

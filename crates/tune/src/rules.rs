@@ -202,7 +202,6 @@ pub fn audit(target: &Target, facts: &HostFacts, disk: Option<&DiskResult>) -> V
     let settings = linux_settings(target, facts);
     let rec = |key: &str| settings.iter().find(|s| s.key == key);
     let mut out = Vec::new();
-    let bdp = target.bdp();
     let fast = target.rate >= 10_000_000_000;
 
     for (key, what) in [
@@ -221,30 +220,7 @@ pub fn audit(target: &Target, facts: &HostFacts, disk: Option<&DiskResult>) -> V
         });
         let (severity, why) = match cap {
             None => (Severity::Info, format!("caps {what}")),
-            Some(cap) => {
-                let window = if autotune { cap / 2 } else { cap };
-                let need = buffer_max(target);
-                let streams = (bdp as f64 * 1.5 / window.max(1) as f64).ceil().max(1.0);
-                let severity = if cap >= need {
-                    Severity::Ok
-                } else if streams > f64::from(Policy::default().max_streams) {
-                    Severity::Critical
-                } else {
-                    Severity::Warn
-                };
-                let why = if severity == Severity::Ok {
-                    format!(
-                        "{what} reaches {} of window, enough for one stream",
-                        format_bytes_iec(window)
-                    )
-                } else {
-                    format!(
-                        "{what} gives a stream at most {} of window: filling the target takes {streams} streams",
-                        format_bytes_iec(window)
-                    )
-                };
-                (severity, why)
-            }
+            Some(cap) => judge_buffer(target, cap, autotune, what),
         };
         out.push(finding("buffers", key, current, recommended, why, severity));
     }
@@ -421,6 +397,37 @@ pub fn audit(target: &Target, facts: &HostFacts, disk: Option<&DiskResult>) -> V
         out.push(disk_finding(target, d));
     }
     out
+}
+
+/// How far a buffer cap of `cap` bytes lets one stream's window go toward
+/// the target, and why: ok at 2 × BDP ([`buffer_max`]), critical when even
+/// the planner's most streams cannot cover the BDP, else a warning. An
+/// autotuning maximum (`tcp_*mem[2]`) gives about half of itself as window.
+pub fn judge_buffer(target: &Target, cap: u64, autotune: bool, what: &str) -> (Severity, String) {
+    let window = if autotune { cap / 2 } else { cap };
+    let need = buffer_max(target);
+    let streams = (target.bdp() as f64 * 1.5 / window.max(1) as f64)
+        .ceil()
+        .max(1.0);
+    let severity = if cap >= need {
+        Severity::Ok
+    } else if streams > f64::from(Policy::default().max_streams) {
+        Severity::Critical
+    } else {
+        Severity::Warn
+    };
+    let why = if severity == Severity::Ok {
+        format!(
+            "{what} reaches {} of window, enough for one stream",
+            format_bytes_iec(window)
+        )
+    } else {
+        format!(
+            "{what} gives a stream at most {} of window: filling the target takes {streams} streams",
+            format_bytes_iec(window)
+        )
+    };
+    (severity, why)
 }
 
 /// Parses a kernel CPU list ("0-3,8,10-11") into CPU numbers.
@@ -690,7 +697,7 @@ fn probe(p: Probe<String>) -> Observed {
     }
 }
 
-fn finding(
+pub(crate) fn finding(
     area: &str,
     item: &str,
     current: Observed,

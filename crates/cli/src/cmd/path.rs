@@ -9,7 +9,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fatpipe_engine::ClientOptions;
@@ -39,6 +39,10 @@ pub struct Args {
     /// while they disagree).
     #[arg(long, default_value_t = 10)]
     pub trains: u32,
+    /// Measure the server → client direction: the server sends the
+    /// packet trains and this host times them (RTT and MTU as usual).
+    #[arg(short = 'R', long)]
+    pub reverse: bool,
     /// Print one JSON report (schema fatpipe.path).
     #[arg(long)]
     pub json: bool,
@@ -49,15 +53,14 @@ pub struct Args {
 
 /// Probes the path and prints what it found.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let addr = super::test::resolve(&args.host, args.port)?;
-    let key = match &args.key_file {
-        Some(path) => {
-            Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
-        }
-        None => None,
-    };
-    let cfg = config(&args, addr, key)?;
-    let outcome = probe::run(&cfg).map_err(|e| classify(e, &args.host))?;
+    let outcome = probe_host(
+        &args.host,
+        args.port,
+        args.key_file.as_deref(),
+        args.count,
+        args.trains,
+        args.reverse,
+    )?;
     let local = Host::live().limits(is_privileged());
     let report = probe::report(&outcome, &args.host, local, &Policy::default());
     let mut out = std::io::stdout().lock();
@@ -71,19 +74,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Probes the server at `host` (HOST, HOST:PORT or [IPv6]:PORT; `port`
+/// when it has none) with `echoes` echoes and `trains` trains: resolves
+/// it as `test` does, loads the key, and turns failures into one line
+/// (exit 2 for a bad host, flag or key, 1 when the probe fails). Shared
+/// with `fatpipe tune --for`. `reverse` has the server send the trains.
+pub(crate) fn probe_host(
+    host: &str,
+    port: u16,
+    key_file: Option<&Path>,
+    echoes: u32,
+    trains: u32,
+    reverse: bool,
+) -> anyhow::Result<probe::ProbeOutcome> {
+    let addr = super::test::resolve(host, port)?;
+    let key = match key_file {
+        Some(path) => {
+            Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
+        }
+        None => None,
+    };
+    let mut cfg = config(echoes, trains, addr, key)?;
+    cfg.reverse = reverse;
+    probe::run(&cfg).map_err(|e| classify(e, host))
+}
+
 /// Validates the flags into a probe configuration.
 fn config(
-    args: &Args,
+    count: u32,
+    trains: u32,
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
 ) -> anyhow::Result<ProbeConfig> {
-    if args.count == 0 || args.count > MAX_COUNT {
+    if count == 0 || count > MAX_COUNT {
         return Err(crate::exit::usage(format!(
             "--count must be 1..={MAX_COUNT}"
         )));
     }
     let max_trains = fatpipe_tune::probe::wire::MAX_TRAINS;
-    if args.trains == 0 || args.trains > max_trains {
+    if trains == 0 || trains > max_trains {
         return Err(crate::exit::usage(format!(
             "--trains must be 1..={max_trains}"
         )));
@@ -95,8 +124,8 @@ fn config(
             ..ClientOptions::default()
         },
     );
-    cfg.echoes = args.count;
-    cfg.trains = args.trains;
+    cfg.echoes = count;
+    cfg.trains = trains;
     Ok(cfg)
 }
 
@@ -104,9 +133,14 @@ fn config(
 fn render(r: &PathReport) -> String {
     let d = Duration::from_secs_f64;
     let mut s = format!(
-        "fatpipe path {} ({}), probed in {}\n",
+        "fatpipe path {} ({}){}, probed in {}\n",
         r.server,
         r.remote,
+        if r.reverse {
+            " in reverse: rate and train loss are server → this host"
+        } else {
+            ""
+        },
         units::format_duration(d(r.duration_secs))
     );
     s += &format!(
@@ -183,27 +217,16 @@ mod tests {
     use super::super::test::resolve;
     use super::*;
 
-    fn args(count: u32, trains: u32) -> Args {
-        Args {
-            host: "127.0.0.1".into(),
-            port: DEFAULT_PORT,
-            count,
-            trains,
-            json: false,
-            key_file: None,
-        }
-    }
-
     fn addr() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 5301))
     }
 
     #[test]
     fn count_and_trains_are_checked() {
-        let cfg = config(&args(25, 4), addr(), None).unwrap();
+        let cfg = config(25, 4, addr(), None).unwrap();
         assert_eq!((cfg.echoes, cfg.trains), (25, 4));
         for (c, t) in [(0, 10), (MAX_COUNT + 1, 10), (10, 0), (10, 65)] {
-            let e = config(&args(c, t), addr(), None).unwrap_err();
+            let e = config(c, t, addr(), None).unwrap_err();
             assert!(e.is::<crate::exit::UsageError>(), "{c} {t}: {e}");
         }
     }

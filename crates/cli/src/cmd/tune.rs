@@ -7,19 +7,26 @@
 //! never fails the command: findings are information, so it exits 0; only
 //! a failed apply, revert or disk test exits 1.
 //!
-//! `--for HOST` (audit against a probed peer path) is left out until the
-//! server and `fatpipe path` exist: a flag that cannot work is not offered.
+//!
+//! `--for HOST[:PORT]` probes a `fatpipe server` first (the same probe,
+//! resolver and key handling as `fatpipe path`) and audits for the path it
+//! measured: the probe's RTT and bottleneck rate become the target (a flag
+//! given beside it wins for its part; `fatpipe_tune::peer` holds the rules),
+//! its loss and path MTU become findings, and the peer's limits, which its
+//! probe service reports, are judged too. A probe that fails is one line
+//! and exit 1 (exit 2 for a bad host or key), as for `fatpipe path`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use fatpipe_schema::tune::{Audit, Finding, Observed, Severity};
+use fatpipe_schema::tune::{Audit, AuditTarget, Finding, Observed, PathFacts, PeerAudit, Severity};
 use fatpipe_schema::units::{parse_duration, parse_rate, parse_size};
 use fatpipe_tune::apply::DEFAULT_BACKUP_DIR;
 use fatpipe_tune::emit::Os;
 use fatpipe_tune::host::{is_privileged, Host};
+use fatpipe_tune::peer::{self, Given, Probed};
 use fatpipe_tune::rules::{audit, linux_settings, Target};
 use fatpipe_tune::{apply, disk, emit, plan, Policy};
 
@@ -28,12 +35,24 @@ use crate::exit::usage;
 /// Arguments of `fatpipe tune`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Rate the host should fill, in bit/s (e.g. 10gbit, 100g).
-    #[arg(long, default_value = "10gbit")]
-    rate: String,
-    /// Round-trip time of the paths it serves (e.g. 100ms).
-    #[arg(long, default_value = "100ms")]
-    rtt: String,
+    /// Rate the host should fill, in bit/s (e.g. 10gbit, 100g) [default:
+    /// 10gbit, or the rate --for measures].
+    #[arg(long)]
+    rate: Option<String>,
+    /// Round-trip time of the paths it serves (e.g. 100ms) [default: 100ms,
+    /// or the RTT --for measures].
+    #[arg(long)]
+    rtt: Option<String>,
+    /// Probe this `fatpipe server` (HOST, HOST:PORT or [IPv6]:PORT) and
+    /// audit for the path measured; also judges the peer's limits.
+    #[arg(long = "for", value_name = "HOST[:PORT]", conflicts_with = "revert")]
+    for_host: Option<String>,
+    /// Server port for --for when HOST has none.
+    #[arg(short = 'p', long, default_value_t = super::test::DEFAULT_PORT, requires = "for_host")]
+    port: u16,
+    /// Pre-shared key file for --for (must match the server's).
+    #[arg(long, value_name = "FILE", requires = "for_host")]
+    key_file: Option<PathBuf>,
     /// Check only this network interface (default: every one with a device).
     #[arg(long, value_name = "IFACE")]
     dev: Option<String>,
@@ -61,19 +80,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let target = target(&args)?;
-    if let Some(os) = &args.emit {
-        let os: Os = os.parse().map_err(usage)?;
-        let text = match os {
-            Os::Linux => emit::linux(
-                &target,
-                &linux_settings(&target, &Host::live().collect(None)),
-            ),
-            Os::FreeBsd => emit::freebsd(&target),
-            Os::MacOs => emit::macos(&target),
-        };
-        return out(&text);
-    }
+    let given = given(&args)?;
+    let os: Option<Os> = match &args.emit {
+        Some(os) => Some(os.parse().map_err(usage)?),
+        None => None,
+    };
     if args.apply || args.revert {
         if !cfg!(target_os = "linux") {
             return Err(usage(
@@ -86,13 +97,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 if args.apply { "apply" } else { "revert" }
             )));
         }
-        return if args.apply {
-            run_apply(&target, &args)
-        } else {
-            run_revert(&args)
-        };
+        if args.revert {
+            return run_revert(&args);
+        }
     }
-
     let disk_bytes = parse_size(&args.disk_size).map_err(|e| usage(e.to_string()))?;
     let host = Host::live();
     let facts = host.collect(args.dev.as_deref());
@@ -103,24 +111,86 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )));
         }
     }
+
+    // The probe comes after every check of the flags, so a typo costs no
+    // round trips.
+    let probed = match &args.for_host {
+        Some(peer) => {
+            let outcome = super::path::probe_host(
+                peer,
+                args.port,
+                args.key_file.as_deref(),
+                PROBE_ECHOES,
+                PROBE_TRAINS,
+                false,
+            )?;
+            Some((peer.as_str(), Probed::from_outcome(&outcome), outcome))
+        }
+        None => None,
+    };
+    let (target, record) = match &probed {
+        Some((peer, p, _)) => peer::target_for(peer, p, given),
+        None => peer::target_from_flags(given),
+    };
+
+    if let Some(os) = os {
+        let text = match os {
+            Os::Linux => emit::linux(&target, &linux_settings(&target, &facts)),
+            Os::FreeBsd => emit::freebsd(&target),
+            Os::MacOs => emit::macos(&target),
+        };
+        return out(&(comment_source(&record) + &text));
+    }
+    if args.apply {
+        return run_apply(&target, &record, &args);
+    }
+
     let disk = match &args.disk {
         Some(dir) => Some(disk::measure(dir, disk_bytes).context("tune --disk")?),
         None => None,
     };
-    let findings = audit(&target, &facts, disk.as_ref());
-    let planned = host.limits(is_privileged()).ok().map(|l| {
-        let path = fatpipe_schema::tune::PathFacts {
-            rtt_secs: target.rtt.as_secs_f64(),
-            bottleneck_rate: Some(target.rate),
-            loss_rate: 0.0,
-            mtu: facts
-                .nics
-                .first()
-                .and_then(|n| n.mtu.known().copied())
-                .unwrap_or(1500),
-        };
-        plan(&path, &l, &l, &Policy::default())
-    });
+    let mut findings = audit(&target, &facts, disk.as_ref());
+    let nic_mtu = facts.nics.first().and_then(|n| n.mtu.known().copied());
+    let (path, peer_limits, peer_audit) = match &probed {
+        Some((name, p, o)) => {
+            findings.extend(peer::path_findings(p, &facts));
+            let path = PathFacts {
+                rtt_secs: target.rtt.as_secs_f64(),
+                bottleneck_rate: Some(target.rate),
+                loss_rate: p.loss_rate,
+                mtu: p.mtu.as_ref().ok().copied().or(nic_mtu).unwrap_or(1500),
+            };
+            let audit = PeerAudit {
+                server: name.to_string(),
+                remote: p.remote.clone(),
+                findings: peer::peer_findings(&target, &o.peer_limits),
+            };
+            (path, o.peer_limits.clone().ok(), Some(audit))
+        }
+        None => (
+            PathFacts {
+                rtt_secs: target.rtt.as_secs_f64(),
+                bottleneck_rate: Some(target.rate),
+                loss_rate: 0.0,
+                mtu: nic_mtu.unwrap_or(1500),
+            },
+            None,
+            None,
+        ),
+    };
+    let policy = Policy::default();
+    let mut planned = match (host.limits(is_privileged()).ok(), peer_limits) {
+        (Some(l), Some(p)) => Some(plan(&path, &l, &p, &policy)),
+        (Some(l), None) => Some(plan(&path, &l, &l, &policy)),
+        (None, Some(p)) => Some(plan(&path, &p, &p, &policy)),
+        (None, None) => None,
+    };
+    if let Some(p) = planned
+        .as_mut()
+        .filter(|_| record.rate_lower_bound && record.rate_source == "probe")
+    {
+        fatpipe_tune::auto::unpace(p);
+    }
     let report = Audit {
         target_rate: target.rate,
         target_rtt_secs: target.rtt.as_secs_f64(),
@@ -128,6 +198,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         findings,
         disk,
         plan: planned,
+        target: Some(record),
+        peer: peer_audit,
     };
     if args.json {
         out(&(serde_json::to_string_pretty(&report)? + "\n"))
@@ -136,19 +208,47 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn target(args: &Args) -> anyhow::Result<Target> {
-    let rate = parse_rate(&args.rate).map_err(|e| usage(e.to_string()))?;
-    let rtt = parse_duration(&args.rtt).map_err(|e| usage(e.to_string()))?;
-    if rate == 0 {
+/// Echoes and trains of the `--for` probe: as many as `fatpipe path` sends.
+const PROBE_ECHOES: u32 = 10;
+const PROBE_TRAINS: u32 = 10;
+
+/// The target values given as flags.
+fn given(args: &Args) -> anyhow::Result<Given> {
+    let rate = match &args.rate {
+        Some(r) => Some(parse_rate(r).map_err(|e| usage(e.to_string()))?),
+        None => None,
+    };
+    let rtt = match &args.rtt {
+        Some(r) => Some(parse_duration(r).map_err(|e| usage(e.to_string()))?),
+        None => None,
+    };
+    if rate == Some(0) {
         return Err(usage("--rate must be above zero, e.g. 10gbit"));
     }
-    if rtt.is_zero() {
+    if rtt.is_some_and(|r| r.is_zero()) {
         return Err(usage("--rtt must be above zero, e.g. 100ms"));
     }
-    Ok(Target { rate, rtt })
+    Ok(Given { rate, rtt })
 }
 
-fn run_apply(target: &Target, args: &Args) -> anyhow::Result<()> {
+/// Where a probed target came from, as comment lines for a snippet
+/// (sysctl.conf takes `#` comments on all three systems); empty without
+/// `--for`.
+fn comment_source(t: &AuditTarget) -> String {
+    let mut s = String::new();
+    if let Some(peer) = &t.peer {
+        s.push_str(&format!(
+            "# target from a probe of {peer}: {}\n",
+            peer::describe_source(t)
+        ));
+        for n in &t.notes {
+            s.push_str(&format!("# note: {n}\n"));
+        }
+    }
+    s
+}
+
+fn run_apply(target: &Target, record: &AuditTarget, args: &Args) -> anyhow::Result<()> {
     let host = Host::live();
     let settings = linux_settings(target, &host.collect(None));
     let now = SystemTime::now()
@@ -160,6 +260,7 @@ fn run_apply(target: &Target, args: &Args) -> anyhow::Result<()> {
         "fatpipe tune --apply: Linux settings for {}\n",
         target.describe()
     );
+    text.push_str(&comment_source(record).replace("# ", ""));
     for c in &done.changes {
         text.push_str(&format!("  {} = {}    (was {})\n", c.key, c.new, c.old));
     }
@@ -197,10 +298,81 @@ fn out(text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The table for people: one row per finding, why last because it is long.
+/// The report for people: where the target came from, a table of this
+/// host's findings, then the peer's with `--for`.
 fn render(target: &Target, a: &Audit) -> String {
-    let mut out = format!("fatpipe tune: this host against {}\n\n", target.describe());
-    let rows: Vec<[String; 5]> = a.findings.iter().map(row).collect();
+    let mut out = format!("fatpipe tune: this host against {}\n", target.describe());
+    if let Some(t) = a.target.as_ref().filter(|t| t.peer.is_some()) {
+        out.push_str(&probe_lines(t));
+    }
+    out.push('\n');
+    out.push_str(&table(&a.findings));
+    out.push_str(&format!("\n{}.\n", counts(&a.findings)));
+    if let Some(p) = &a.peer {
+        let name = if p.server == p.remote {
+            p.server.clone()
+        } else {
+            format!("{} ({})", p.server, p.remote)
+        };
+        out.push_str(&format!(
+            "\nthe peer {name}, as its probe service reported (its server's limits):\n\n"
+        ));
+        out.push_str(&table(&p.findings));
+        out.push_str(&format!(
+            "\npeer: {}. Tune it too: run fatpipe tune --for THIS-HOST there, or its --emit.\n",
+            counts(&p.findings)
+        ));
+    }
+    if let Some(p) = &a.plan {
+        out.push_str(&if a.peer.is_some() {
+            format!(
+                "With this host's and the peer's limits, fatpipe would plan (this host sending): {}\n",
+                p.reason
+            )
+        } else {
+            format!(
+                "With these limits at both ends, fatpipe would plan: {}\n",
+                p.reason
+            )
+        });
+    }
+    out.push_str(
+        "fatpipe tune --emit linux|freebsd|macos prints the settings; --apply applies them (root) with a backup.\n",
+    );
+    out
+}
+
+/// "target from a probe of HOST (IP:PORT) in 1.2 s: …" and its notes.
+fn probe_lines(t: &AuditTarget) -> String {
+    let peer = t.peer.as_deref().unwrap_or("?");
+    let remote = t.remote.as_deref().unwrap_or("?");
+    let mut out = format!(
+        "target from a probe of {}{}: {}\n",
+        if peer == remote {
+            peer.to_string()
+        } else {
+            format!("{peer} ({remote})")
+        },
+        t.probe_secs
+            .map(|s| format!(
+                " in {}",
+                fatpipe_schema::units::format_duration(std::time::Duration::from_secs_f64(
+                    s.max(0.0)
+                ))
+            ))
+            .unwrap_or_default(),
+        peer::describe_source(t)
+    );
+    for n in &t.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+/// One row per finding, why last because it is long.
+fn table(findings: &[Finding]) -> String {
+    let mut out = String::new();
+    let rows: Vec<[String; 5]> = findings.iter().map(row).collect();
     let head = ["SEVERITY", "ITEM", "CURRENT", "RECOMMENDED", "WHY"].map(String::from);
     let mut width = [0usize; 4];
     for r in std::iter::once(&head).chain(&rows) {
@@ -218,24 +390,19 @@ fn render(target: &Target, a: &Audit) -> String {
         out.push_str(line.trim_end());
         out.push('\n');
     }
-    let count = |s: Severity| a.findings.iter().filter(|f| f.severity == s).count();
-    out.push_str(&format!(
-        "\n{} critical, {} warn, {} info, {} ok.\n",
+    out
+}
+
+/// "0 critical, 1 warn, 1 info, 0 ok"
+fn counts(findings: &[Finding]) -> String {
+    let count = |s: Severity| findings.iter().filter(|f| f.severity == s).count();
+    format!(
+        "{} critical, {} warn, {} info, {} ok",
         count(Severity::Critical),
         count(Severity::Warn),
         count(Severity::Info),
         count(Severity::Ok)
-    ));
-    if let Some(p) = &a.plan {
-        out.push_str(&format!(
-            "With these limits at both ends, fatpipe would plan: {}\n",
-            p.reason
-        ));
-    }
-    out.push_str(
-        "fatpipe tune --emit linux|freebsd|macos prints the settings; --apply applies them (root) with a backup.\n",
-    );
-    out
+    )
 }
 
 fn row(f: &Finding) -> [String; 5] {
@@ -297,6 +464,8 @@ mod tests {
             ],
             disk: None,
             plan: None,
+            target: None,
+            peer: None,
         };
         let text = render(&t, &a);
         let want = "\

@@ -79,6 +79,47 @@ fn loopback_probe_reports_small_rtt_mtu_rate_and_a_plan() {
 }
 
 #[test]
+fn reverse_loopback_probe_has_the_server_send_the_trains() {
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("127.0.0.1:{port}");
+    let r = parse(&run(dir.cmd().args([
+        "path",
+        &host,
+        "--reverse",
+        "-c",
+        "3",
+        "--json",
+    ])));
+    assert!(r.reverse);
+    assert_eq!(r.rtt.received, 3);
+    let b = r
+        .bottleneck
+        .as_ref()
+        .expect("a rate from the server's trains");
+    assert!(b.rate > 100_000_000, "{b:?}");
+    assert!(
+        r.loss.train_sent > 0 && r.loss.train_lost == 0,
+        "{:?}",
+        r.loss
+    );
+    let out = run(dir.cmd().args(["path", &host, "-R", "-c", "2"]));
+    assert_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.contains("in reverse")),
+        "{text}"
+    );
+    // A forward report says it is one.
+    let r = parse(&run(dir.cmd().args(["path", &host, "-c", "2", "--json"])));
+    assert!(!r.reverse);
+}
+
+#[test]
 fn ipv6_loopback_probe() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
         eprintln!("skipping ipv6_loopback_probe: this host has no IPv6 loopback");
@@ -214,4 +255,79 @@ fn lab_path_reports_rtt_and_bottleneck_of_a_200mbit_93ms_link() {
         return;
     }
     lab_accuracy("path200m", Duration::from_millis(93), 200_000_000);
+}
+
+/// `path --reverse` on an asymmetric link: 100 Mbit/s from `a` to `b`,
+/// 1 Gbit/s back. The forward probe (the client in `a` sends) must find
+/// the first, the reverse probe (the server in `b` sends) the second.
+#[test]
+fn lab_path_reverse_measures_each_direction_of_an_asymmetric_link() {
+    if !util::need_root("lab_path_reverse_measures_each_direction_of_an_asymmetric_link") {
+        return;
+    }
+    let _serial = LAB_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "tfasym";
+    let _ = fatpipe_lab::down(name);
+    let (up, down) = (100_000_000u64, 1_000_000_000u64);
+    let spec = LinkSpec {
+        rtt: Duration::from_millis(40),
+        rate_up: up,
+        rate_down: down,
+        seed: 7,
+        ..LinkSpec::default()
+    };
+    let opts = UpOptions {
+        exe: Some(util::bin()),
+        owner: Some(std::process::id()),
+    };
+    let l = Lab::up(name, &spec, &opts).expect("lab up");
+    let mut cmd = l.command(End::B, util::bin());
+    cmd.args(["server", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("{}:{port}", l.addr(End::B));
+    for (flag, want) in [(None, up), (Some("--reverse"), down)] {
+        let mut cmd = l.command(End::A, util::bin());
+        cmd.args(["path", &host, "--json"]).args(flag);
+        let r = parse(&run(&mut cmd));
+        assert_eq!(r.reverse, flag.is_some());
+        assert!((r.rtt.min_secs - 0.04).abs() < 0.002, "{:?}", r.rtt);
+        let b = r.bottleneck.as_ref().expect("a rate estimate");
+        let err = b.rate as f64 / want as f64 - 1.0;
+        eprintln!(
+            "{name} {}: rate {:.1} Mbit/s ({:+.1} % of {} Mbit/s), confidence {:.2}",
+            flag.unwrap_or("forward"),
+            b.rate as f64 / 1e6,
+            err * 100.0,
+            want / 1_000_000,
+            b.confidence
+        );
+        assert!(
+            err.abs() < 0.15,
+            "{flag:?}: {b:?} on a {want} bit/s direction"
+        );
+        assert!(!b.lower_bound, "{b:?}");
+    }
+    // The pre-flight of a reverse test (the server sends) plans from the
+    // direction the data takes: 1 Gbit/s, not the 100 Mbit/s forward.
+    for (flag, want) in [(None, up), (Some("-R"), down)] {
+        let mut cmd = l.command(End::A, util::bin());
+        cmd.args(["test", &host, "-t", "1", "--json"]).args(flag);
+        let out = run(&mut cmd);
+        assert_exit(&out, 0);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("test --json");
+        let got = v["start"]["auto"]["facts"]["bottleneck_rate"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no start.auto rate: {}", v["start"]["auto"]));
+        let err = got as f64 / want as f64 - 1.0;
+        eprintln!(
+            "{name} test {}: pre-flight rate {:.1} Mbit/s ({:+.1} %)",
+            flag.unwrap_or("forward"),
+            got as f64 / 1e6,
+            err * 100.0
+        );
+        assert!(
+            err.abs() < 0.15,
+            "{flag:?}: pre-flight {got} on a {want} bit/s direction"
+        );
+    }
 }

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use crate::util::{assert_exit, need_root, run, setup};
+use crate::util::{assert_exit, need_root, run, setup, spawn_server};
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -208,4 +208,206 @@ fn apply_then_revert_leaves_every_sysctl_as_it_was() {
         .arg(&backups));
     assert_exit(&out, 1);
     assert!(stderr(&out).contains("no backup"), "{}", stderr(&out));
+}
+
+fn audit_json(out: &std::process::Output) -> fatpipe_schema::tune::Audit {
+    assert_exit(out, 0);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "tune --json does not parse: {e}\n{}\n{}",
+            stdout(out),
+            stderr(out)
+        )
+    })
+}
+
+#[test]
+fn for_a_loopback_server_audits_the_probed_path_and_the_peer() {
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("127.0.0.1:{port}");
+    let a = audit_json(&run(dir.cmd().args(["tune", "--for", &host, "--json"])));
+    let t = a.target.as_ref().expect("a target record");
+    assert_eq!(t.source, "probe");
+    assert_eq!(t.peer.as_deref(), Some(host.as_str()));
+    assert_eq!(t.remote.as_deref(), Some(host.as_str()));
+    assert_eq!(t.rtt_source, "probe");
+    let rtt = t.probed_rtt_secs.expect("a probed RTT");
+    assert!(rtt < 0.005, "loopback RTT {rtt}");
+    assert!((a.target_rtt_secs - rtt.max(1e-6)).abs() < 1e-9, "{a:?}");
+    // Loopback outruns this host's sender: the estimate is a lower bound,
+    // and the target is that bound or the --rate default, whichever is
+    // larger, with a note.
+    let probed = t.probed_rate.expect("a rate estimate on loopback");
+    assert!(t.rate_lower_bound, "{t:?}");
+    assert_eq!(a.target_rate, probed.max(10_000_000_000), "{t:?}");
+    assert!(t.notes.iter().any(|n| n.contains("lower bound")), "{t:?}");
+    assert_eq!(t.loss_rate, Some(0.0));
+    assert!(t.mtu.is_some_and(|m| m >= 16436), "{t:?}");
+    assert!(a
+        .findings
+        .iter()
+        .any(|f| f.item == "path mtu" && f.area == "path"));
+    assert!(a.findings.iter().any(|f| f.item == "path loss"));
+    // The peer is this machine: its limits must be what /proc says here.
+    let peer = a.peer.as_ref().expect("peer findings");
+    assert_eq!(peer.server, host);
+    assert_eq!(peer.findings.len(), 6);
+    assert!(peer.findings.iter().all(|f| f.area == "peer"));
+    let rmem = peer
+        .findings
+        .iter()
+        .find(|f| f.item == "net.core.rmem_max")
+        .expect("peer rmem_max");
+    match std::fs::read_to_string("/proc/sys/net/core/rmem_max") {
+        Ok(s) => assert_eq!(rmem.current.known().map(String::as_str), Some(s.trim())),
+        Err(_) => assert!(rmem.current.known().is_none()),
+    }
+    assert!(rmem.recommended.is_some());
+    assert!(a.plan.is_some());
+
+    // Flags win for their part; the text says where each value came from.
+    let a = audit_json(&run(dir.cmd().args([
+        "tune", "--for", &host, "--rate", "2gbit", "--rtt", "50ms", "--json",
+    ])));
+    let t = a.target.as_ref().expect("a target record");
+    assert_eq!((a.target_rate, a.target_rtt_secs), (2_000_000_000, 0.05));
+    assert_eq!(
+        (t.rate_source.as_str(), t.rtt_source.as_str()),
+        ("flag", "flag")
+    );
+    assert!(t.probed_rtt_secs.is_some());
+    let out = run(dir.cmd().args(["tune", "--for", &host, "--rate", "2gbit"]));
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("target from a probe of {host}")),
+        "{text}"
+    );
+    assert!(text.contains("rtt probed, rate from the flag"), "{text}");
+    assert!(text.contains("the peer 127.0.0.1"), "{text}");
+
+    // --emit works with --for and says where its target came from.
+    let out = run(dir.cmd().args(["tune", "--for", &host, "--emit", "linux"]));
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(text.starts_with("# target from a probe of"), "{text}");
+    assert!(text.contains("net.core.rmem_max = "), "{text}");
+
+    // Without --for the record says the values are flags or defaults.
+    let a = audit_json(&run(dir.cmd().args(["tune", "--rtt", "20ms", "--json"])));
+    let t = a.target.as_ref().expect("a target record");
+    assert_eq!(
+        (
+            t.source.as_str(),
+            t.rate_source.as_str(),
+            t.rtt_source.as_str()
+        ),
+        ("flags", "default", "flag")
+    );
+    assert!(a.peer.is_none());
+}
+
+#[test]
+fn for_errors_are_one_line_with_the_path_exit_codes() {
+    let dir = setup();
+    std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
+    std::fs::write(dir.path().join("client.key"), "wrong horse battery\n").unwrap();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .args(["--key-file", "server.key"]);
+    let (srv, port) = spawn_server(cmd);
+    let host = format!("127.0.0.1:{port}");
+    for (args, code) in [
+        (vec!["--for", host.as_str(), "--key-file", "client.key"], 2),
+        (vec!["--for", host.as_str()], 2),
+        (vec!["--for", "no-such-host.invalid"], 2),
+        (vec!["--for", "[::1"], 2),
+    ] {
+        let out = run(dir.cmd().arg("tune").args(&args));
+        assert_exit(&out, code);
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    // Flags that need --for, or clash with it, are clap's usage errors.
+    for args in [
+        &["--key-file", "client.key"][..],
+        &["--port", "9"],
+        &["--for", "127.0.0.1", "--revert"],
+    ] {
+        assert_exit(&run(dir.cmd().arg("tune").args(args)), 2);
+    }
+    let a = audit_json(&run(dir.cmd().args([
+        "tune",
+        "--for",
+        &host,
+        "--key-file",
+        "server.key",
+        "--json",
+    ])));
+    assert!(a.peer.is_some());
+    drop(srv);
+    let out = run(dir.cmd().args(["tune", "--for", &host]));
+    assert_exit(&out, 1);
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("fatpipe: path to "), "{err}");
+}
+
+#[test]
+fn lab_tune_for_a_1gbit_100ms_peer_targets_the_probed_path() {
+    if !need_root("lab_tune_for_a_1gbit_100ms_peer_targets_the_probed_path") {
+        return;
+    }
+    use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+    let name = "tfor1g";
+    let _ = fatpipe_lab::down(name);
+    let spec = LinkSpec {
+        rtt: std::time::Duration::from_millis(100),
+        rate_up: 1_000_000_000,
+        rate_down: 1_000_000_000,
+        seed: 7,
+        ..LinkSpec::default()
+    };
+    let opts = UpOptions {
+        exe: Some(crate::util::bin()),
+        owner: Some(std::process::id()),
+    };
+    // Dropped last: the lab goes down after the server.
+    let l = Lab::up(name, &spec, &opts).expect("lab up");
+    let mut cmd = l.command(End::B, crate::util::bin());
+    cmd.args(["server", "--port", "0", "--quiet"]);
+    let (_srv, port) = spawn_server(cmd);
+    let host = format!("{}:{port}", l.addr(End::B));
+    let a = audit_json(&run(l
+        .command(End::A, crate::util::bin())
+        .args(["tune", "--for", &host, "--json"])));
+    let t = a.target.as_ref().expect("a target record");
+    assert_eq!(
+        (t.rate_source.as_str(), t.rtt_source.as_str()),
+        ("probe", "probe"),
+        "{t:?}"
+    );
+    assert!(
+        (a.target_rtt_secs - 0.1).abs() < 0.002,
+        "RTT {}",
+        a.target_rtt_secs
+    );
+    let err = a.target_rate as f64 / 1e9 - 1.0;
+    assert!(
+        err.abs() < 0.15,
+        "rate {} ({:+.1} %)",
+        a.target_rate,
+        err * 100.0
+    );
+    assert_eq!(t.mtu, Some(1500));
+    assert!(a.peer.as_ref().is_some_and(|p| p.findings.len() == 6));
+    eprintln!(
+        "{name}: target rtt {:.2} ms, rate {:.1} Mbit/s ({:+.1} %)",
+        a.target_rtt_secs * 1e3,
+        a.target_rate as f64 / 1e6,
+        err * 100.0
+    );
 }

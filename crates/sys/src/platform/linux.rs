@@ -8,10 +8,12 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::mem;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 
-use super::{cvt, cvt_retry, getsockopt_bytes, raw, setsockopt, setsockopt_bytes};
+use super::{cvt, cvt_retry, getsockopt_bytes, getsockopt_int, raw, setsockopt, setsockopt_bytes};
 use crate::files::Advice;
 use crate::IoPath;
 
@@ -536,4 +538,200 @@ pub(crate) fn affinity_cpus() -> io::Result<usize> {
     // SAFETY: `set` was initialised above.
     let n = unsafe { libc::CPU_COUNT(&set) };
     Ok(n.max(1) as usize)
+}
+
+/// Don't Fragment on every datagram, ignoring the cached path MTU
+/// (`IP_PMTUDISC_PROBE` / `IPV6_PMTUDISC_PROBE`).
+pub(crate) fn set_df_probe(fd: &impl AsFd, v6: bool) -> io::Result<()> {
+    if v6 {
+        setsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_PROBE as libc::c_int,
+        )
+    } else {
+        setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_PROBE as libc::c_int,
+        )
+    }
+}
+
+/// `IP_MTU` / `IPV6_MTU` of a connected socket.
+pub(crate) fn route_mtu(fd: &impl AsFd, v6: bool) -> io::Result<libc::c_int> {
+    if v6 {
+        getsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    } else {
+        getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU)
+    }
+}
+
+/// `SO_TIMESTAMPNS`: the kernel stamps every received datagram.
+pub(crate) fn enable_rx_timestamps(fd: &impl AsFd) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1 as libc::c_int)
+}
+
+/// One datagram with its sender and `SCM_TIMESTAMPNS` receive time (ns).
+pub(crate) fn recv_timestamped(
+    fd: &impl AsFd,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<u64>)> {
+    // SAFETY: all-zero is a valid sockaddr_storage and msghdr.
+    let mut name: libc::sockaddr_storage = unsafe { mem::zeroed() };
+    // u64 elements keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = mem::size_of_val(&control) as _;
+    // SAFETY: every pointer in `msg` refers to a live buffer of the
+    // length given next to it, all outliving the call.
+    let n = unsafe { libc::recvmsg(raw(fd), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut stamp = None;
+    // SAFETY: the CMSG_* walk stays within `msg_controllen` bytes of
+    // `control`, which the kernel filled; the timespec is read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                if ts.tv_sec >= 0 && ts.tv_nsec >= 0 {
+                    stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let from = to_socket_addr(&name)?;
+    Ok((n as usize, from, stamp))
+}
+
+fn to_socket_addr(s: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
+    match i32::from(s.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in,
+            // and sockaddr_storage is large and aligned enough for it.
+            let a: libc::sockaddr_in = unsafe { *(s as *const _ as *const libc::sockaddr_in) };
+            Ok(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let a: libc::sockaddr_in6 = unsafe { *(s as *const _ as *const libc::sockaddr_in6) };
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => Err(io::Error::other("datagram from an unknown address family")),
+    }
+}
+
+// ethtool: NIC offloads and ring sizes through SIOCETHTOOL.
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GRINGPARAM: u32 = 0x10;
+
+/// `struct ifreq` with the `ifr_data` member of its union; padded to the
+/// kernel's 40 bytes.
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: *mut libc::c_void,
+    _pad: [u8; 16],
+}
+
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolRingParam {
+    cmd: u32,
+    rx_max_pending: u32,
+    rx_mini_max_pending: u32,
+    rx_jumbo_max_pending: u32,
+    tx_max_pending: u32,
+    rx_pending: u32,
+    rx_mini_pending: u32,
+    rx_jumbo_pending: u32,
+    tx_pending: u32,
+}
+
+/// One `ETHTOOL_G*` value command (offload flags and the like).
+pub(crate) fn ethtool_value(ifname: &str, cmd: u32) -> io::Result<u32> {
+    let mut v = EthtoolValue { cmd, data: 0 };
+    ethtool_ioctl(ifname, (&mut v as *mut EthtoolValue).cast())?;
+    Ok(v.data)
+}
+
+/// `ETHTOOL_GRINGPARAM`: rx, rx max, tx, tx max.
+pub(crate) fn ethtool_rings(ifname: &str) -> io::Result<[u32; 4]> {
+    let mut r = EthtoolRingParam {
+        cmd: ETHTOOL_GRINGPARAM,
+        ..Default::default()
+    };
+    ethtool_ioctl(ifname, (&mut r as *mut EthtoolRingParam).cast())?;
+    Ok([
+        r.rx_pending,
+        r.rx_max_pending,
+        r.tx_pending,
+        r.tx_max_pending,
+    ])
+}
+
+fn ethtool_ioctl(ifname: &str, data: *mut libc::c_void) -> io::Result<()> {
+    let bytes = ifname.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a valid interface name",
+        ));
+    }
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data,
+        _pad: [0; 16],
+    };
+    for (d, s) in req.name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `req` is a valid ifreq whose data points at a live ethtool
+    // command struct of the layout the command number names; both
+    // outlive the call.
+    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req as *mut IfReq) };
+    let err = io::Error::last_os_error();
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return Err(err);
+    }
+    Ok(())
 }

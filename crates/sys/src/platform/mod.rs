@@ -18,7 +18,10 @@
 //!   UDP batching and offloads;
 //! - `openat2_beneath`, `fallocate`, `O_DIRECT_FLAG`, `dio_alignment`,
 //!   `fadvise`, `copy_file_range`: file helpers;
-//! - `affinity_cpus`: CPUs this process may run on.
+//! - `affinity_cpus`: CPUs this process may run on;
+//! - `set_df_probe`, `route_mtu`, `enable_rx_timestamps`,
+//!   `recv_timestamped`: the path probe's UDP calls;
+//! - `ethtool_value`, `ethtool_rings`: NIC offloads and ring sizes.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};

@@ -238,3 +238,37 @@ pub(crate) fn affinity_cpus() -> io::Result<usize> {
         Ok(n as usize)
     }
 }
+
+/// Path-MTU probing options are Linux's.
+pub(crate) fn set_df_probe(_: &impl AsFd, _: bool) -> io::Result<()> {
+    Err(unsupported("IP_PMTUDISC_PROBE"))
+}
+
+/// The route MTU option is Linux's.
+pub(crate) fn route_mtu(_: &impl AsFd, _: bool) -> io::Result<libc::c_int> {
+    Err(unsupported("IP_MTU"))
+}
+
+/// Kernel receive timestamps are Linux's here.
+pub(crate) fn enable_rx_timestamps(_: &impl AsFd) -> io::Result<()> {
+    Err(unsupported("SO_TIMESTAMPNS"))
+}
+
+/// Timestamped receive is Linux's; the public module falls back to
+/// `recv_from` without a timestamp.
+pub(crate) fn recv_timestamped(
+    _: &impl AsFd,
+    _: &mut [u8],
+) -> io::Result<(usize, std::net::SocketAddr, Option<u64>)> {
+    Err(unsupported("SO_TIMESTAMPNS"))
+}
+
+/// `SIOCETHTOOL` is Linux's.
+pub(crate) fn ethtool_value(_: &str, _: u32) -> io::Result<u32> {
+    Err(unsupported("SIOCETHTOOL"))
+}
+
+/// `SIOCETHTOOL` is Linux's.
+pub(crate) fn ethtool_rings(_: &str) -> io::Result<[u32; 4]> {
+    Err(unsupported("SIOCETHTOOL"))
+}

@@ -8,6 +8,12 @@
 //! to [`MAX_ROUNDS`] rounds, the next only when the last ones disagree. The
 //! socket has Don't Fragment set throughout, so no phase is silently
 //! fragmented.
+//!
+//! With [`ProbeConfig::reverse`] the trains run the other way: the client
+//! asks the server for them on the control channel (with the token the
+//! server sent to this socket) and times their arrival here, so the
+//! estimate is of the server → client direction. Echoes and the MTU search
+//! are unchanged (an RTT has no direction; the MTU is the forward path's).
 
 use std::collections::HashSet;
 use std::io;
@@ -19,11 +25,11 @@ use fatpipe_schema::tune::HostLimits;
 
 use super::estimate::{self, Arrival, RateEstimate, RttStats, TrainObs};
 use super::mtu::{MtuResult, MtuSearch};
-use super::sock;
 use super::wire::{
-    Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
+    Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_GAP_US, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
 };
 use super::{ip_overhead, ProbeError};
+use fatpipe_sys::probe as sock;
 
 /// What to probe and how hard.
 #[derive(Debug, Clone)]
@@ -43,6 +49,8 @@ pub struct ProbeConfig {
     /// Most bytes per train; trains are sized to the rate the first one
     /// shows, within this.
     pub train_bytes: u32,
+    /// True to measure server → client: the server sends the trains.
+    pub reverse: bool,
 }
 
 impl ProbeConfig {
@@ -57,6 +65,7 @@ impl ProbeConfig {
             trains: 10,
             max_train_packet: 9000,
             train_bytes: 600_000,
+            reverse: false,
         }
     }
 }
@@ -95,6 +104,9 @@ pub struct ProbeOutcome {
     pub train_packets: (u64, u64),
     /// The server's host limits, or why they are unknown.
     pub peer_limits: Result<HostLimits, String>,
+    /// True when the trains ran server → client (`rate`, `kernel_clock`
+    /// and `train_packets` describe that direction).
+    pub reverse: bool,
     /// How long the probe took.
     pub elapsed: Duration,
 }
@@ -102,12 +114,12 @@ pub struct ProbeOutcome {
 /// Runs every phase against the server at `cfg.addr`.
 pub fn run(cfg: &ProbeConfig) -> Result<ProbeOutcome, ProbeError> {
     let started = Instant::now();
-    let session = connect_with(
-        cfg.addr,
-        &cfg.options,
-        SERVICE,
-        &ProbeParams::current().encode(),
-    )?;
+    let params = if cfg.reverse {
+        ProbeParams::reverse()
+    } else {
+        ProbeParams::current()
+    };
+    let session = connect_with(cfg.addr, &cfg.options, SERVICE, &params.encode())?;
     let control = session.control().clone();
     let result = probe(cfg, &session, &control, started);
     match &result {
@@ -131,10 +143,19 @@ fn probe(
             udp_port,
             limits,
             limits_error,
-        } => (
-            udp_port,
-            limits.ok_or_else(|| limits_error.unwrap_or_else(|| "not sent".into())),
-        ),
+            reverse,
+        } => {
+            if cfg.reverse && !reverse {
+                return Err(ProbeError::Unsupported(
+                    "the server cannot probe in reverse (it predates reverse probing): upgrade it"
+                        .into(),
+                ));
+            }
+            (
+                udp_port,
+                limits.ok_or_else(|| limits_error.unwrap_or_else(|| "not sent".into())),
+            )
+        }
         other => return Err(unexpected(&other, "Ready")),
     };
     let server_udp = SocketAddr::new(cfg.addr.ip(), udp_port);
@@ -154,8 +175,24 @@ fn probe(
         sock: udp,
         buf: vec![0; MAX_DATAGRAM],
         stamp: None,
+        len: 0,
+        token: None,
     };
     hello(&mut io, session)?;
+    let token = match (cfg.reverse, io.token) {
+        (false, _) => None,
+        (true, Some(t)) => Some(t),
+        (true, None) => {
+            return Err(ProbeError::Protocol(
+                "the server took a reverse session but sent no token".into(),
+            ))
+        }
+    };
+    if token.is_some() {
+        // A whole train must wait here while this thread is descheduled.
+        let _ =
+            fatpipe_sys::buffers::set_recv_buffer(&io.sock, 8 << 20, crate::host::is_privileged());
+    }
     let rtt = echoes(&mut io, cfg)?;
     let timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
     let overhead = ip_overhead(server_udp) as u32;
@@ -208,6 +245,22 @@ fn probe(
         if n == 0 {
             break;
         }
+        if let Some(token) = token {
+            let round = Round {
+                token,
+                first,
+                trains: n,
+                overhead: overhead as usize,
+                timeout,
+            };
+            let (got, kernel) = reverse_round(&mut io, control, &round, &shape, &mut sizer)?;
+            obs.extend(got);
+            kernel_clock &= kernel;
+            if estimate::combine(&obs).is_some_and(|e| e.confidence >= AGREED || e.sender_limited) {
+                break;
+            }
+            continue;
+        }
         for (len, send_span_ns) in send_trains(&mut io, first, n, &shape, &mut sizer, timeout)? {
             obs.push(TrainObs {
                 sent: len,
@@ -244,6 +297,7 @@ fn probe(
         kernel_clock,
         train_packets: (sent_packets, received),
         peer_limits,
+        reverse: cfg.reverse,
         elapsed: started.elapsed(),
     })
 }
@@ -255,6 +309,10 @@ struct Udp {
     /// Kernel receive time (realtime ns) of the last packet returned by
     /// [`Udp::recv_until`], if the kernel gave one.
     stamp: Option<u64>,
+    /// UDP payload bytes of that packet.
+    len: usize,
+    /// Reverse sessions: the token from the server's `HelloToken`.
+    token: Option<u64>,
 }
 
 impl Udp {
@@ -279,6 +337,7 @@ impl Udp {
                 Ok((n, _, stamp)) => {
                     if let Ok(p) = Packet::decode(&self.buf[..n]) {
                         self.stamp = stamp;
+                        self.len = n;
                         return Ok(Some(p));
                     }
                 }
@@ -313,8 +372,13 @@ fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
         .map_err(|e| ProbeError::io("send UDP hello", e))?;
         let wait = (Instant::now() + Duration::from_millis(250)).min(give_up);
         while let Some(p) = io.recv_until(wait)? {
-            if p == Packet::HelloAck {
-                return Ok(());
+            match p {
+                Packet::HelloAck => return Ok(()),
+                Packet::HelloToken { token } => {
+                    io.token = Some(token);
+                    return Ok(());
+                }
+                _ => {}
             }
         }
     }
@@ -525,6 +589,118 @@ fn send_trains(
         }
     }
     Ok(out)
+}
+
+/// One round of reverse trains: what to ask for.
+struct Round {
+    /// The server's token.
+    token: u64,
+    /// First train number.
+    first: u32,
+    /// Trains in the round.
+    trains: u32,
+    /// IP and UDP header bytes (arrivals count whole IP packets).
+    overhead: usize,
+    /// How long to wait beyond a train's drain time.
+    timeout: Duration,
+}
+
+/// Asks the server for a round of trains and times their arrival here.
+/// Until a train has shown the rate, trains are asked for one at a time
+/// (the first is short) so the sizing works as in the forward probe; then
+/// the rest of the round in one request, twice their drain time apart.
+/// Returns the trains, with the server's send spans, and whether every
+/// arrival was timed by the kernel.
+fn reverse_round(
+    io: &mut Udp,
+    control: &Control,
+    round: &Round,
+    shape: &TrainShape,
+    sizer: &mut Sizer,
+) -> Result<(Vec<TrainObs>, bool), ProbeError> {
+    let mut obs = Vec::with_capacity(round.trains as usize);
+    let mut kernel = true;
+    let end = round.first + round.trains;
+    let mut next = round.first;
+    while next < end {
+        let count = if sizer.measured.is_none() {
+            1
+        } else {
+            end - next
+        };
+        let len = sizer.len;
+        let drain = sizer.drain(shape, len);
+        let gap = (drain * 2)
+            .max(Duration::from_millis(1))
+            .min(Duration::from_micros(u64::from(MAX_GAP_US)));
+        control.send(
+            &ProbeMsg::SendTrains {
+                token: round.token,
+                first: next,
+                count,
+                len,
+                size: shape.packet,
+                gap_us: gap.as_micros() as u32,
+            }
+            .encode(),
+        )?;
+        let mut arrivals: Vec<Vec<Arrival>> = vec![Vec::new(); count as usize];
+        let mut tails = 0u32;
+        let deadline = Instant::now() + round.timeout + (drain + gap) * count;
+        while tails < count {
+            let Some(p) = io.recv_until(deadline)? else {
+                break;
+            };
+            let Packet::Train {
+                train,
+                index,
+                count: of,
+            } = p
+            else {
+                continue;
+            };
+            if train < next || train >= next + count || of != len {
+                continue;
+            }
+            let at_ns = io.stamp.unwrap_or_else(|| {
+                kernel = false;
+                sock::realtime_ns()
+            });
+            let list = &mut arrivals[(train - next) as usize];
+            if list.len() < len as usize {
+                list.push(Arrival {
+                    index,
+                    at_ns,
+                    ip_bytes: (io.len + round.overhead) as u32,
+                });
+            }
+            if index + 1 == len {
+                tails += 1;
+            }
+        }
+        let sent = match recv_msg(control, Duration::from_secs(10))? {
+            ProbeMsg::Sent { trains } => trains,
+            other => return Err(unexpected(&other, "Sent")),
+        };
+        for (i, list) in arrivals.into_iter().enumerate() {
+            let train = next + i as u32;
+            let send_span_ns = sent.iter().find(|s| s.0 == train).map_or(0, |s| s.2);
+            let first = list.iter().map(|a| a.at_ns).min();
+            let last = list.iter().map(|a| a.at_ns).max();
+            match (first, last) {
+                (Some(f), Some(l)) => sizer.handle_ack(shape, len, list.len() as u32, l - f),
+                _ => sizer.handle_lost_tail(shape),
+            }
+            obs.push(TrainObs {
+                sent: len,
+                ip_bytes: shape.packet,
+                send_span_ns,
+                arrivals: list,
+            });
+        }
+        next += count;
+    }
+    Ok((obs, kernel))
 }
 
 /// The train length, from the rate the acknowledged trains showed.

@@ -13,15 +13,15 @@
 //! * [`report`]: the measured outcome turned into the versioned
 //!   [`PathReport`] with the planner's choice for this path.
 //!
-//! The socket plumbing ([`client`], [`server`], `sock`) is kept thin so that
-//! what can be wrong in the numbers is in the pure modules, where tests
-//! feed them synthetic timestamps.
+//! The socket plumbing ([`client`], [`server`], and `fatpipe_sys::probe` for
+//! the calls `std` lacks) is kept thin so that what can be wrong in the
+//! numbers is in the pure modules, where tests feed them synthetic
+//! timestamps.
 
 pub mod client;
 pub mod estimate;
 pub mod mtu;
 pub mod server;
-mod sock;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -66,6 +66,9 @@ pub enum ProbeError {
     /// The server's probe service reported a failure.
     #[error("server: {0}")]
     Peer(String),
+    /// The server cannot do what was asked (an older version).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl ProbeError {
@@ -125,12 +128,16 @@ pub fn report(
 ) -> PathReport {
     let facts = facts(o);
     let mut warnings = Vec::new();
+    let (sender, receiver) = if o.reverse {
+        ("the server", "this host")
+    } else {
+        ("this host", "the server")
+    };
     let bottleneck = o.rate.as_ref().map(|r| {
         if r.sender_limited {
-            warnings.push(
-                "this host could not send trains faster than they arrived: the rate is a lower bound"
-                    .to_string(),
-            );
+            warnings.push(format!(
+                "{sender} could not send trains faster than they arrived: the rate is a lower bound"
+            ));
         }
         if r.confidence < 0.4 {
             warnings.push(format!(
@@ -159,13 +166,17 @@ pub fn report(
         warnings.push("no packet train gave a rate estimate (too much loss?)".into());
     }
     if !o.kernel_clock {
-        warnings.push("the server timed packets in user space: the rate is less precise".into());
+        warnings.push(format!(
+            "{receiver} timed packets in user space: the rate is less precise"
+        ));
     }
     if let Err(e) = &o.route_mtu {
         warnings.push(format!("path MTU not probed: {e}"));
     }
     let bdp = facts.bottleneck_rate.map(|rate| bdp_bytes(rate, o.rtt.min));
     let plan = match (local, o.peer_limits.clone()) {
+        // Reverse: the direction measured is the server sending.
+        (Ok(l), Ok(p)) if o.reverse => Some(plan(&facts, &p, &l, policy)),
         (Ok(s), Ok(r)) => Some(plan(&facts, &s, &r, policy)),
         (Ok(s), Err(why)) => {
             warnings.push(format!(
@@ -192,6 +203,7 @@ pub fn report(
         version: PATH_SCHEMA_VERSION,
         server: server.into(),
         remote: o.remote.to_string(),
+        reverse: o.reverse,
         rtt: RttReport {
             sent: o.rtt.sent,
             received: o.rtt.received,
@@ -290,6 +302,7 @@ mod tests {
             kernel_clock: true,
             train_packets: (990, 980),
             peer_limits: Ok(limits(64 << 20)),
+            reverse: false,
             elapsed: Duration::from_secs(1),
         }
     }
@@ -338,6 +351,21 @@ mod tests {
             assert!(all.contains(want), "no {want:?} in {all}");
         }
         assert!(r.bottleneck.as_ref().unwrap().lower_bound);
+        assert!(!r.reverse);
+        // Reverse: the server sent and this host timed.
+        o.reverse = true;
+        let r = report(&o, "lab", Ok(limits(4 << 20)), &Policy::default());
+        assert!(r.reverse);
+        let all = r.warnings.join("\n");
+        assert!(
+            all.contains("the server could not send trains faster"),
+            "{all}"
+        );
+        assert!(
+            all.contains("this host timed packets in user space"),
+            "{all}"
+        );
+        o.reverse = false;
 
         o.rate = None;
         let r = report(&o, "lab", Err("no /proc here".into()), &Policy::default());

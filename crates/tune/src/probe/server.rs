@@ -14,6 +14,13 @@
 //! amplify traffic toward a third party. What it stores is capped by
 //! [`MAX_TRAINS`] × [`MAX_TRAIN_LEN`] arrivals, and the session by
 //! [`SESSION_LIMIT`].
+//!
+//! A reverse session (the client asked with `ProbeParams { reverse: true }`)
+//! sends trains instead of timing them. It sends only what the client asks
+//! on the authenticated control channel with the random token that went to
+//! the hello's UDP address (proof that the asker receives there), each
+//! train number once and within [`REVERSE_BUDGET`] bytes per session; the
+//! control thread sends them on the UDP socket, connected to that address.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -24,12 +31,13 @@ use std::time::{Duration, Instant};
 
 use fatpipe_engine::{Control, ServerSession, Service, ServiceResult, Shutdown};
 
-use super::sock;
 use super::wire::{
-    ArrivalWire, Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
+    ArrivalWire, Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN,
+    REVERSE_BUDGET, SERVICE,
 };
 use super::{ip_overhead, ProbeError};
 use crate::host::{is_privileged, Host};
+use fatpipe_sys::probe as sock;
 
 /// The longest one probe session may last.
 pub const SESSION_LIMIT: Duration = Duration::from_secs(120);
@@ -74,9 +82,22 @@ struct Record {
     arrivals: usize,
     user_clock: bool,
     ignored: u64,
+    /// The UDP address that proved the cookie.
+    peer: Option<SocketAddr>,
+    /// Reverse sessions: the token sent to `peer`.
+    token: Option<u64>,
+    /// Reverse sessions: train numbers sent (bit per train).
+    sent_trains: u64,
+    /// Reverse sessions: train bytes sent.
+    sent_bytes: u64,
 }
 
+/// Send buffer asked for a reverse session's UDP socket: a whole train
+/// leaves in one `sendmmsg`.
+const SEND_BUFFER: u64 = 8 << 20;
+
 fn serve(session: &ServerSession) -> Result<(), ProbeError> {
+    let reverse = ProbeParams::decode(session.params())?.reverse;
     let ip = session.local_addr().ip();
     let udp = UdpSocket::bind(SocketAddr::new(ip, 0))
         .map_err(|e| ProbeError::io(format!("bind UDP on {ip}"), e))?;
@@ -87,6 +108,9 @@ fn serve(session: &ServerSession) -> Result<(), ProbeError> {
     // Best effort: a smaller buffer only risks drops in long trains, which
     // the estimate tolerates.
     let _ = fatpipe_sys::buffers::set_recv_buffer(&udp, RECV_BUFFER, is_privileged());
+    if reverse {
+        let _ = fatpipe_sys::buffers::set_send_buffer(&udp, SEND_BUFFER, is_privileged());
+    }
     let kernel_clock = sock::enable_rx_timestamps(&udp).is_ok();
     udp.set_read_timeout(Some(UDP_POLL))
         .map_err(|e| ProbeError::io("set UDP timeout", e))?;
@@ -100,6 +124,7 @@ fn serve(session: &ServerSession) -> Result<(), ProbeError> {
             udp_port: port,
             limits,
             limits_error,
+            reverse,
         }
         .encode(),
     )?;
@@ -113,11 +138,11 @@ fn serve(session: &ServerSession) -> Result<(), ProbeError> {
     let shutdown = session.shutdown().clone();
     std::thread::scope(|s| {
         let control_thread = s.spawn(|| {
-            let r = control_loop(control, &shutdown, &record, &stop);
+            let r = control_loop(control, &shutdown, &record, &stop, &udp);
             stop.store(true, Ordering::Relaxed);
             r
         });
-        let udp_result = udp_loop(session, &udp, &stop, &record);
+        let udp_result = udp_loop(session, &udp, &stop, &record, reverse);
         stop.store(true, Ordering::Relaxed);
         let result = control_thread
             .join()
@@ -131,6 +156,7 @@ fn control_loop(
     shutdown: &Shutdown,
     record: &Mutex<Record>,
     stop: &AtomicBool,
+    udp: &UdpSocket,
 ) -> Result<(), ProbeError> {
     let start = Instant::now();
     let mut last = start;
@@ -171,6 +197,64 @@ fn control_loop(
                     .encode(),
                 )?;
             }
+            ProbeMsg::SendTrains {
+                token,
+                first,
+                count,
+                len,
+                size,
+                gap_us,
+            } => {
+                let peer = {
+                    let mut r = lock(record);
+                    let peer = match (r.peer, r.token) {
+                        (Some(p), Some(t)) if t == token => p,
+                        (_, None) => {
+                            return Err(ProbeError::Protocol(
+                                "SendTrains before a reverse session's hello".into(),
+                            ))
+                        }
+                        _ => {
+                            return Err(ProbeError::Protocol(
+                                "SendTrains with a wrong token".into(),
+                            ))
+                        }
+                    };
+                    // Each train number once (decode bounds first + count
+                    // by MAX_TRAINS = 64, the bits of `sent_trains`).
+                    let mask = (first..first + count).fold(0u64, |m, t| m | 1u64 << (t % 64));
+                    if r.sent_trains & mask != 0 {
+                        return Err(ProbeError::Protocol("a train number asked twice".into()));
+                    }
+                    let bytes = u64::from(count) * u64::from(len) * u64::from(size);
+                    if r.sent_bytes + bytes > REVERSE_BUDGET {
+                        return Err(ProbeError::Protocol(format!(
+                            "reverse trains beyond {} MiB per session",
+                            REVERSE_BUDGET >> 20
+                        )));
+                    }
+                    r.sent_trains |= mask;
+                    r.sent_bytes += bytes;
+                    peer
+                };
+                let payload = (size as usize).saturating_sub(ip_overhead(peer));
+                let gap = Duration::from_micros(u64::from(gap_us));
+                let mut sent = Vec::with_capacity(count as usize);
+                let mut batch = fatpipe_sys::udp::SendBatch::new();
+                for train in first..first + count {
+                    if shutdown.is_set() || start.elapsed() > SESSION_LIMIT {
+                        return Err(ProbeError::Protocol(
+                            "reverse trains cut short: the session is ending".into(),
+                        ));
+                    }
+                    if train > first {
+                        std::thread::sleep(gap);
+                    }
+                    let span = send_train(udp, &mut batch, train, len, payload)?;
+                    sent.push((train, len, span));
+                }
+                control.send(&ProbeMsg::Sent { trains: sent }.encode())?;
+            }
             ProbeMsg::Done => return Ok(()),
             other => {
                 return Err(ProbeError::Protocol(format!(
@@ -182,11 +266,50 @@ fn control_loop(
     }
 }
 
+/// Sends one train of `len` packets padded to `payload` bytes on the
+/// connected socket; returns how long sending took (ns).
+fn send_train(
+    udp: &UdpSocket,
+    batch: &mut fatpipe_sys::udp::SendBatch,
+    train: u32,
+    len: u32,
+    payload: usize,
+) -> Result<u64, ProbeError> {
+    let packets: Vec<Vec<u8>> = (0..len)
+        .map(|index| {
+            let mut buf = Vec::with_capacity(payload);
+            Packet::Train {
+                train,
+                index,
+                count: len,
+            }
+            .encode(&mut buf, payload);
+            buf
+        })
+        .collect();
+    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < refs.len() {
+        let b = batch
+            .send(udp, &refs[done..])
+            .map_err(|e| ProbeError::io("send reverse train", e))?;
+        if b.datagrams == 0 {
+            return Err(ProbeError::Protocol(
+                "the kernel accepted no train packet".into(),
+            ));
+        }
+        done += b.datagrams;
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
+}
+
 fn udp_loop(
     session: &ServerSession,
     udp: &UdpSocket,
     stop: &AtomicBool,
     record: &Mutex<Record>,
+    reverse: bool,
 ) -> Result<(), ProbeError> {
     let epoch = Instant::now();
     let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -215,7 +338,11 @@ fn udp_loop(
             Packet::Hello { cookie } => {
                 if peer.is_none_or(|p| p == from) && session.cookie_matches(&cookie) {
                     peer = Some(from);
-                    Some(Packet::HelloAck)
+                    if reverse {
+                        Some(reverse_hello(udp, record, from)?)
+                    } else {
+                        Some(Packet::HelloAck)
+                    }
                 } else {
                     None
                 }
@@ -258,6 +385,7 @@ fn udp_loop(
             }
             // Replies travel server to client only.
             Packet::HelloAck
+            | Packet::HelloToken { .. }
             | Packet::EchoReply { .. }
             | Packet::MtuAck { .. }
             | Packet::TrainAck { .. } => None,
@@ -274,6 +402,31 @@ fn udp_loop(
         }
     }
     Ok(())
+}
+
+/// Binds a reverse session to the hello's address: connects the socket to
+/// it (trains go there and nowhere else) and draws the token once.
+fn reverse_hello(
+    udp: &UdpSocket,
+    record: &Mutex<Record>,
+    from: SocketAddr,
+) -> Result<Packet, ProbeError> {
+    let mut r = lock(record);
+    let token = match r.token {
+        Some(t) => t,
+        None => {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b)
+                .map_err(|e| ProbeError::io("draw a token", io::Error::other(e.to_string())))?;
+            udp.connect(from)
+                .map_err(|e| ProbeError::io(format!("connect UDP to {from}"), e))?;
+            let t = u64::from_be_bytes(b);
+            r.token = Some(t);
+            r.peer = Some(from);
+            t
+        }
+    };
+    Ok(Packet::HelloToken { token })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -418,6 +571,134 @@ mod tests {
             other => panic!("{other:?}"),
         }
         control.send(&ProbeMsg::Done.encode()).unwrap();
+        stop.trigger();
+    }
+
+    #[test]
+    fn reverse_sessions_send_trains_only_with_the_token_and_once() {
+        let (addr, stop) = start();
+        let open = |params: &ProbeParams| {
+            let session = connect(addr, None, SERVICE, &params.encode()).unwrap();
+            let ready = session
+                .control()
+                .recv(Some(Duration::from_secs(5)))
+                .unwrap();
+            let Ok(ProbeMsg::Ready {
+                udp_port, reverse, ..
+            }) = ProbeMsg::decode(&ready.unwrap())
+            else {
+                panic!("no Ready");
+            };
+            assert_eq!(reverse, params.reverse);
+            (session, SocketAddr::new(addr.ip(), udp_port))
+        };
+        let msg = |c: &fatpipe_engine::Control| {
+            ProbeMsg::decode(&c.recv(Some(Duration::from_secs(5))).unwrap().unwrap()).unwrap()
+        };
+        let (session, udp_addr) = open(&ProbeParams::reverse());
+        let client = udp_to(udp_addr);
+        send(
+            &client,
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+        );
+        let Some(Packet::HelloToken { token }) = reply(&client) else {
+            panic!("no token");
+        };
+        let ask = |first, token| ProbeMsg::SendTrains {
+            token,
+            first,
+            count: 2,
+            len: 5,
+            size: 200,
+            gap_us: 1000,
+        };
+        let control = session.control();
+        control.send(&ask(0, token).encode()).unwrap();
+        let mut buf = [0u8; 512];
+        let mut got = Vec::new();
+        while let Ok(n) = client.recv(&mut buf) {
+            assert_eq!(n, 200 - 28, "padded to the size asked");
+            if let Ok(Packet::Train {
+                train,
+                index,
+                count,
+            }) = Packet::decode(&buf[..n])
+            {
+                assert_eq!(count, 5);
+                got.push((train, index));
+            }
+            if got.len() == 10 {
+                break;
+            }
+        }
+        assert_eq!(got.len(), 10, "{got:?}");
+        match msg(control) {
+            ProbeMsg::Sent { trains } => {
+                let t: Vec<(u32, u32)> = trains.iter().map(|t| (t.0, t.1)).collect();
+                assert_eq!(t, [(0, 5), (1, 5)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Train 1 again: refused, and the session ends with the reason.
+        control.send(&ask(1, token).encode()).unwrap();
+        match msg(control) {
+            ProbeMsg::Error { message } => assert!(message.contains("twice"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+
+        // A wrong token sends nothing.
+        let (session, udp_addr) = open(&ProbeParams::reverse());
+        let client = udp_to(udp_addr);
+        send(
+            &client,
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+        );
+        let Some(Packet::HelloToken { token }) = reply(&client) else {
+            panic!("no token");
+        };
+        session.control().send(&ask(0, token ^ 1).encode()).unwrap();
+        match msg(session.control()) {
+            ProbeMsg::Error { message } => assert!(message.contains("token"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(reply(&client), None);
+
+        // A forward session has no trains to send.
+        let (session, udp_addr) = open(&ProbeParams::current());
+        let client = udp_to(udp_addr);
+        send(
+            &client,
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+        );
+        assert_eq!(reply(&client), Some(Packet::HelloAck));
+        session.control().send(&ask(0, 0).encode()).unwrap();
+        assert!(matches!(msg(session.control()), ProbeMsg::Error { .. }));
+        stop.trigger();
+    }
+
+    #[test]
+    fn reverse_probe_on_loopback_gives_an_estimate_of_the_server_sending() {
+        let (addr, stop) = start();
+        let mut cfg =
+            crate::probe::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
+        cfg.reverse = true;
+        cfg.echoes = 3;
+        cfg.trains = 4;
+        let o = crate::probe::run(&cfg).unwrap();
+        assert!(o.reverse);
+        let r = o.rate.expect("an estimate from the server's trains");
+        assert!(r.rate > 1e8, "{r:?}");
+        assert!(r.low <= r.rate && r.rate <= r.high, "{r:?}");
+        // Loopback loses nothing; every train sent was timed here.
+        assert!(o.train_packets.0 > 0);
+        assert_eq!(o.train_packets.0, o.train_packets.1);
+        assert!(o.kernel_clock);
         stop.trigger();
     }
 

@@ -21,6 +21,17 @@
 //! (path MTU) → `Train` packets, each train answered by a `TrainAck` →
 //! control `Collect` → `Train` reports, one per train, then `Collected` →
 //! `Done`.
+//!
+//! **Reverse** (`ProbeParams { reverse: true }`, answered by `Ready {
+//! reverse: true }`): the server sends the trains and the client times
+//! them, to measure the server → client direction. The server answers the
+//! UDP `Hello` with `HelloToken { token }` (a random number) instead of
+//! `HelloAck`; the client asks for trains on the control channel with
+//! `SendTrains { token, … }`, which proves it receives at the UDP address
+//! the trains will go to (so an authenticated client cannot aim them at a
+//! third party). The server sends them, each train number once, within
+//! [`REVERSE_BUDGET`] bytes per session, and reports its send spans in
+//! `Sent`. Echoes and the MTU search are as in the forward probe.
 
 use fatpipe_proto::coding::{DecodeError, Reader};
 use fatpipe_proto::{Cookie, MAX_PAYLOAD};
@@ -39,9 +50,18 @@ pub const MAX_DATAGRAM: usize = 65_507;
 pub const MAX_TRAIN_LEN: u32 = 1024;
 /// Most trains in one session.
 pub const MAX_TRAINS: u32 = 64;
+/// Largest IP packet a reverse train may ask the server to send.
+pub const MAX_REVERSE_PACKET: u32 = 9000;
+/// Most train bytes the server sends in one reverse session.
+pub const REVERSE_BUDGET: u64 = 64 << 20;
+/// Longest pause a reverse request may ask between trains (µs).
+pub const MAX_GAP_US: u32 = 1_000_000;
 
 /// Header bytes of every probe datagram (magic, version, kind).
 const HEADER: usize = 6;
+/// Smallest IP packet a reverse train may ask for: IPv6 and UDP headers
+/// plus a train packet's header.
+pub const MIN_REVERSE_PACKET: u32 = 48 + HEADER as u32 + 12;
 
 /// One probe datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +116,13 @@ pub enum Packet {
         /// Packets in the train.
         count: u32,
     },
+    /// Server → client, in a reverse session instead of `HelloAck`: the
+    /// hello was accepted; `token` must come back in `SendTrains`.
+    HelloToken {
+        /// A random number, known only to whoever receives at the
+        /// hello's address.
+        token: u64,
+    },
     /// Server → client: the last packet of a train arrived.
     TrainAck {
         /// Train number.
@@ -120,6 +147,7 @@ impl Packet {
                 Packet::Mtu { .. } | Packet::MtuAck { .. } => 8,
                 Packet::Train { .. } => 12,
                 Packet::TrainAck { .. } => 16,
+                Packet::HelloToken { .. } => 8,
             }
     }
 
@@ -179,6 +207,10 @@ impl Packet {
                 put32(out, train);
                 put32(out, received);
                 out.extend_from_slice(&span_ns.to_be_bytes());
+            }
+            Packet::HelloToken { token } => {
+                out.push(9);
+                out.extend_from_slice(&token.to_be_bytes());
             }
         }
         pad(out, start, total);
@@ -257,6 +289,7 @@ impl Packet {
                 },
                 false,
             ),
+            9 => (Packet::HelloToken { token: r.u64()? }, false),
             k => return Err(DecodeError::UnknownType(k)),
         };
         if !padded {
@@ -271,6 +304,14 @@ impl Packet {
 pub struct ProbeParams {
     /// Must be [`PROBE_VERSION`].
     pub version: u32,
+    /// True to have the server send the trains (server → client). Left
+    /// out when false, so a forward probe reads as it always did.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reverse: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl ProbeParams {
@@ -278,6 +319,15 @@ impl ProbeParams {
     pub fn current() -> ProbeParams {
         ProbeParams {
             version: PROBE_VERSION,
+            reverse: false,
+        }
+    }
+
+    /// The parameters of a reverse probe.
+    pub fn reverse() -> ProbeParams {
+        ProbeParams {
+            reverse: true,
+            ..ProbeParams::current()
         }
     }
 
@@ -320,6 +370,32 @@ pub enum ProbeMsg {
         limits: Option<HostLimits>,
         /// Why `limits` is missing.
         limits_error: Option<String>,
+        /// True when the server took a reverse session (it sends the
+        /// trains). A server from before reverse probing leaves it out.
+        #[serde(default, skip_serializing_if = "is_false")]
+        reverse: bool,
+    },
+    /// Client → server, reverse sessions: send trains `first..first +
+    /// count` of `len` packets of `size` IP bytes each, `gap_us` apart.
+    SendTrains {
+        /// The `HelloToken` the client received over UDP.
+        token: u64,
+        /// First train number.
+        first: u32,
+        /// Trains to send.
+        count: u32,
+        /// Packets per train.
+        len: u32,
+        /// IP bytes per packet.
+        size: u32,
+        /// Pause between trains (µs).
+        gap_us: u32,
+    },
+    /// Server → client, reverse sessions: the trains were sent; one
+    /// `(train, packets, send span in ns)` each.
+    Sent {
+        /// What was sent.
+        trains: Vec<(u32, u32, u64)>,
     },
     /// Client → server: send the train timestamps.
     Collect,
@@ -357,6 +433,8 @@ impl ProbeMsg {
             ProbeMsg::Train { .. } => "Train",
             ProbeMsg::Collected { .. } => "Collected",
             ProbeMsg::Done => "Done",
+            ProbeMsg::SendTrains { .. } => "SendTrains",
+            ProbeMsg::Sent { .. } => "Sent",
             ProbeMsg::Error { .. } => "Error",
         }
     }
@@ -387,6 +465,36 @@ impl ProbeMsg {
                 {
                     return Err(DecodeError::Invalid("train arrival"));
                 }
+            }
+            ProbeMsg::SendTrains {
+                first,
+                count,
+                len,
+                size,
+                gap_us,
+                ..
+            } => {
+                let end = u64::from(*first) + u64::from(*count);
+                if *count == 0 || end > u64::from(MAX_TRAINS) {
+                    return Err(DecodeError::Invalid("train numbers"));
+                }
+                if *len == 0 || *len > MAX_TRAIN_LEN {
+                    return Err(DecodeError::Invalid("train length"));
+                }
+                if *size < MIN_REVERSE_PACKET || *size > MAX_REVERSE_PACKET {
+                    return Err(DecodeError::Invalid("train packet size"));
+                }
+                if *gap_us > MAX_GAP_US {
+                    return Err(DecodeError::Invalid("train gap"));
+                }
+            }
+            ProbeMsg::Sent { trains }
+                if trains.len() > MAX_TRAINS as usize
+                    || trains
+                        .iter()
+                        .any(|&(t, n, _)| t >= MAX_TRAINS || n == 0 || n > MAX_TRAIN_LEN) =>
+            {
+                return Err(DecodeError::Invalid("sent trains"));
             }
             ProbeMsg::Error { message } if message.len() > 4096 => {
                 return Err(DecodeError::Invalid("error text"));
@@ -433,6 +541,7 @@ mod tests {
                 received: 398,
                 span_ns: 4_800_000,
             },
+            Packet::HelloToken { token: u64::MAX },
         ]
     }
 
@@ -505,6 +614,24 @@ mod tests {
                 udp_port: 40000,
                 limits: None,
                 limits_error: Some("no /proc".into()),
+                reverse: false,
+            },
+            ProbeMsg::Ready {
+                udp_port: 40000,
+                limits: None,
+                limits_error: None,
+                reverse: true,
+            },
+            ProbeMsg::SendTrains {
+                token: u64::MAX,
+                first: 0,
+                count: MAX_TRAINS,
+                len: MAX_TRAIN_LEN,
+                size: 1500,
+                gap_us: 2000,
+            },
+            ProbeMsg::Sent {
+                trains: vec![(0, 64, 120_000), (1, 333, 4_000_000)],
             },
             ProbeMsg::Collect,
             ProbeMsg::Train {
@@ -524,7 +651,18 @@ mod tests {
             assert_eq!(ProbeMsg::decode(&m.encode()), Ok(m));
         }
         let p = ProbeParams::current();
-        assert_eq!(ProbeParams::decode(&p.encode()), Ok(p));
+        assert_eq!(ProbeParams::decode(&p.encode()), Ok(p.clone()));
+        // A forward probe's parameters read as before reverse existed.
+        assert_eq!(p.encode(), b"{\"version\":1}");
+        let r = ProbeParams::reverse();
+        assert_eq!(ProbeParams::decode(&r.encode()), Ok(r));
+        // A Ready from an older server means a forward session.
+        assert!(matches!(
+            ProbeMsg::decode(
+                b"{\"type\":\"ready\",\"udp_port\":1,\"limits\":null,\"limits_error\":null}"
+            ),
+            Ok(ProbeMsg::Ready { reverse: false, .. })
+        ));
     }
 
     #[test]
@@ -542,6 +680,36 @@ mod tests {
         };
         assert!(ProbeMsg::decode(&bad_train.encode()).is_err());
         assert!(ProbeParams::decode(b"{\"version\":2}").is_err());
+        let send = |first, count, len, size, gap_us| ProbeMsg::SendTrains {
+            token: 1,
+            first,
+            count,
+            len,
+            size,
+            gap_us,
+        };
+        assert!(ProbeMsg::decode(&send(0, 10, 333, 1500, 1000).encode()).is_ok());
+        for bad in [
+            send(0, 0, 333, 1500, 0),
+            send(60, 5, 333, 1500, 0),
+            send(u32::MAX, 2, 333, 1500, 0),
+            send(0, 1, 0, 1500, 0),
+            send(0, 1, MAX_TRAIN_LEN + 1, 1500, 0),
+            send(0, 1, 10, MAX_REVERSE_PACKET + 1, 0),
+            send(0, 1, 10, MIN_REVERSE_PACKET - 1, 0),
+            send(0, 1, 10, 1500, MAX_GAP_US + 1),
+        ] {
+            assert!(ProbeMsg::decode(&bad.encode()).is_err(), "{bad:?}");
+        }
+        for bad in [
+            vec![(MAX_TRAINS, 1, 0)],
+            vec![(0, 0, 0)],
+            vec![(0, MAX_TRAIN_LEN + 1, 0)],
+            vec![(0, 1, 0); MAX_TRAINS as usize + 1],
+        ] {
+            let m = ProbeMsg::Sent { trains: bad };
+            assert!(ProbeMsg::decode(&m.encode()).is_err(), "{m:?}");
+        }
         assert!(ProbeParams::decode(b"").is_err());
     }
 }
