@@ -421,6 +421,12 @@ pub fn judge_buffer(target: &Target, cap: u64, autotune: bool, what: &str) -> (S
             "{what} reaches {} of window, enough for one stream",
             format_bytes_iec(window)
         )
+    } else if streams <= 1.0 {
+        format!(
+            "{what} gives a stream at most {} of window: one stream fills the target, but {} is recommended for loss recovery and other paths",
+            format_bytes_iec(window),
+            format_bytes_iec(need)
+        )
     } else {
         format!(
             "{what} gives a stream at most {} of window: filling the target takes {streams} streams",
@@ -734,6 +740,18 @@ mod tests {
             rate,
             rtt: Duration::from_millis(rtt_ms),
         }
+    }
+
+    #[test]
+    fn a_cap_that_one_stream_fills_is_not_counted_in_streams() {
+        // 1 Gbit/s x 10 ms: a 4 MiB buffer covers 1.5 BDP, but is below
+        // the 16 MiB floor of the recommendation.
+        let (sev, why) = judge_buffer(&target(G, 10), 4 << 20, false, "rmem_max");
+        assert_eq!(sev, Severity::Warn);
+        assert!(why.contains("one stream fills the target"), "{why}");
+        assert!(why.contains("16 MiB is recommended"), "{why}");
+        let (_, why) = judge_buffer(&target(G, 100), 4 << 20, false, "rmem_max");
+        assert!(why.contains("takes 5 streams"), "{why}");
     }
 
     fn typical() -> HostFacts {
