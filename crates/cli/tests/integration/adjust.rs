@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+use fatpipe_lab::{End, Lab, LinkSpec};
 use fatpipe_schema::test::{TestReport, TestStreamLine};
 use fatpipe_schema::tune::Action;
 
@@ -79,16 +79,7 @@ fn lab_with_server(test: &str, name: &str, spec: &LinkSpec) -> Option<(Lab, util
     if !util::need_root(test) {
         return None;
     }
-    let _ = fatpipe_lab::down(name);
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
-    };
-    let lab = Lab::up(name, spec, &opts).expect("lab up");
-    let mut cmd = lab.command(End::B, util::bin());
-    cmd.args(["server", "--port", "0", "--quiet"]);
-    let (srv, port) = spawn_server(cmd);
-    let host = format!("{}:{port}", lab.addr(End::B));
+    let (lab, srv, host, _) = util::lab_with_server(name, spec, &[]);
     Some((lab, srv, host))
 }
 

@@ -10,7 +10,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+use fatpipe_lab::{End, Lab, LinkSpec};
 use fatpipe_schema::copy::CopyReport;
 use fatpipe_schema::test::TestReport;
 
@@ -183,21 +183,11 @@ fn lab_auto_fills_1gbit_93ms() {
     if !util::need_root("lab_auto_fills_1gbit_93ms") {
         return;
     }
-    let name = "fp-auto-it";
-    let _ = fatpipe_lab::down(name);
     let spec = LinkSpec {
         seed: 7,
         ..LinkSpec::new(Duration::from_millis(93), 1_000_000_000)
     };
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
-    };
-    let lab = Lab::up(name, &spec, &opts).expect("lab up");
-    let mut cmd = lab.command(End::B, util::bin());
-    cmd.args(["server", "--port", "0", "--quiet"]);
-    let (_srv, port) = spawn_server(cmd);
-    let host = format!("{}:{port}", lab.addr(End::B));
+    let (lab, _srv, host, _) = util::lab_with_server("fp-auto-it", &spec, &[]);
 
     // Slow start over 93 ms takes a couple of seconds; leave it out.
     let (auto_rate, r) = lab_rate(&lab, &host, &["-t", "8", "-O", "2"]);
@@ -308,27 +298,18 @@ fn lab_copy_adds_streams_on_a_lossy_long_link() {
     if !util::need_root("lab_copy_adds_streams_on_a_lossy_long_link") {
         return;
     }
-    let name = "ca-adj-it";
-    let _ = fatpipe_lab::down(name);
     let spec = LinkSpec {
         seed: 11,
         loss: 0.001,
         ..LinkSpec::new(Duration::from_millis(93), 1_000_000_000)
-    };
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
     };
     let dir = setup();
     let export = dir.path().join("export");
     std::fs::create_dir(&export).expect("mkdir export");
     let src = dir.path().join("f.bin");
     random_file(&src, 768 << 20, 5);
-    let lab = Lab::up(name, &spec, &opts).expect("lab up");
-    let mut cmd = lab.command(End::B, util::bin());
     let spec_arg = format!("d={}:public", export.display());
-    cmd.args(["server", "--port", "0", "--quiet", "--export", &spec_arg]);
-    let (srv, port) = spawn_server(cmd);
+    let (lab, srv, _, port) = util::lab_with_server("ca-adj-it", &spec, &["--export", &spec_arg]);
     // A deliberately small start (one stream): the adjuster must see the
     // loss at minimum RTT and grow the copy while it runs.
     let mut cmd = lab.command(End::A, util::bin());

@@ -7,11 +7,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+use fatpipe_lab::{End, Lab, LinkSpec};
 
 use crate::util::{
-    self, assert_exit, assert_same_tree, journal_has_records, json, mkdir, random_file,
-    spawn_server, wait_for,
+    self, assert_exit, assert_same_tree, journal_has_records, json, mkdir, random_file, wait_for,
 };
 
 /// Lowest goodput (Gbit/s, after the probe) accepted for the ~200 MiB tree,
@@ -85,22 +84,13 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
 
     // The PID makes the name unique among concurrent runs (11 characters at most).
     let name = format!("bnc{}", std::process::id());
-    let _ = fatpipe_lab::down(&name);
     let spec = LinkSpec {
         loss: 1e-4,
         seed: 7,
         ..LinkSpec::new(Duration::from_millis(50), 1_000_000_000)
     };
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
-    };
-    // Declared before the server, so dropped after it: the lab goes down last.
-    let lab = Lab::up(&name, &spec, &opts).expect("lab up");
-    let mut cmd = lab.command(End::B, util::bin());
-    cmd.args(["server", "--port", "0", "--quiet", "--export"])
-        .arg(format!("data={}:public", exp.display()));
-    let (_srv, port) = spawn_server(cmd);
+    let export = format!("data={}:public", exp.display());
+    let (lab, _srv, _, port) = util::lab_with_server(&name, &spec, &["--export", &export]);
     let b = lab.addr(End::B).to_string();
 
     // Push the tree with no flags.

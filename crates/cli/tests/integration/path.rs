@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+use fatpipe_lab::{End, LinkSpec};
 use fatpipe_schema::path::{PathReport, PATH_SCHEMA, PATH_SCHEMA_VERSION};
 
 use crate::util::{self, assert_exit, run, setup, spawn_server};
@@ -192,7 +192,6 @@ static LAB_SERIAL: Mutex<()> = Mutex::new(());
 /// probe reports the RTT within 2 ms and the bottleneck within 15 %.
 fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
     let _serial = LAB_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = fatpipe_lab::down(name);
     let spec = LinkSpec {
         rtt,
         rate_up: rate,
@@ -200,16 +199,7 @@ fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
         seed: 7,
         ..LinkSpec::default()
     };
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
-    };
-    // Dropped last (declared first): the lab goes down after the server.
-    let l = Lab::up(name, &spec, &opts).expect("lab up");
-    let mut cmd = l.command(End::B, util::bin());
-    cmd.args(["server", "--port", "0", "--quiet"]);
-    let (_srv, port) = spawn_server(cmd);
-    let host = format!("{}:{port}", l.addr(End::B));
+    let (l, _srv, host, _) = util::lab_with_server(name, &spec, &[]);
     for attempt in 0..3 {
         let out = run(l
             .command(End::A, util::bin())
@@ -267,7 +257,6 @@ fn lab_path_reverse_measures_each_direction_of_an_asymmetric_link() {
     }
     let _serial = LAB_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let name = "tfasym";
-    let _ = fatpipe_lab::down(name);
     let (up, down) = (100_000_000u64, 1_000_000_000u64);
     let spec = LinkSpec {
         rtt: Duration::from_millis(40),
@@ -276,15 +265,7 @@ fn lab_path_reverse_measures_each_direction_of_an_asymmetric_link() {
         seed: 7,
         ..LinkSpec::default()
     };
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
-    };
-    let l = Lab::up(name, &spec, &opts).expect("lab up");
-    let mut cmd = l.command(End::B, util::bin());
-    cmd.args(["server", "--port", "0", "--quiet"]);
-    let (_srv, port) = spawn_server(cmd);
-    let host = format!("{}:{port}", l.addr(End::B));
+    let (l, _srv, host, _) = util::lab_with_server(name, &spec, &[]);
     for (flag, want) in [(None, up), (Some("--reverse"), down)] {
         let mut cmd = l.command(End::A, util::bin());
         cmd.args(["path", &host, "--json"]).args(flag);

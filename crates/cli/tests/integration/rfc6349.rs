@@ -9,7 +9,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use fatpipe_lab::{End, Lab, LinkChange, LinkSpec, UpOptions};
+use fatpipe_lab::{End, Lab, LinkChange, LinkSpec};
 use fatpipe_schema::test::{Direction, Rfc6349, TestReport};
 
 use crate::util::{self, assert_exit, run, setup, spawn_server};
@@ -138,21 +138,11 @@ fn lab_rfc6349_1gbit_40ms() {
     if !util::need_root("lab_rfc6349_1gbit_40ms") {
         return;
     }
-    let name = "rfc-it";
-    let _ = fatpipe_lab::down(name);
     let spec = LinkSpec {
         seed: 11,
         ..LinkSpec::new(Duration::from_millis(40), 1_000_000_000)
     };
-    let opts = UpOptions {
-        exe: Some(util::bin()),
-        owner: Some(std::process::id()),
-    };
-    let lab = Lab::up(name, &spec, &opts).expect("lab up");
-    let mut cmd = lab.command(End::B, util::bin());
-    cmd.args(["server", "--port", "0", "--quiet"]);
-    let (srv, port) = spawn_server(cmd);
-    let host = format!("{}:{port}", lab.addr(End::B));
+    let (lab, srv, host, _) = util::lab_with_server("rfc-it", &spec, &[]);
 
     // Clean: slow start included, an auto-tuned 10 s test is close to
     // ideal. On a loaded host the probe's sender may not outrun the link

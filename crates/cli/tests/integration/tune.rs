@@ -361,9 +361,8 @@ fn lab_tune_for_a_1gbit_100ms_peer_targets_the_probed_path() {
     if !need_root("lab_tune_for_a_1gbit_100ms_peer_targets_the_probed_path") {
         return;
     }
-    use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+    use fatpipe_lab::{End, LinkSpec};
     let name = "tfor1g";
-    let _ = fatpipe_lab::down(name);
     let spec = LinkSpec {
         rtt: std::time::Duration::from_millis(100),
         rate_up: 1_000_000_000,
@@ -371,16 +370,7 @@ fn lab_tune_for_a_1gbit_100ms_peer_targets_the_probed_path() {
         seed: 7,
         ..LinkSpec::default()
     };
-    let opts = UpOptions {
-        exe: Some(crate::util::bin()),
-        owner: Some(std::process::id()),
-    };
-    // Dropped last: the lab goes down after the server.
-    let l = Lab::up(name, &spec, &opts).expect("lab up");
-    let mut cmd = l.command(End::B, crate::util::bin());
-    cmd.args(["server", "--port", "0", "--quiet"]);
-    let (_srv, port) = spawn_server(cmd);
-    let host = format!("{}:{port}", l.addr(End::B));
+    let (l, _srv, host, _) = crate::util::lab_with_server(name, &spec, &[]);
     let a = audit_json(&run(l
         .command(End::A, crate::util::bin())
         .args(["tune", "--for", &host, "--json"])));

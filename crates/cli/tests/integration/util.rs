@@ -93,6 +93,31 @@ pub fn spawn_server(mut cmd: Command) -> (Guard, u16) {
     (guard, port)
 }
 
+/// A lab `name` (taken down first if a crashed run left it) that goes down
+/// when this test process exits, and a `fatpipe server` in its namespace b
+/// with `server_args` added. Returns the lab, the server's guard, and the
+/// server's `ADDR:PORT` and port. Bind as `let (lab, _srv, ..)`: locals drop
+/// in reverse, so the server ends before the lab goes down.
+pub fn lab_with_server(
+    name: &str,
+    spec: &fatpipe_lab::LinkSpec,
+    server_args: &[&str],
+) -> (fatpipe_lab::Lab, Guard, String, u16) {
+    use fatpipe_lab::{End, Lab, UpOptions};
+    let _ = fatpipe_lab::down(name);
+    let opts = UpOptions {
+        exe: Some(bin()),
+        owner: Some(std::process::id()),
+    };
+    let lab = Lab::up(name, spec, &opts).expect("lab up");
+    let mut cmd = lab.command(End::B, bin());
+    cmd.args(["server", "--port", "0", "--quiet"])
+        .args(server_args);
+    let (srv, port) = spawn_server(cmd);
+    let host = format!("{}:{port}", lab.addr(End::B));
+    (lab, srv, host, port)
+}
+
 /// True when the test may use root-only facilities. Outside CI a test without
 /// root skips with a message; in CI (CI=true) missing root is a failure,
 /// because lab tests must run there.
