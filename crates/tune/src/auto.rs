@@ -441,14 +441,15 @@ pub fn record(pre: &Preflight, s: &Settings, adjusting: bool) -> AutoTune {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
     use crate::probe::estimate::{RateEstimate, RttStats};
     use crate::probe::mtu::MtuResult;
 
-    fn limits(max: u64, cc: &[&str], privileged: bool) -> HostLimits {
+    /// Host limits with one cap for every buffer (also used by peer's tests).
+    pub(crate) fn limits(max: u64, cc: &[&str], privileged: bool) -> HostLimits {
         HostLimits {
             rmem_max: max,
             wmem_max: max,

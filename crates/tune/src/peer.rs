@@ -408,6 +408,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::auto::tests::limits;
     use crate::host::{Nic, Probe};
 
     fn probed(rtt_ms: u64, rate: Option<f64>, lower_bound: bool) -> Probed {
@@ -582,17 +583,6 @@ mod tests {
             ),
             ("flags", "default", "flag")
         );
-    }
-
-    fn limits(max: u64, cc: &[&str], privileged: bool) -> HostLimits {
-        HostLimits {
-            rmem_max: max,
-            wmem_max: max,
-            tcp_rmem: [4096, 131072, max],
-            tcp_wmem: [4096, 16384, max],
-            congestion: cc.iter().map(|c| c.to_string()).collect(),
-            privileged,
-        }
     }
 
     fn find<'a>(f: &'a [Finding], item: &str) -> &'a Finding {

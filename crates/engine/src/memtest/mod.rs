@@ -936,16 +936,9 @@ impl Steer<'_> {
         let dialer = std::thread::Builder::new()
             .name("adding streams".into())
             .spawn(move || {
-                let ids: Vec<(u32, Role)> = (add.first..add.first + add.count())
-                    .map(|id| {
-                        let role = if add.client_sends(id) {
-                            Role::Send
-                        } else {
-                            Role::Recv
-                        };
-                        (id, role)
-                    })
-                    .collect();
+                let ids = client_roles(add.first..add.first + add.count(), |id| {
+                    add.client_sends(id)
+                });
                 let _ = tx.send(Ev::Dialed(dial_tcp_streams(&session, &config, &ids)));
             });
         if let Err(e) = dialer {
@@ -1239,21 +1232,25 @@ fn new_stream(id: u32, role: Role, sock: Sock, p: &TestParams) -> Stream {
     }
 }
 
+/// The client's role on each stream id: it sends where `client_sends`.
+fn client_roles(ids: std::ops::Range<u32>, client_sends: impl Fn(u32) -> bool) -> Vec<(u32, Role)> {
+    ids.map(|id| {
+        let role = if client_sends(id) {
+            Role::Send
+        } else {
+            Role::Recv
+        };
+        (id, role)
+    })
+    .collect()
+}
+
 fn open_tcp_streams(
     session: &ClientSession,
     p: &TestParams,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Stream>> {
-    let ids: Vec<(u32, Role)> = (0..p.total_streams())
-        .map(|id| {
-            let role = if p.client_sends(id) {
-                Role::Send
-            } else {
-                Role::Recv
-            };
-            (id, role)
-        })
-        .collect();
+    let ids = client_roles(0..p.total_streams(), |id| p.client_sends(id));
     let mut streams = Vec::with_capacity(ids.len());
     for (stream, w) in dial_tcp_streams(session, p, &ids)? {
         // The same refusal on every stream is one warning, not a thousand.
