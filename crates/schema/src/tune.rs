@@ -101,6 +101,11 @@ pub struct AutoTune {
     pub overridden: Vec<String>,
     /// Seconds the probe took before data flowed.
     pub probe_secs: f64,
+    /// The probe's sender could not outpace the path, so `facts`'
+    /// bottleneck rate is only a lower bound (the in-flight adjuster then
+    /// treats the rate as unknown).
+    #[serde(default)]
+    pub rate_lower_bound: bool,
     /// True when the in-flight adjuster ran; `decisions` holds its changes.
     pub adjusting: bool,
     /// Changes the in-flight adjuster made, in order.

@@ -76,17 +76,6 @@ impl PreflightConfig {
     }
 }
 
-/// Ends the pre-flight warning that the probed rate is only a lower bound
-/// (the in-flight adjuster then treats the rate as unknown).
-pub const RATE_IS_LOWER_BOUND: &str = "the path rate is a lower bound";
-
-/// True if the pre-flight recorded in `auto` found the rate a lower bound.
-pub fn rate_is_lower_bound(auto: &AutoTune) -> bool {
-    auto.warnings
-        .iter()
-        .any(|w| w.ends_with(RATE_IS_LOWER_BOUND))
-}
-
 /// What the pre-flight found and planned.
 #[derive(Debug, Clone)]
 pub struct Preflight {
@@ -241,7 +230,7 @@ pub fn from_outcome(
     if let Some(r) = &o.rate {
         if r.sender_limited {
             warnings.push(format!(
-                "{} could not send probe trains faster than {}: {RATE_IS_LOWER_BOUND}",
+                "{} could not send probe trains faster than {}: the path rate is a lower bound",
                 if o.reverse { "the server" } else { "this host" },
                 format_rate(r.rate)
             ));
@@ -434,6 +423,7 @@ pub fn record(pre: &Preflight, s: &Settings, adjusting: bool) -> AutoTune {
         pacing_rate: s.pacing_rate,
         overridden: s.overridden.clone(),
         probe_secs: pre.probe_secs,
+        rate_lower_bound: pre.rate_lower_bound,
         adjusting,
         decisions: Vec::new(),
         warnings: pre.warnings.clone(),

@@ -684,7 +684,7 @@ impl Tuning {
         // A rate the probe could not push past (this host sent its trains
         // no faster) is a floor, not the path's rate: the adjuster would
         // take reaching it for "at the path rate" and never act.
-        if auto::rate_is_lower_bound(rec) {
+        if rec.rate_lower_bound {
             facts.bottleneck_rate = None;
         }
         // A rate cap is the most this copy may reach: below it there is no
@@ -1042,7 +1042,7 @@ mod tests {
         e.chain().any(|c| c.is::<crate::exit::UsageError>())
     }
 
-    fn record(rate: Option<u64>, warnings: &[&str]) -> AutoTune {
+    fn record(rate: Option<u64>, lower_bound: bool) -> AutoTune {
         AutoTune {
             facts: fatpipe_schema::tune::PathFacts {
                 rtt_secs: 0.093,
@@ -1067,25 +1067,25 @@ mod tests {
             pacing_rate: None,
             overridden: vec![],
             probe_secs: 1.0,
+            rate_lower_bound: lower_bound,
             adjusting: true,
             decisions: vec![],
-            warnings: warnings.iter().map(|w| w.to_string()).collect(),
+            warnings: vec![],
         }
     }
 
     #[test]
     fn the_adjuster_gets_a_rate_only_when_it_is_the_paths() {
         const G: u64 = 1_000_000_000;
-        let t = Tuning::new(&record(Some(G), &[]), 4, None, None, true);
+        let t = Tuning::new(&record(Some(G), false), 4, None, None, true);
         assert_eq!(t.facts.bottleneck_rate, Some(G));
         // A probe that could not outpace the path only bounds its rate.
-        let lower = "this host could not send probe trains faster than 648 Mbit/s: the path rate is a lower bound";
-        let t = Tuning::new(&record(Some(G), &[lower]), 4, None, None, true);
+        let t = Tuning::new(&record(Some(G), true), 4, None, None, true);
         assert_eq!(t.facts.bottleneck_rate, None);
         // --bwlimit is the most this copy may reach.
-        let t = Tuning::new(&record(Some(G), &[lower]), 4, None, Some(G / 10), true);
+        let t = Tuning::new(&record(Some(G), true), 4, None, Some(G / 10), true);
         assert_eq!(t.facts.bottleneck_rate, Some(G / 10));
-        let t = Tuning::new(&record(Some(G / 20), &[]), 4, None, Some(G / 10), true);
+        let t = Tuning::new(&record(Some(G / 20), false), 4, None, Some(G / 10), true);
         assert_eq!(t.facts.bottleneck_rate, Some(G / 20));
     }
 

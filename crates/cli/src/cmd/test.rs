@@ -293,7 +293,7 @@ fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConf
     if let Some(cc) = &p.congestion {
         cfg.congestion.clone_from(cc);
     }
-    if auto::rate_is_lower_bound(auto) {
+    if auto.rate_lower_bound {
         cfg.path_rate = None;
     }
     Some(cfg)
