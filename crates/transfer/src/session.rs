@@ -821,12 +821,7 @@ pub const MAX_FORCED_BUFFER: u64 = 256 << 20;
 /// client's own: a refused option leaves the kernel's default, which still
 /// copies correctly.
 fn apply_tuning(s: &TcpStream, t: &SocketTuning, direction: Direction) {
-    if t.buffer > 0 {
-        let bytes = if t.force {
-            t.buffer.min(MAX_FORCED_BUFFER)
-        } else {
-            t.buffer
-        };
+    if let Some(bytes) = planned_window(t) {
         let _ = match direction {
             Direction::Push => fatpipe_sys::set_recv_buffer(s, bytes, t.force),
             Direction::Pull => fatpipe_sys::set_send_buffer(s, bytes, t.force),
@@ -978,6 +973,18 @@ fn sink_options(req: &Request) -> SinkOptions {
         sync: req.sync,
         direct: req.direct,
         max_resends: 5,
+        window: planned_window(&req.tuning),
+    }
+}
+
+/// The receive window a data connection is held at: the plan's per-stream
+/// buffer (capped as [`apply_tuning`] caps it), or none when the kernel's
+/// autotuning is left in charge.
+fn planned_window(t: &SocketTuning) -> Option<u64> {
+    match (t.buffer, t.force) {
+        (0, _) => None,
+        (b, true) => Some(b.min(MAX_FORCED_BUFFER)),
+        (b, false) => Some(b),
     }
 }
 
@@ -1246,6 +1253,7 @@ fn client_roles(
                 sync: job.sync,
                 direct: job.direct,
                 max_resends: 5,
+                window: planned_window(&job.tuning),
             };
             let dest = job.local_dest.clone();
             let p2 = Arc::clone(&progress);

@@ -61,6 +61,9 @@ pub struct SinkOptions {
     pub direct: bool,
     /// How often one chunk may fail its check before the file fails.
     pub max_resends: u32,
+    /// The receive window to hold each data connection at (the plan's
+    /// per-stream buffer), or `None` to leave the kernel's.
+    pub window: Option<u64>,
 }
 
 /// The receiver's shared state; data threads hold it in an `Arc`.
@@ -233,6 +236,10 @@ impl Sink {
 
     /// Receives chunks from one data connection until its `End`.
     pub fn receive(&self, stream: TcpStream) -> io::Result<()> {
+        let mut hold = self
+            .opts
+            .window
+            .and_then(|w| fatpipe_sys::WindowHold::new(&stream, w));
         let mut stream = io::BufReader::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
         let mut hdr = [0u8; HEADER_LEN];
@@ -285,6 +292,9 @@ impl Sink {
                 let p = (h.len as usize - pos).min(PIECE);
                 let piece = &mut buf.bytes_mut()[..p];
                 stream.read_exact(piece)?;
+                if let Some(h) = hold.as_mut() {
+                    h.tick(stream.get_ref());
+                }
                 hasher.update(piece);
                 if let (Some((file, direct)), None) = (&target, &write_err) {
                     let off = h.offset + pos as u64;
@@ -919,6 +929,7 @@ mod tests {
             sync: false,
             direct: false,
             max_resends: 5,
+            window: None,
         }
     }
 

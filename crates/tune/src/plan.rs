@@ -12,12 +12,13 @@
 //!    BBR probing with its cwnd gain of 2, keep the pipe full. Under loss the
 //!    buffers hold more than the window: the receiver keeps out-of-order data
 //!    and the sender unacknowledged data for a round trip after every loss,
-//!    so the headroom doubles on a logarithmic scale from 0.01 % loss (×1)
-//!    to 1 % (×2); see [`loss_headroom`].
+//!    so the headroom grows on a logarithmic scale from 0.01 % loss (×1)
+//!    to 0.1 % (×2) and 1 % (×8/3); see [`loss_headroom`].
 //! 2. **Per-stream cap.** Each end limits one socket's buffer in two ways:
 //!    `SO_SNDBUF`/`SO_RCVBUF` may not exceed `wmem_max`/`rmem_max` (and the
-//!    kernel doubles the value to cover its own overhead, so the window gets
-//!    about the value asked for), while kernel autotuning grows a socket to
+//!    receiver holds the window at exactly the value asked for, with
+//!    `TCP_WINDOW_CLAMP`: the kernel alone would allow a kernel-dependent
+//!    1–1.4 × of it), while kernel autotuning grows a socket to
 //!    `tcp_wmem[2]`/`tcp_rmem[2]` of which roughly half is window. The larger
 //!    of the two is used; autotuning wins ties because it starts small. Only
 //!    when even the stream cap cannot cover the window this way, and both
@@ -246,20 +247,24 @@ pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy
 }
 
 /// The window as a multiple of the BDP for a path with this loss: `base`
-/// up to 0.01 % loss, twice `base` from 1 %, log-linear between.
+/// up to 0.01 % loss, twice `base` at 0.1 %, 8/3 of `base` from 1 %,
+/// log-linear between.
 ///
-/// Measured on a 1 Gbit/s × 228 ms lab link with BBR and 3.8 MiB buffers
-/// (30 s tests, steady-state goodput): at 0 and 0.01 % loss 11 streams
-/// (1.5 BDP) gave 934–947 Mbit/s and 16 over-filled the queue; at 0.1 %
-/// 11 streams gave 844 and 16 (2.1 BDP) 947; at 1 % 16 gave 883 and 22
-/// (2.9 BDP) 937, while 32 multiplied the retransmits by five.
+/// Windows are exact: the receiver holds each stream's window at its
+/// buffer (`TCP_WINDOW_CLAMP`, see `fatpipe_sys::WindowHold`). Measured on
+/// a 1 Gbit/s × 228 ms lab link with a 1-BDP queue and BBR, when windows
+/// were still about 1.33 × the buffer (30 s tests, steady state): 2.0 BDP
+/// in flight gave 934–947 Mbit/s at 0 and 0.01 % loss but over-filled the
+/// queue in start-up (≈10k segments lost, which 1.5 BDP avoids); at 0.1 %,
+/// 2.0 BDP gave 844 and 2.8 BDP 947; at 1 %, 2.8 BDP gave 883 and 3.9 BDP
+/// 937, while 5.6 BDP multiplied the retransmits by five.
 pub fn loss_headroom(base: f64, loss: f64) -> f64 {
     let base = if base.is_finite() { base.max(1.0) } else { 1.5 };
     if loss.is_nan() || loss <= 1e-4 {
         return base;
     }
-    let f = ((loss / 1e-4).log10() / 2.0).clamp(0.0, 1.0);
-    base * (1.0 + f)
+    let decade = |from: f64| ((loss / from).log10()).clamp(0.0, 1.0);
+    base * (1.0 + decade(1e-4) + 2.0 / 3.0 * decade(1e-3))
 }
 
 /// Prints a loss probability as a percentage with the digits it needs.
@@ -450,7 +455,7 @@ mod tests {
                 false,
                 true,
             ),
-            // 0.1 % loss with BBR: BBR, floor of 4 streams, no pacing; 2.25 BDP of window.
+            // 0.1 % loss with BBR: BBR, floor of 4 streams, no pacing; 3 BDP of window.
             (
                 228,
                 Some(G),
@@ -460,7 +465,7 @@ mod tests {
                 &["cubic", "bbr"],
                 false,
                 4,
-                15680 << 10,
+                20928 << 10,
                 "bbr",
                 false,
                 false,
@@ -476,7 +481,7 @@ mod tests {
                 &["reno", "cubic"],
                 false,
                 64,
-                1024 << 10,
+                1344 << 10,
                 "cubic",
                 false,
                 false,
@@ -618,23 +623,23 @@ mod tests {
             (0.0, 1.5),
             (5e-5, 1.5),
             (1e-4, 1.5),
-            (1e-3, 2.25),
-            (1e-2, 3.0),
-            (0.2, 3.0),
+            (1e-3, 3.0),
+            (1e-2, 4.0),
+            (0.2, 4.0),
             (f64::NAN, 1.5),
         ];
         for (loss, want) in cases {
             let got = loss_headroom(1.5, loss);
             assert!((got - want).abs() < 1e-9, "loss {loss}: {got} != {want}");
         }
-        // 1 Gbit/s × 228 ms, 4 MiB caps, bbr: 11 streams clean, 16 at 0.1 %, 21 at 1 %.
+        // 1 Gbit/s × 228 ms, 4 MiB caps, bbr: 11 streams clean, 21 at 0.1 %, 28 at 1 %.
         let h = host(4 * MIB, 4 * MIB, &["cubic", "bbr"], false);
         let streams = |loss| plan(&path(228, Some(G), loss), &h, &h, &Policy::default()).streams;
         assert_eq!(streams(0.0), 11);
-        assert_eq!(streams(1e-3), 16);
-        assert_eq!(streams(1e-2), 21);
+        assert_eq!(streams(1e-3), 21);
+        assert_eq!(streams(1e-2), 28);
         let p = plan(&path(228, Some(G), 1e-3), &h, &h, &Policy::default());
-        assert!(p.reason.contains("window 2.2 × BDP"), "{}", p.reason);
+        assert!(p.reason.contains("window 3.0 × BDP"), "{}", p.reason);
     }
 
     #[test]

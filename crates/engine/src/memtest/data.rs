@@ -313,6 +313,12 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     let _ = set_rcvlowat(s, lowat);
     s.set_read_timeout(Some(RECV_TICK))?;
     let mut sink = fatpipe_sys::Discarder::new();
+    // `-w` (or a plan) sets the window the sender may fill, exactly: the
+    // kernel would otherwise let a multiple of the buffer be in flight.
+    let mut hold = sh
+        .params
+        .window
+        .and_then(|w| fatpipe_sys::WindowHold::new(s, w));
     // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
@@ -323,6 +329,9 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
         match sink.recv(s, len) {
             Ok(t) if t.bytes == 0 => return Ok(()),
             Ok(t) => {
+                if let Some(h) = hold.as_mut() {
+                    h.tick(s);
+                }
                 c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
                 c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
             }

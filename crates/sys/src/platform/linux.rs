@@ -46,6 +46,16 @@ pub(crate) fn set_buffer_force(fd: &impl AsFd, send: bool, bytes: libc::c_int) -
     setsockopt(fd, libc::SOL_SOCKET, name, bytes)
 }
 
+/// Sets `TCP_WINDOW_CLAMP`: the most this socket's receiver advertises.
+pub(crate) fn set_window_clamp(fd: &impl AsFd, bytes: libc::c_int) -> io::Result<()> {
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, bytes)
+}
+
+/// Reads `TCP_WINDOW_CLAMP`.
+pub(crate) fn get_window_clamp(fd: &impl AsFd) -> io::Result<libc::c_int> {
+    getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP)
+}
+
 /// Sets `TCP_CONGESTION` by name.
 pub(crate) fn set_congestion(fd: &impl AsFd, name: &str) -> io::Result<()> {
     setsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_bytes())

@@ -28,6 +28,16 @@ pub(crate) fn set_buffer_force(_: &impl AsFd, _: bool, _: libc::c_int) -> io::Re
     Err(unsupported("SO_SNDBUFFORCE/SO_RCVBUFFORCE"))
 }
 
+/// `TCP_WINDOW_CLAMP` is Linux-only: the receive buffer alone bounds the window.
+pub(crate) fn set_window_clamp(_: &impl AsFd, _: libc::c_int) -> io::Result<()> {
+    Err(unsupported("TCP_WINDOW_CLAMP"))
+}
+
+/// `TCP_WINDOW_CLAMP` is Linux-only.
+pub(crate) fn get_window_clamp(_: &impl AsFd) -> io::Result<libc::c_int> {
+    Err(unsupported("TCP_WINDOW_CLAMP"))
+}
+
 /// Congestion control by name is not portable.
 pub(crate) fn set_congestion(_: &impl AsFd, _: &str) -> io::Result<()> {
     Err(unsupported("TCP_CONGESTION"))
