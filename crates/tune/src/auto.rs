@@ -161,19 +161,35 @@ pub struct Settings {
 impl Settings {
     /// Raises the stream count to `floor` (when a command needs streams for
     /// more than the window, as `copy` does to read, hash and write in
-    /// parallel), keeping the total pacing the plan chose.
+    /// parallel), keeping the total pacing and the total window the plan
+    /// chose: the planned buffer is shared out among the streams (each
+    /// receiver holds its window at its share), so more streams never
+    /// put more in flight than the plan meant.
     pub fn at_least(&mut self, floor: u32) {
         if self.streams >= floor {
             return;
         }
+        let old = u128::from(self.streams.max(1));
+        let new = u128::from(floor.max(1));
         if let Some(per) = self.pacing_rate {
-            let total = u128::from(per) * u128::from(self.streams.max(1));
-            self.pacing_rate =
-                Some(u64::try_from(total / u128::from(floor.max(1))).unwrap_or(u64::MAX));
+            self.pacing_rate = Some(u64::try_from(u128::from(per) * old / new).unwrap_or(u64::MAX));
+        }
+        if let Some(per) = self.buffer {
+            let share = (u128::from(per) * old).div_ceil(new);
+            self.buffer = Some(
+                u64::try_from(share)
+                    .unwrap_or(u64::MAX)
+                    .max(MIN_SHARED_BUFFER),
+            );
         }
         self.streams = floor;
     }
 }
+
+/// The smallest per-stream buffer [`Settings::at_least`] shares a window
+/// out into: below this a stream's window holds too few segments to
+/// recover from a loss without a timeout.
+const MIN_SHARED_BUFFER: u64 = 256 * 1024;
 
 /// Probes the path, reads both ends' limits and plans.
 pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
@@ -576,6 +592,27 @@ pub(crate) mod tests {
         s.at_least(3);
         assert_eq!(s.streams, 4, "a floor never lowers");
         assert!(s.overridden.is_empty());
+    }
+
+    #[test]
+    fn a_floor_of_streams_shares_out_the_window() {
+        // (planned streams, buffer each, floor) → buffer each after
+        let cases = [
+            (1, 64 << 20, 4, 16 << 20),
+            (2, 3 << 20, 4, 3 << 19),
+            (3, 1_000_001, 4, 750_001),
+            (1, 512 << 10, 4, MIN_SHARED_BUFFER),
+            (8, 4 << 20, 4, 4 << 20),
+        ];
+        for (streams, buffer, floor, want) in cases {
+            let mut p = lab_plan();
+            p.streams = streams;
+            p.set_buffers = true;
+            p.per_stream_buffer = buffer;
+            let mut s = merge(&p, &Overrides::default());
+            s.at_least(floor);
+            assert_eq!(s.buffer, Some(want), "{streams} × {buffer} → {floor}");
+        }
     }
 
     #[test]
