@@ -1121,7 +1121,9 @@ fn client_loop(
     steer: &mut Steer<'_>,
 ) -> Result<(Vec<schema::TestInterval>, Vec<StreamSample>, CpuSample)> {
     let mut local: BTreeMap<u32, LocalInterval> = BTreeMap::new();
-    let mut remote: BTreeMap<u32, (Vec<StreamSample>, bool)> = BTreeMap::new();
+    // Per interval: the server's samples, whether they are complete, and
+    // where the server ended the interval (ms after Start).
+    let mut remote: BTreeMap<u32, (Vec<StreamSample>, bool, u64)> = BTreeMap::new();
     let mut merged = Vec::new();
     let mut remote_final: Vec<StreamSample> = Vec::new();
     let mut remote_cpu = CpuSample::default();
@@ -1154,11 +1156,13 @@ fn client_loop(
                     index,
                     streams,
                     more,
+                    end_ms,
                     ..
                 }) => {
                     let e = remote.entry(index).or_default();
                     e.0.extend(streams);
                     e.1 = !more;
+                    e.2 = e.2.max(end_ms);
                 }
                 Ev::Peer(TestMsg::Final {
                     streams, more, cpu, ..
@@ -1188,14 +1192,20 @@ fn client_loop(
         }
         // Print every interval both ends have reported, in order.
         while let Some((&index, _)) = local.iter().next() {
-            let Some((r, true)) = remote.get(&index) else {
+            let Some((r, true, remote_end)) = remote.get(&index) else {
                 break;
             };
-            let r = r.clone();
+            let (r, remote_end) = (r.clone(), Duration::from_millis(*remote_end));
             remote.remove(&index);
             let Some((begin, end, omitted, l)) = local.remove(&index) else {
                 break;
             };
+            // The last, partial interval closes at each end when its
+            // streams are done: at the sender on its deadline, at the
+            // receiver only once the bytes in flight have drained. The
+            // interval spans both, or the receiver's drained bytes would
+            // be divided by the sender's shorter time.
+            let end = end.max(remote_end);
             let iv = merge_interval(p, index, begin, end, omitted, &l, &r);
             on_progress(Progress::Interval(&iv));
             steer.on_interval(side, control, &iv)?;
