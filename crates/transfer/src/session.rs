@@ -1676,6 +1676,105 @@ mod tests {
     }
 
     #[test]
+    fn prepare_runs_once_with_the_control_connection_open_and_reconnects_skip_it() {
+        let src = tempfile::tempdir().unwrap();
+        let data = pseudo_random(6 << 20, 12);
+        std::fs::write(src.path().join("f"), &data).unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        j.streams = 1;
+        j.bwlimit = Some(60_000_000);
+        let progress = Arc::new(Progress::default());
+        let opened = Arc::clone(&srv.link.opened);
+        let p2 = Arc::clone(&progress);
+        let cutter = std::thread::spawn(move || {
+            while p2.bytes.load(Ordering::Relaxed) < 2 << 20 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for s in opened.lock().unwrap().drain(..) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        });
+        let calls = Mutex::new(Vec::new());
+        let mut prepare = |job: &mut Job| -> Result<(), CopyError> {
+            // Only the control connection is open: nothing waits on the plan.
+            calls
+                .lock()
+                .unwrap()
+                .push(srv.link.opened.lock().unwrap().len());
+            std::thread::sleep(Duration::from_millis(300));
+            job.streams = 3;
+            Ok(())
+        };
+        let wall = Instant::now();
+        let rep = run_client_prepared(
+            &srv.link,
+            &j,
+            Some(&mut prepare),
+            Arc::clone(&progress),
+            &|_| {},
+            None,
+        )
+        .unwrap();
+        cutter.join().unwrap();
+        assert_eq!(*calls.lock().unwrap(), vec![1]);
+        assert_eq!(rep.reconnects, 1);
+        assert_eq!(
+            rep.streams, 3,
+            "the prepared streams, also after the reconnect"
+        );
+        // The time waited for the plan is not the copy's.
+        assert!(wall.elapsed() >= rep.elapsed + Duration::from_millis(300));
+        assert_eq!(std::fs::read(exp.path().join("f")).unwrap(), data);
+    }
+
+    #[test]
+    fn a_failed_prepare_comes_before_the_sessions_own_error() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), b"x").unwrap();
+        // Nothing listens here: the session fails before preparing.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let link = TestLink {
+            addr: l.local_addr().unwrap(),
+            opened: Arc::default(),
+            on_connect: None,
+        };
+        drop(l);
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        let calls = Mutex::new(0);
+        let mut prepare = |_: &mut Job| -> Result<(), CopyError> {
+            *calls.lock().unwrap() += 1;
+            Err(CopyError::Usage("the probe was refused".into()))
+        };
+        match run_client_prepared(&link, &j, Some(&mut prepare), Arc::default(), &|_| {}, None) {
+            Err(CopyError::Usage(m)) => assert_eq!(m, "the probe was refused"),
+            other => panic!("expected the prepare's error, got {other:?}"),
+        }
+        // A prepare that succeeds leaves the session's own error, retried
+        // without preparing again.
+        let mut prepare = |_: &mut Job| -> Result<(), CopyError> {
+            *calls.lock().unwrap() += 1;
+            Ok(())
+        };
+        j.retries = 2;
+        let retried = Mutex::new(0);
+        let r = run_client_prepared(
+            &link,
+            &j,
+            Some(&mut prepare),
+            Arc::default(),
+            &|_| *retried.lock().unwrap() += 1,
+            None,
+        );
+        assert!(matches!(r, Err(CopyError::Failed(_))), "{r:?}");
+        assert_eq!(*calls.lock().unwrap(), 2);
+        assert_eq!(*retried.lock().unwrap(), 2);
+    }
+
+    #[test]
     fn a_dropped_session_resumes_where_it_stopped() {
         let src = tempfile::tempdir().unwrap();
         let data = pseudo_random(6 << 20, 11);
