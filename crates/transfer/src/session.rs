@@ -403,14 +403,19 @@ pub fn serve(
     // engine's queue until the source or sink takes them.
     ctrl.set_read_timeout(None).map_err(net)?;
     let data: DataConns<'_> = Box::new(|| {
+        // Tune every connection before reading the hellos: the client
+        // sends data right behind its hello (and the needs are already on
+        // their way), so the settings are in place before the data comes.
         let mut data = Vec::new();
         for _ in 0..streams {
-            let mut s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
-            s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
-            expect_hello(&mut s, Hello::Data)?;
-            s.set_read_timeout(None).map_err(net)?;
+            let s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
             apply_tuning(&s, &req.tuning, req.direction);
             data.push(s);
+        }
+        for s in &mut data {
+            s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+            expect_hello(s, Hello::Data)?;
+            s.set_read_timeout(None).map_err(net)?;
         }
         Ok(data)
     });
