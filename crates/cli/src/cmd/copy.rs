@@ -5,9 +5,11 @@
 //! [`plan`] validates them into a [`Plan`] (scp-style `HOST:EXPORT/PATH`
 //! split, push or pull decided, sizes and rates parsed through
 //! `fatpipe_schema::units`), tested below without a socket. The transfer
-//! itself is `fatpipe_transfer::session::run_client`; this module gives it an
-//! engine-backed [`Link`] (authentication, cookies), draws the progress bar
-//! on a terminal, and renders the report (text or `--json`).
+//! itself is `fatpipe_transfer::session::run_client_prepared`; this module
+//! gives it an engine-backed [`Link`] (authentication, cookies), runs the
+//! auto-tuning pre-flight on a thread beside it (the copy connects while the
+//! probe runs and takes the plan just before its request), draws the
+//! progress bar on a terminal, and renders the report (text or `--json`).
 //!
 //! The server side is [`CopyService`]: `fatpipe server --export
 //! NAME=DIR[:ro][:public]` registers it with the engine, which hands it each
