@@ -4,8 +4,16 @@
 //! [`run_source`], whoever stores them runs [`run_sink`]. Push makes the
 //! client the source; pull makes the server the source. Only the opening
 //! differs: the client dials the copy-control connection (tag 0), sends a
-//! [`Request`], gets [`Msg::Accept`] or [`Msg::Refuse`], then dials the data
-//! connections (tags 1..=N).
+//! [`Request`] and, without waiting for the answer, dials the data
+//! connections (tags 1..=N); it gets [`Msg::Accept`] or [`Msg::Refuse`]. The
+//! manifest and the needs are exchanged while the data connections are still
+//! being set up: each end takes them only once it knows what to send.
+//! The control connection has `TCP_NODELAY`: its messages are small and each
+//! waits for an answer, which Nagle would hold back for a delayed ACK.
+//!
+//! Connecting does not wait for a pre-flight probe either: [`Prepare`]
+//! completes the job (streams, socket settings) once the control connection
+//! is open, just before the request that carries them.
 //!
 //! How connections are made is behind [`Link`] / [`Conn`] on the client and
 //! an `accept` function on the server, so the engine (authentication,
@@ -44,8 +52,14 @@ pub const CHUNK_LIMITS: (u32, u32) = (64 * 1024, 64 << 20);
 /// Most data connections per session.
 pub const MAX_STREAMS: u16 = 256;
 /// How long the server waits for the request and the data connections
-/// (also for connections added mid-session).
+/// (also for connections added mid-session). The client may hold its
+/// control connection open this long before its request while a pre-flight
+/// probe (a few seconds) runs; past [`PREPARE_REUSE`] it dials afresh.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// A control connection that waited longer than this for [`Prepare`] is
+/// not used for the request (the server may be about to give up on it):
+/// the client connects again.
+pub const PREPARE_REUSE: Duration = Duration::from_secs(15);
 /// How often a sending server reports its TCP counters ([`Msg::Stats`]).
 pub const STATS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -73,6 +87,17 @@ pub enum Grow<'a> {
 /// A tuner run on its own thread beside each client session: it watches
 /// the session through [`Live`] and returns when [`Live::ended`].
 pub type Tuner<'a> = dyn Fn(&Live) + Sync + 'a;
+
+/// Completes the job before the first request: called once, when the first
+/// session's control connection is open (or that session failed before),
+/// so that connecting overlaps whatever decides the streams and socket
+/// settings (the pre-flight probe). Its error ends the copy, and comes
+/// before the session's own: a failed probe explains a failed connect.
+pub type Prepare<'a> = dyn FnMut(&mut Job) -> Result<(), CopyError> + 'a;
+
+/// A session's data connections, dialled (client) or queued by the engine
+/// (server) while the manifest is exchanged; taken once, when needed.
+pub type DataConns<'a> = Box<dyn FnOnce() -> Result<Vec<TcpStream>, CopyError> + 'a>;
 
 /// How a copy failed.
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +187,8 @@ pub struct Report {
     pub bytes_total: u64,
     /// Payload bytes moved across all sessions of this run.
     pub bytes_moved: u64,
-    /// Wall-clock time of the whole run.
+    /// Wall-clock time of the run: from the start, or with a [`Prepare`]
+    /// from when it returned, to the end.
     pub elapsed: Duration,
 }
 
@@ -185,23 +211,49 @@ pub fn run_client_tuned(
     on_retry: &dyn Fn(&str),
     tuner: Option<&Tuner<'_>>,
 ) -> Result<Report, CopyError> {
-    let started = Instant::now();
+    run_client_prepared(link, job, None, progress, on_retry, tuner)
+}
+
+/// [`run_client_tuned`] with the job completed by `prepare` once the first
+/// control connection is open (see [`Prepare`]); the report's `elapsed`
+/// then starts when `prepare` returns. Reconnects reuse the prepared job.
+pub fn run_client_prepared(
+    link: &dyn Link,
+    job: &Job,
+    mut prepare: Option<&mut Prepare<'_>>,
+    progress: Arc<Progress>,
+    on_retry: &dyn Fn(&str),
+    tuner: Option<&Tuner<'_>>,
+) -> Result<Report, CopyError> {
+    let mut started = Instant::now();
+    let mut job = job.clone();
     let local = match job.direction {
-        Direction::Push => Some(local_manifest(job)?),
+        Direction::Push => Some(local_manifest(&job)?),
         Direction::Pull => None,
     };
     let mut report = Report::default();
     let mut backoff = Duration::from_millis(200);
     let mut attempt = 0u32;
     loop {
-        match client_session(
+        let session = client_session(
             link,
-            job,
+            &mut job,
+            &mut prepare,
+            &mut started,
             local.as_ref(),
             Arc::clone(&progress),
             &mut report,
             tuner,
-        ) {
+        );
+        if session.is_err() {
+            // Failed before preparing: what prepares (the probe) may
+            // explain why, and a retry must not wait for it again.
+            if let Some(p) = prepare.take() {
+                p(&mut job)?;
+                started = Instant::now();
+            }
+        }
+        match session {
             Ok(()) => {
                 if let Some(m) = &local {
                     report.problems = m.problems.clone();
@@ -305,6 +357,10 @@ pub fn serve(
     accept: &dyn Fn(Duration) -> Result<TcpStream, String>,
 ) -> Result<Summary, CopyError> {
     let mut ctrl = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
+    // Small messages each awaiting an answer: Nagle would hold them back.
+    ctrl.set_nodelay(true).map_err(net)?;
+    // The client may hold the connection open while its pre-flight probe
+    // runs (seconds) before the request comes: well within this.
     ctrl.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
     expect_hello(&mut ctrl, Hello::Control)?;
     let req = match read_msg(&mut ctrl).map_err(net)? {
@@ -342,16 +398,27 @@ pub fn serve(
         }),
     )
     .map_err(net)?;
-    let mut data = Vec::new();
-    for _ in 0..streams {
-        let mut s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
-        s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
-        expect_hello(&mut s, Hello::Data)?;
-        s.set_read_timeout(None).map_err(net)?;
-        apply_tuning(&s, &req.tuning, req.direction);
-        data.push(s);
-    }
+    // The manifest and needs go first (the sink may take long to plan);
+    // the data connections the client dialled meanwhile wait in the
+    // engine's queue until the source or sink takes them.
     ctrl.set_read_timeout(None).map_err(net)?;
+    let data: DataConns<'_> = Box::new(|| {
+        // Tune every connection before reading the hellos: the client
+        // sends data right behind its hello (and the needs are already on
+        // their way), so the settings are in place before the data comes.
+        let mut data = Vec::new();
+        for _ in 0..streams {
+            let s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
+            apply_tuning(&s, &req.tuning, req.direction);
+            data.push(s);
+        }
+        for s in &mut data {
+            s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+            expect_hello(s, Hello::Data)?;
+            s.set_read_timeout(None).map_err(net)?;
+        }
+        Ok(data)
+    });
     let grow = Grow::Server {
         accept,
         max: MAX_STREAMS,
@@ -384,24 +451,30 @@ pub fn serve(
     }
 }
 
-/// Sends the manifest, takes the needs, streams until the receiver is done.
-/// Streams added mid-session (`grow`) pull from the same queue.
+/// Sends the manifest, takes the needs, then the data connections, and
+/// streams until the receiver is done. Streams added mid-session (`grow`)
+/// pull from the same queue.
 pub fn run_source(
     src: Arc<Source>,
     mut ctrl: TcpStream,
-    data: Vec<TcpStream>,
+    data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<Summary, CopyError> {
-    for msg in entries_messages(src.entries()) {
-        write_msg(&mut ctrl, &msg).map_err(net)?;
+    {
+        // Few large writes rather than one per message (no Nagle here).
+        let mut w = io::BufWriter::with_capacity(1 << 20, &mut ctrl);
+        for msg in entries_messages(src.entries()) {
+            write_msg(&mut w, &msg).map_err(net)?;
+        }
+        write_msg(
+            &mut w,
+            &Msg::EntriesEnd {
+                count: src.entries().len() as u32,
+            },
+        )
+        .map_err(net)?;
+        w.flush().map_err(net)?;
     }
-    write_msg(
-        &mut ctrl,
-        &Msg::EntriesEnd {
-            count: src.entries().len() as u32,
-        },
-    )
-    .map_err(net)?;
     let mut needs = Vec::new();
     loop {
         match read_msg(&mut ctrl).map_err(net)? {
@@ -416,6 +489,7 @@ pub fn run_source(
             other => return Err(CopyError::Failed(format!("expected needs, got {other:?}"))),
         }
     }
+    let data = data()?;
     src.plan(&needs);
     src.account_done_before(&needs);
     src.set_control(ctrl.try_clone().map_err(net)?);
@@ -612,11 +686,12 @@ enum SinkEvent {
 /// for its single top-level item).
 pub type MapDest<'a> = dyn Fn(&[Entry]) -> Result<(Dir, Option<Vec<u8>>), CopyError> + 'a;
 
-/// Takes the manifest, plans, receives until complete, reports `Done`.
+/// Takes the manifest, plans, sends the needs, then takes the data
+/// connections and receives until complete, reports `Done`.
 /// Returns the summary and the per-file failures.
 pub fn run_sink(
     mut ctrl: TcpStream,
-    data: Vec<TcpStream>,
+    data: DataConns<'_>,
     opts: SinkOptions,
     progress: Arc<Progress>,
     map: &MapDest<'_>,
@@ -678,10 +753,15 @@ pub fn run_sink(
     let sink = Arc::new(sink);
     // Failures found while planning go to the sender before the needs.
     sink.set_control(ctrl.try_clone().map_err(net)?);
-    for msg in need_messages(needs) {
-        write_msg(&mut ctrl, &msg).map_err(net)?;
+    {
+        let mut w = io::BufWriter::with_capacity(1 << 20, &mut ctrl);
+        for msg in need_messages(needs) {
+            write_msg(&mut w, &msg).map_err(net)?;
+        }
+        write_msg(&mut w, &Msg::NeedEnd).map_err(net)?;
+        w.flush().map_err(net)?;
     }
-    write_msg(&mut ctrl, &Msg::NeedEnd).map_err(net)?;
+    let data = data()?;
     let pool = Arc::new(Pool::new(&ctrl, &data).map_err(net)?);
     let live = match grow {
         Grow::Client { live, .. } => {
@@ -1139,18 +1219,39 @@ fn local_manifest(job: &Job) -> Result<Manifest, CopyError> {
     Ok(m)
 }
 
+/// Connects, opens the control connection and sends its hello.
+fn client_open(link: &dyn Link) -> Result<(Box<dyn Conn>, TcpStream), CopyError> {
+    let conn = link.connect()?;
+    let mut ctrl = conn.open(0)?;
+    // Small messages each awaiting an answer: Nagle would hold one back
+    // until the server's delayed ACK of the one before.
+    ctrl.set_nodelay(true).map_err(net)?;
+    ctrl.write_all(&Hello::Control.encode()).map_err(net)?;
+    Ok((conn, ctrl))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn client_session(
     link: &dyn Link,
-    job: &Job,
+    job: &mut Job,
+    prepare: &mut Option<&mut Prepare<'_>>,
+    started: &mut Instant,
     local: Option<&Manifest>,
     progress: Arc<Progress>,
     report: &mut Report,
     tuner: Option<&Tuner<'_>>,
 ) -> Result<(), CopyError> {
-    let conn = link.connect()?;
-    let mut ctrl = conn.open(0)?;
-    ctrl.write_all(&Hello::Control.encode()).map_err(net)?;
-    let paths = job.remote.clone();
+    let (mut conn, mut ctrl) = client_open(link)?;
+    if let Some(p) = prepare.take() {
+        let waited = Instant::now();
+        p(job)?;
+        *started = Instant::now();
+        if waited.elapsed() > PREPARE_REUSE {
+            drop(ctrl);
+            (conn, ctrl) = client_open(link)?;
+        }
+    }
+    let job = &*job;
     write_msg(
         &mut ctrl,
         &Msg::Request(Request {
@@ -1164,46 +1265,64 @@ fn client_session(
             chunk_size: job.chunk_size,
             bwlimit: job.bwlimit.unwrap_or(0),
             export: job.export.as_bytes().to_vec(),
-            paths,
+            paths: job.remote.clone(),
             tuning: job.tuning.clone(),
         }),
     )
     .map_err(net)?;
-    // The server may walk a large tree before answering a pull.
-    ctrl.set_read_timeout(Some(Duration::from_secs(600)))
-        .map_err(net)?;
-    let accept = match read_msg(&mut ctrl).map_err(net)? {
-        Msg::Accept(a) => a,
-        Msg::Refuse(r) => {
-            return Err(match r.class {
-                RefuseClass::Usage => CopyError::Usage(r.message),
-                RefuseClass::Failed => CopyError::Failed(r.message),
-            })
-        }
-        other => return Err(CopyError::Failed(format!("unexpected reply {other:?}"))),
-    };
-    ctrl.set_read_timeout(None).map_err(net)?;
-    report.streams = accept.streams;
-    report.remote_io = accept.io.clone();
+    // The server grants what it is asked for within its cap, so the data
+    // connections are dialled now, while the request travels; each costs
+    // round trips (connect, the engine's cookie check).
+    let streams = job.streams.clamp(1, MAX_STREAMS);
+    let conn = &*conn;
     let open = |tag: u32| conn.open(tag);
-    let tags: Vec<u32> = (1..=u32::from(accept.streams)).collect();
-    let data = open_data(&open, &tags)?;
-    let live = Arc::new(Live::new(job.direction, accept));
-    let grow = Grow::Client {
-        open: &open,
-        live: Arc::clone(&live),
-    };
-    let r = std::thread::scope(|scope| {
-        if let Some(t) = tuner {
-            let l = &*live;
-            scope.spawn(move || t(l));
+    let tags: Vec<u32> = (1..=u32::from(streams)).collect();
+    std::thread::scope(|scope| {
+        let dialing = scope.spawn(|| open_data(&open, &tags));
+        // The server may walk a large tree before answering a pull.
+        ctrl.set_read_timeout(Some(Duration::from_secs(600)))
+            .map_err(net)?;
+        let accept = match read_msg(&mut ctrl).map_err(net)? {
+            Msg::Accept(a) => a,
+            Msg::Refuse(r) => {
+                return Err(match r.class {
+                    RefuseClass::Usage => CopyError::Usage(r.message),
+                    RefuseClass::Failed => CopyError::Failed(r.message),
+                })
+            }
+            other => return Err(CopyError::Failed(format!("unexpected reply {other:?}"))),
+        };
+        ctrl.set_read_timeout(None).map_err(net)?;
+        if accept.streams != streams {
+            return Err(CopyError::Failed(format!(
+                "protocol error: asked for {streams} streams, the server granted {}",
+                accept.streams
+            )));
         }
-        let r = client_roles(job, local, progress, report, ctrl, data, &grow);
-        live.end();
+        report.streams = accept.streams;
+        report.remote_io = accept.io.clone();
+        let data: DataConns<'_> = Box::new(move || {
+            dialing
+                .join()
+                .unwrap_or_else(|_| Err(CopyError::Failed("a dialing thread panicked".into())))
+        });
+        let live = Arc::new(Live::new(job.direction, accept));
+        let grow = Grow::Client {
+            open: &open,
+            live: Arc::clone(&live),
+        };
+        let r = std::thread::scope(|scope| {
+            if let Some(t) = tuner {
+                let l = &*live;
+                scope.spawn(move || t(l));
+            }
+            let r = client_roles(job, local, progress, report, ctrl, data, &grow);
+            live.end();
+            r
+        });
+        report.streams = report.streams.max(live.streams());
         r
-    });
-    report.streams = report.streams.max(live.streams());
-    r
+    })
 }
 
 fn client_roles(
@@ -1212,7 +1331,7 @@ fn client_roles(
     progress: Arc<Progress>,
     report: &mut Report,
     ctrl: TcpStream,
-    data: Vec<TcpStream>,
+    data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<(), CopyError> {
     match job.direction {
@@ -1567,6 +1686,105 @@ mod tests {
             std::fs::read(src.path().join("f")).unwrap(),
             std::fs::read(exp.path().join("g")).unwrap()
         );
+    }
+
+    #[test]
+    fn prepare_runs_once_with_the_control_connection_open_and_reconnects_skip_it() {
+        let src = tempfile::tempdir().unwrap();
+        let data = pseudo_random(6 << 20, 12);
+        std::fs::write(src.path().join("f"), &data).unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        j.streams = 1;
+        j.bwlimit = Some(60_000_000);
+        let progress = Arc::new(Progress::default());
+        let opened = Arc::clone(&srv.link.opened);
+        let p2 = Arc::clone(&progress);
+        let cutter = std::thread::spawn(move || {
+            while p2.bytes.load(Ordering::Relaxed) < 2 << 20 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for s in opened.lock().unwrap().drain(..) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        });
+        let calls = Mutex::new(Vec::new());
+        let mut prepare = |job: &mut Job| -> Result<(), CopyError> {
+            // Only the control connection is open: nothing waits on the plan.
+            calls
+                .lock()
+                .unwrap()
+                .push(srv.link.opened.lock().unwrap().len());
+            std::thread::sleep(Duration::from_millis(300));
+            job.streams = 3;
+            Ok(())
+        };
+        let wall = Instant::now();
+        let rep = run_client_prepared(
+            &srv.link,
+            &j,
+            Some(&mut prepare),
+            Arc::clone(&progress),
+            &|_| {},
+            None,
+        )
+        .unwrap();
+        cutter.join().unwrap();
+        assert_eq!(*calls.lock().unwrap(), vec![1]);
+        assert_eq!(rep.reconnects, 1);
+        assert_eq!(
+            rep.streams, 3,
+            "the prepared streams, also after the reconnect"
+        );
+        // The time waited for the plan is not the copy's.
+        assert!(wall.elapsed() >= rep.elapsed + Duration::from_millis(300));
+        assert_eq!(std::fs::read(exp.path().join("f")).unwrap(), data);
+    }
+
+    #[test]
+    fn a_failed_prepare_comes_before_the_sessions_own_error() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), b"x").unwrap();
+        // Nothing listens here: the session fails before preparing.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let link = TestLink {
+            addr: l.local_addr().unwrap(),
+            opened: Arc::default(),
+            on_connect: None,
+        };
+        drop(l);
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("f")];
+        let calls = Mutex::new(0);
+        let mut prepare = |_: &mut Job| -> Result<(), CopyError> {
+            *calls.lock().unwrap() += 1;
+            Err(CopyError::Usage("the probe was refused".into()))
+        };
+        match run_client_prepared(&link, &j, Some(&mut prepare), Arc::default(), &|_| {}, None) {
+            Err(CopyError::Usage(m)) => assert_eq!(m, "the probe was refused"),
+            other => panic!("expected the prepare's error, got {other:?}"),
+        }
+        // A prepare that succeeds leaves the session's own error, retried
+        // without preparing again.
+        let mut prepare = |_: &mut Job| -> Result<(), CopyError> {
+            *calls.lock().unwrap() += 1;
+            Ok(())
+        };
+        j.retries = 2;
+        let retried = Mutex::new(0);
+        let r = run_client_prepared(
+            &link,
+            &j,
+            Some(&mut prepare),
+            Arc::default(),
+            &|_| *retried.lock().unwrap() += 1,
+            None,
+        );
+        assert!(matches!(r, Err(CopyError::Failed(_))), "{r:?}");
+        assert_eq!(*calls.lock().unwrap(), 2);
+        assert_eq!(*retried.lock().unwrap(), 2);
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! [`plan`] validates them into a [`Plan`] (scp-style `HOST:EXPORT/PATH`
 //! split, push or pull decided, sizes and rates parsed through
 //! `fatpipe_schema::units`), tested below without a socket. The transfer
-//! itself is `fatpipe_transfer::session::run_client`; this module gives it an
-//! engine-backed [`Link`] (authentication, cookies), draws the progress bar
-//! on a terminal, and renders the report (text or `--json`).
+//! itself is `fatpipe_transfer::session::run_client_prepared`; this module
+//! gives it an engine-backed [`Link`] (authentication, cookies), runs the
+//! auto-tuning pre-flight on a thread beside it (the copy connects while the
+//! probe runs and takes the plan just before its request), draws the
+//! progress bar on a terminal, and renders the report (text or `--json`).
 //!
 //! The server side is [`CopyService`]: `fatpipe server --export
 //! NAME=DIR[:ro][:public]` registers it with the engine, which hands it each
@@ -18,7 +20,7 @@ use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -297,35 +299,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let (mut streams, data_opts, server_sockets, mut auto) =
-        if args.no_auto || args.parallel.is_some() {
-            (
-                args.parallel.unwrap_or(DEFAULT_STREAMS),
-                DataOpts::default(),
-                SocketTuning::default(),
-                None,
-            )
-        } else {
-            auto_tune(&args, &plan, addr, key.clone())?
-        };
-    // Only when auto-tuning chose the streams does it adjust them in flight.
-    let tuning = auto.as_mut().map(|rec| {
-        if let Some(n) = env_number(TEST_STREAMS_ENV) {
-            streams = u16::try_from(n).unwrap_or(1).clamp(1, session::MAX_STREAMS);
-            rec.streams = u32::from(streams);
-            rec.warnings.push(format!(
-                "{TEST_STREAMS_ENV}: started with {streams} streams"
-            ));
-        }
-        rec.adjusting = true;
-        Tuning::new(
-            rec,
-            u32::from(streams),
-            data_opts.congestion.clone(),
-            plan.job.bwlimit,
-            args.quiet,
-        )
-    });
+    // Auto-tuning probes the path while the copy connects: the request,
+    // which carries the streams and socket settings, waits for the plan
+    // (session::Prepare); the connections before it do not.
+    let auto_on = !(args.no_auto || args.parallel.is_some());
     let spec = &plan.job;
     let algo = if spec.strong {
         Algo::Blake3
@@ -346,46 +323,98 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sync: args.sync,
         direct: !args.buffered,
         algo,
-        streams,
+        streams: args.parallel.unwrap_or(DEFAULT_STREAMS),
         chunk_size: spec.chunk_size,
         bwlimit: spec.bwlimit,
-        tuning: server_sockets,
+        tuning: SocketTuning::default(),
         retries: args.retries,
         sendfile: !args.no_sendfile,
         corrupt_chunk: fatpipe_transfer::source::SourceOptions::corrupt_from_env(),
     };
     let link = EngineLink {
         addr,
-        key,
-        data: Arc::new(data_opts),
+        key: key.clone(),
+        data: Arc::new(OnceLock::new()),
     };
+    if !auto_on {
+        let _ = link.data.set(DataOpts::default());
+    }
     let progress = Arc::new(Progress::default());
     let show_bar = !args.quiet && !args.json && std::io::stderr().is_terminal();
     let stop = Arc::new(AtomicBool::new(false));
-    let bar = show_bar.then(|| {
-        let (p, s) = (Arc::clone(&progress), Arc::clone(&stop));
-        std::thread::spawn(move || progress_bar(&p, &s))
-    });
+    let bar = Mutex::new(None);
+    // After the `auto:` line, which it would otherwise overwrite.
+    let start_bar = || {
+        if show_bar {
+            let (p, s) = (Arc::clone(&progress), Arc::clone(&stop));
+            *lock(&bar) = Some(std::thread::spawn(move || progress_bar(&p, &s)));
+        }
+    };
     let quiet = args.quiet;
     let on_retry = |line: &str| {
         if !quiet {
             eprintln!("\r\x1b[Kfatpipe: copy: {line}");
         }
     };
+    // Only when auto-tuning chose the streams does it adjust them in flight.
+    let tuning: OnceLock<Tuning> = OnceLock::new();
+    let auto: Mutex<Option<AutoTune>> = Mutex::new(None);
     let tuner = |live: &Live| {
-        if let Some(t) = &tuning {
+        if let Some(t) = tuning.get() {
             t.run(live);
         }
     };
-    let result = session::run_client_tuned(
-        &link,
-        &job,
-        Arc::clone(&progress),
-        &on_retry,
-        tuning.as_ref().map(|_| &tuner as &session::Tuner<'_>),
-    );
+    let result = std::thread::scope(|scope| {
+        let mut prepare = auto_on.then(|| {
+            let mut probe = Some(scope.spawn(|| auto_tune(&args, &plan, addr, key.clone())));
+            let (tuning, link, auto, start_bar) = (&tuning, &link, &auto, &start_bar);
+            move |job: &mut Job| -> Result<(), CopyError> {
+                let tuned = probe
+                    .take()
+                    .ok_or_else(|| CopyError::Failed("auto-tuning ran twice".into()))?
+                    .join()
+                    .map_err(|_| CopyError::Failed("the auto-tuning thread panicked".into()))?
+                    .map_err(CopyError::Usage)?;
+                let (mut streams, data_opts, server_sockets, mut rec) = tuned;
+                if let Some(rec) = rec.as_mut() {
+                    if let Some(n) = env_number(TEST_STREAMS_ENV) {
+                        streams = u16::try_from(n).unwrap_or(1).clamp(1, session::MAX_STREAMS);
+                        rec.streams = u32::from(streams);
+                        rec.warnings.push(format!(
+                            "{TEST_STREAMS_ENV}: started with {streams} streams"
+                        ));
+                    }
+                    rec.adjusting = true;
+                    let _ = tuning.set(Tuning::new(
+                        rec,
+                        u32::from(streams),
+                        data_opts.congestion.clone(),
+                        job.bwlimit,
+                        quiet,
+                    ));
+                }
+                job.streams = streams;
+                job.tuning = server_sockets;
+                let _ = link.data.set(data_opts);
+                *lock(auto) = rec;
+                start_bar();
+                Ok(())
+            }
+        });
+        if !auto_on {
+            start_bar();
+        }
+        session::run_client_prepared(
+            &link,
+            &job,
+            prepare.as_mut().map(|p| p as &mut session::Prepare<'_>),
+            Arc::clone(&progress),
+            &on_retry,
+            auto_on.then_some(&tuner as &session::Tuner<'_>),
+        )
+    });
     stop.store(true, Ordering::SeqCst);
-    if let Some(b) = bar {
+    if let Some(b) = lock(&bar).take() {
         let _ = b.join();
     }
     let report = match result {
@@ -393,6 +422,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(CopyError::Usage(m)) => return Err(crate::exit::usage(m)),
         Err(e) => return Err(anyhow::anyhow!(e)).context("copy"),
     };
+    let mut auto = lock(&auto).take();
+    let tuning = tuning.get();
     let mut out = to_schema(&args, &plan, &job, &report);
     if let (Some(rec), Some(t)) = (auto.as_mut(), &tuning) {
         rec.decisions = t.decisions();
@@ -489,10 +520,11 @@ impl Service for CopyService {
 struct EngineLink {
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
-    data: Arc<DataOpts>,
+    /// Set once the plan is known (before any data connection is dialled).
+    data: Arc<OnceLock<DataOpts>>,
 }
 
-struct EngineConn(ClientSession, Arc<DataOpts>);
+struct EngineConn(ClientSession, Arc<OnceLock<DataOpts>>);
 
 impl Link for EngineLink {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
@@ -506,8 +538,8 @@ impl Link for EngineLink {
 impl Conn for EngineConn {
     fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
         let s = self.0.open_data(tag).map_err(classify)?;
-        if tag > 0 {
-            self.1.apply(&s);
+        if let (true, Some(opts)) = (tag > 0, self.1.get()) {
+            opts.apply(&s);
         }
         Ok(s)
     }
@@ -583,15 +615,20 @@ fn remote_tuning(s: &auto::Settings, push: bool, bwlimit: Option<u64>) -> Socket
     }
 }
 
+/// The streams, this end's and the server's socket settings and the record
+/// of what auto-tuning did.
+type Tuned = (u16, DataOpts, SocketTuning, Option<AutoTune>);
+
 /// The pre-flight: probe, plan, print the `auto:` line, and return the
-/// streams and socket settings (this end's and the server's) to copy with. A failed probe falls back to
-/// the untuned default with a warning.
+/// streams and socket settings (this end's and the server's) to copy with.
+/// A failed probe falls back to the untuned default with a warning; a
+/// refused key is a usage error (its message is returned).
 fn auto_tune(
     args: &Args,
     plan: &Plan,
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
-) -> anyhow::Result<(u16, DataOpts, SocketTuning, Option<AutoTune>)> {
+) -> Result<Tuned, String> {
     let role = if plan.job.push {
         auto::Role::Sender
     } else {
@@ -604,9 +641,7 @@ fn auto_tune(
     let cfg = auto::PreflightConfig::new(addr, options, role);
     let pre = match auto::preflight(&cfg) {
         Ok(p) => p,
-        Err(e) if e.is_auth() => {
-            return Err(crate::exit::usage(format!("{}: {e}", plan.host)));
-        }
+        Err(e) if e.is_auth() => return Err(format!("{}: {e}", plan.host)),
         Err(e) => {
             if !args.quiet {
                 eprintln!("fatpipe: copy: warning: auto-tuning off: {e}");
