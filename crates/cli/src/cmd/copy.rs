@@ -593,6 +593,12 @@ impl DataOpts {
     }
 }
 
+/// The control a clean BBR transfer may cruise on: CUBIC, when the sender
+/// offers it and the windows are held at the plan (set buffers).
+fn cruise_control(held_windows: bool, allowed: &[String]) -> Option<String> {
+    (held_windows && allowed.iter().any(|c| c == "cubic")).then(|| "cubic".to_string())
+}
+
 /// What the server sets on its data sockets: the same buffer at the other
 /// end of each stream (so the planned window holds there too, instead of
 /// kernel autotuning's), and for a pull, where the server sends, the
@@ -768,7 +774,11 @@ impl Tuning {
             .max(self.streams)
             .min(u32::from(acc.max_streams.max(1)));
         let bbr = allowed.iter().any(|c| c == "bbr");
-        Adjuster::new(AdjustConfig::for_plan(&plan, &self.facts, max, bbr))
+        let mut cfg = AdjustConfig::for_plan(&plan, &self.facts, max, bbr);
+        // Receivers hold the planned windows, so CUBIC may carry a clean
+        // transfer without over-filling the queue (see adjust.rs).
+        cfg.cruise = cruise_control(self.plan.set_buffers, &allowed);
+        Adjuster::new(cfg)
     }
 
     /// Runs beside one session until it ends.

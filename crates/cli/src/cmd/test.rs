@@ -282,12 +282,19 @@ fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConf
     let policy = fatpipe_tune::Policy::default();
     // BBR may be switched to only if no -C fixed the congestion control and
     // the sender is this host and offers it (the server's list is not known).
-    let bbr = a.congestion.is_none()
-        && p.direction == Direction::Up
-        && fatpipe_tune::host::Host::live()
-            .limits(fatpipe_tune::host::is_privileged())
-            .is_ok_and(|l| l.congestion.iter().any(|c| c == "bbr"));
+    let offered = fatpipe_tune::host::Host::live()
+        .limits(fatpipe_tune::host::is_privileged())
+        .map(|l| l.congestion)
+        .unwrap_or_default();
+    let switchable = a.congestion.is_none() && p.direction == Direction::Up;
+    let bbr = switchable && offered.iter().any(|c| c == "bbr");
     let mut cfg = AdjustConfig::for_plan(&auto.plan, &auto.facts, policy.max_streams, bbr);
+    // Receivers hold windows that are set (by the plan or -w), so a clean
+    // BBR test may cruise on CUBIC without over-filling the queue; see
+    // adjust.rs.
+    if switchable && p.window.is_some() && offered.iter().any(|c| c == "cubic") {
+        cfg.cruise = Some("cubic".to_string());
+    }
     cfg.streams = p.streams;
     cfg.max_streams = policy.max_streams.max(p.streams);
     if let Some(cc) = &p.congestion {
