@@ -193,25 +193,50 @@ fn probe(
         let _ =
             fatpipe_sys::buffers::set_recv_buffer(&io.sock, 8 << 20, crate::host::is_privileged());
     }
-    let rtt = echoes(&mut io, cfg)?;
-    let timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
     let overhead = ip_overhead(server_udp) as u32;
     let route_mtu = match df {
         Ok(()) => sock::route_mtu(&io.sock, v6).map_err(|e| e.to_string()),
         Err(e) => Err(format!("cannot set Don't Fragment: {e}")),
     };
     let floor = if v6 { 1280 } else { 576 };
-    let mtu = match &route_mtu {
-        Ok(route) => {
-            let ceiling = (*route).min(MAX_DATAGRAM as u32 + overhead);
-            search_mtu(
-                &mut io,
-                MtuSearch::new(floor, ceiling, 2),
-                overhead,
-                timeout,
-            )?
+    // The MTU search's first probe (the route MTU, which passes on most
+    // paths) goes out with the echoes, so it costs no round trip of its own.
+    let mut search = route_mtu
+        .as_ref()
+        .ok()
+        .map(|route| MtuSearch::new(floor, (*route).min(MAX_DATAGRAM as u32 + overhead), 2));
+    let early = match search
+        .as_mut()
+        .and_then(|s| s.poll_probe().map(|size| (s, size)))
+    {
+        Some((s, size)) => {
+            if send_mtu_probe(&io, 1, size, overhead)? {
+                Some(size)
+            } else {
+                s.handle_too_big(size);
+                None
+            }
         }
-        Err(_) => MtuResult {
+        None => None,
+    };
+    let mut early_acks = Vec::new();
+    let rtt = echoes(&mut io, cfg, &mut early_acks)?;
+    let timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
+    let mtu = match search {
+        Some(mut s) => {
+            if let Some(size) = early {
+                // Echoes take a round trip and more: a probe that passed
+                // has been answered by now. Unanswered, it counts as one
+                // of its size's tries and the search goes on as usual.
+                if early_acks.contains(&size) {
+                    s.handle_ack(size);
+                } else {
+                    s.handle_timeout(size);
+                }
+            }
+            search_mtu(&mut io, s, overhead, timeout, 1)?
+        }
+        None => MtuResult {
             path_mtu: None,
             probes: 0,
         },
@@ -387,8 +412,13 @@ fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
     ))
 }
 
-/// Sends `cfg.echoes` echoes `cfg.echo_interval` apart and collects replies.
-fn echoes(io: &mut Udp, cfg: &ProbeConfig) -> Result<RttStats, ProbeError> {
+/// Sends `cfg.echoes` echoes `cfg.echo_interval` apart and collects replies;
+/// MTU probe acknowledgements that arrive meanwhile go to `mtu_acks`.
+fn echoes(
+    io: &mut Udp,
+    cfg: &ProbeConfig,
+    mtu_acks: &mut Vec<u32>,
+) -> Result<RttStats, ProbeError> {
     let n = cfg.echoes.max(1);
     let mut samples = Vec::with_capacity(n as usize);
     let mut seen = HashSet::new();
@@ -414,18 +444,21 @@ fn echoes(io: &mut Udp, cfg: &ProbeConfig) -> Result<RttStats, ProbeError> {
             Some(d) => d,
             None => next,
         };
-        if let Some(Packet::EchoReply {
-            seq,
-            sent_ns,
-            hold_ns,
-        }) = io.recv_until(wait_until)?
-        {
-            let at = io.stamp.unwrap_or_else(sock::realtime_ns);
-            if seq < sent && seen.insert(seq) {
-                if let Some(rtt) = echo_rtt(sent_ns, at, hold_ns) {
-                    samples.push(rtt);
+        match io.recv_until(wait_until)? {
+            Some(Packet::EchoReply {
+                seq,
+                sent_ns,
+                hold_ns,
+            }) => {
+                let at = io.stamp.unwrap_or_else(sock::realtime_ns);
+                if seq < sent && seen.insert(seq) {
+                    if let Some(rtt) = echo_rtt(sent_ns, at, hold_ns) {
+                        samples.push(rtt);
+                    }
                 }
             }
+            Some(Packet::MtuAck { size, .. }) => mtu_acks.push(size),
+            _ => {}
         }
     }
     estimate::rtt_stats(sent, &samples).ok_or_else(|| {
@@ -447,24 +480,32 @@ fn echo_rtt(sent_ns: u64, at_ns: u64, hold_ns: u64) -> Option<Duration> {
     Some(Duration::from_nanos(rtt))
 }
 
-/// Drives the MTU search with padded probes.
+/// Sends an MTU probe of `size` IP bytes as number `seq`; false when this
+/// host refused the size (larger than the local device).
+fn send_mtu_probe(io: &Udp, seq: u32, size: u32, overhead: u32) -> Result<bool, ProbeError> {
+    let payload = size.saturating_sub(overhead) as usize;
+    match io.send(Packet::Mtu { seq, size }, payload) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Ok(false),
+        Err(e) => Err(ProbeError::io(format!("send MTU probe of {size} B"), e)),
+    }
+}
+
+/// Drives the MTU search with padded probes, numbered after the `sent`
+/// already sent.
 fn search_mtu(
     io: &mut Udp,
     mut search: MtuSearch,
     overhead: u32,
     timeout: Duration,
+    sent: u32,
 ) -> Result<MtuResult, ProbeError> {
-    let mut seq = 0u32;
+    let mut seq = sent;
     while let Some(size) = search.poll_probe() {
         seq += 1;
-        let payload = size.saturating_sub(overhead) as usize;
-        match io.send(Packet::Mtu { seq, size }, payload) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
-                search.handle_too_big(size);
-                continue;
-            }
-            Err(e) => return Err(ProbeError::io(format!("send MTU probe of {size} B"), e)),
+        if !send_mtu_probe(io, seq, size, overhead)? {
+            search.handle_too_big(size);
+            continue;
         }
         let deadline = Instant::now() + timeout;
         loop {
