@@ -6,7 +6,9 @@
 //! timeout; the MTU search gives the packet size of the trains; the trains
 //! go last so their queueing cannot disturb the RTT samples, and come in up
 //! to [`MAX_ROUNDS`] rounds, the next only when the last ones disagree. The
-//! socket has Don't Fragment set throughout, so no phase is silently
+//! MTU search's first probe (the route MTU, which passes on most paths and
+//! settles the search) rides along with the echoes, saving a round trip.
+//! The socket has Don't Fragment set throughout, so no phase is silently
 //! fragmented.
 //!
 //! With [`ProbeConfig::reverse`] the trains run the other way: the client
