@@ -402,14 +402,21 @@ pub fn serve(
     // the data connections the client dialled meanwhile wait in the
     // engine's queue until the source or sink takes them.
     ctrl.set_read_timeout(None).map_err(net)?;
+    // Every data connection, at set-up and added later, gets the plan's
+    // socket settings as it is taken: the receiver's window hold takes
+    // its size from the buffer set here.
+    let tuned_accept = |timeout: Duration| -> Result<TcpStream, String> {
+        let s = accept(timeout)?;
+        apply_tuning(&s, &req.tuning, req.direction);
+        Ok(s)
+    };
     let data: DataConns<'_> = Box::new(|| {
         // Tune every connection before reading the hellos: the client
         // sends data right behind its hello (and the needs are already on
         // their way), so the settings are in place before the data comes.
         let mut data = Vec::new();
         for _ in 0..streams {
-            let s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
-            apply_tuning(&s, &req.tuning, req.direction);
+            let s = tuned_accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
             data.push(s);
         }
         for s in &mut data {
@@ -420,7 +427,7 @@ pub fn serve(
         Ok(data)
     });
     let grow = Grow::Server {
-        accept,
+        accept: &tuned_accept,
         max: MAX_STREAMS,
     };
     match plan {
