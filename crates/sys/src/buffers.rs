@@ -37,9 +37,6 @@ pub struct BufferGrant {
     /// The host limit (or the kernel's maximum) held the grant below the
     /// request.
     pub capped: bool,
-    /// [`set_recv_window`] clamped the advertised window to `granted`
-    /// (`TCP_WINDOW_CLAMP`; Linux only).
-    pub window_clamped: bool,
 }
 
 /// Sets the send buffer (`SO_SNDBUF`) to `bytes` and reports the grant.
@@ -59,29 +56,18 @@ pub fn set_recv_buffer(fd: impl AsFd, bytes: u64, force: bool) -> io::Result<Buf
     set_buffer(&fd, false, bytes, force)
 }
 
-/// Sets a TCP socket's receive window to `bytes`: `SO_RCVBUF` as in
-/// [`set_recv_buffer`], then `TCP_WINDOW_CLAMP` at what was granted, so the
-/// peer may keep exactly the grant in flight on this socket.
+/// Holds a TCP receive window at a size while data flows, with
+/// `TCP_WINDOW_CLAMP`: a receive loop calls [`WindowHold::tick`] after each
+/// read. Set the buffer first ([`set_recv_buffer`]): the hold is the smaller
+/// of the two.
 ///
 /// Without the clamp the window is a kernel-dependent multiple of the
-/// request: Linux doubles the buffer and, since 6.x, advertises that space
-/// times the payload-to-memory ratio it measures (about 0.66 for 1500-byte
-/// packets), so a 3.8 MiB request let 5.2 MB be in flight. A plan meant as
-/// 1.5 BDP over 11 streams then put 2 BDP in flight, over-filled the 1-BDP
-/// queue of a 1 Gbit/s × 228 ms lab link and lost ~10k segments in BBR's
-/// start-up; with the clamp it lost none. Call it before `connect` on a
-/// client (the window scale is chosen from the clamp) or on an accepted
-/// socket. Where the clamp is unsupported (not Linux) the buffer alone
-/// bounds the window and `window_clamped` is false.
-pub fn set_recv_window(fd: impl AsFd, bytes: u64, force: bool) -> io::Result<BufferGrant> {
-    let mut grant = set_buffer(&fd, false, bytes, force)?;
-    let clamp = grant.granted.min(MAX_REQUEST) as libc::c_int;
-    grant.window_clamped = platform::set_window_clamp(&fd, clamp).is_ok();
-    Ok(grant)
-}
-
-/// Holds a receive window at a size while data flows: a receive loop calls
-/// [`WindowHold::tick`] after each read.
+/// buffer: Linux doubles it and, since 6.x, advertises that space times the
+/// payload-to-memory ratio it measures (about 0.66 for 1500-byte packets),
+/// so a 3.8 MiB buffer let 5.2 MB be in flight. A plan meant as 1.5 BDP
+/// over 11 streams then put 2 BDP in flight, over-filled the 1-BDP queue of
+/// a 1 Gbit/s × 228 ms lab link and lost ~10k segments in BBR's start-up;
+/// held, it lost none.
 ///
 /// Linux recomputes `TCP_WINDOW_CLAMP` from the buffer whenever it
 /// re-measures the payload-to-memory ratio of arriving segments (with the
@@ -106,8 +92,8 @@ impl WindowHold {
     const SLOW: std::time::Duration = std::time::Duration::from_secs(1);
 
     /// A hold at `window` bytes, or at the socket's receive buffer if that
-    /// is smaller (what [`set_recv_window`] would have clamped to). `None`
-    /// where clamping is unsupported.
+    /// is smaller (a host cap held the buffer back). `None` where clamping
+    /// is unsupported (not Linux: the buffer alone bounds the window).
     pub fn new(fd: impl AsFd, window: u64) -> Option<WindowHold> {
         let granted = get_recv_buffer(&fd).map_or(window, |g| g.min(window));
         let clamp = granted.min(MAX_REQUEST) as libc::c_int;
@@ -177,7 +163,6 @@ fn set_buffer(fd: &impl AsFd, send: bool, bytes: u64, force: bool) -> io::Result
         kernel_bytes,
         forced,
         capped: granted < bytes,
-        window_clamped: false,
     })
 }
 
@@ -246,13 +231,14 @@ mod tests {
     }
 
     #[test]
-    fn receive_window_is_clamped_at_the_grant() {
+    fn a_hold_is_never_wider_than_the_buffer() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (receiver, _) = listener.accept().unwrap();
-        let g = set_recv_window(&receiver, 1 << 40, false).unwrap();
+        let g = set_recv_buffer(&receiver, 1 << 40, false).unwrap();
         assert!(g.capped, "{g:?}");
-        if g.window_clamped {
+        if let Some(hold) = WindowHold::new(&receiver, 1 << 40) {
+            assert_eq!(hold.window(), g.granted);
             assert_eq!(get_window_clamp(&receiver).unwrap(), g.granted);
         }
     }
@@ -264,7 +250,7 @@ mod tests {
         let mut sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut receiver, _) = listener.accept().unwrap();
         let want = 512 * 1024;
-        set_recv_window(&receiver, want, false).unwrap();
+        set_recv_buffer(&receiver, want, false).unwrap();
         let Some(mut hold) = WindowHold::new(&receiver, want) else {
             eprintln!("skipped: no TCP_WINDOW_CLAMP here");
             return;

@@ -65,8 +65,8 @@ pub mod udp;
 pub mod zerocopy;
 
 pub use buffers::{
-    get_recv_buffer, get_send_buffer, get_window_clamp, set_recv_buffer, set_recv_window,
-    set_send_buffer, BufferGrant, WindowHold,
+    get_recv_buffer, get_send_buffer, get_window_clamp, set_recv_buffer, set_send_buffer,
+    BufferGrant, WindowHold,
 };
 pub use cpu::{num_cpus, CpuSample, CpuUsage};
 pub use discard::{recv_discard, Discarder};
