@@ -55,6 +55,13 @@ use std::time::Duration;
 use fatpipe_schema::tune::{Action, Decision, PathFacts, Plan};
 use fatpipe_schema::units::{format_duration, format_rate};
 
+/// The congestion control a clean BBR transfer may cruise on (see the
+/// module docs): CUBIC, when the receivers hold the windows at the plan
+/// (buffers set) and the sender offers it.
+pub fn cruise_control(held_windows: bool, offered: &[String]) -> Option<String> {
+    (held_windows && offered.iter().any(|c| c == "cubic")).then(|| "cubic".to_string())
+}
+
 /// What the adjuster knows about the path and its bounds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdjustConfig {

@@ -593,12 +593,6 @@ impl DataOpts {
     }
 }
 
-/// The control a clean BBR transfer may cruise on: CUBIC, when the sender
-/// offers it and the windows are held at the plan (set buffers).
-fn cruise_control(held_windows: bool, allowed: &[String]) -> Option<String> {
-    (held_windows && allowed.iter().any(|c| c == "cubic")).then(|| "cubic".to_string())
-}
-
 /// What the server sets on its data sockets: the same buffer at the other
 /// end of each stream (so the planned window holds there too, instead of
 /// kernel autotuning's), and for a pull, where the server sends, the
@@ -777,7 +771,7 @@ impl Tuning {
         let mut cfg = AdjustConfig::for_plan(&plan, &self.facts, max, bbr);
         // Receivers hold the planned windows, so CUBIC may carry a clean
         // transfer without over-filling the queue (see adjust.rs).
-        cfg.cruise = cruise_control(self.plan.set_buffers, &allowed);
+        cfg.cruise = fatpipe_tune::adjust::cruise_control(self.plan.set_buffers, &allowed);
         Adjuster::new(cfg)
     }
 

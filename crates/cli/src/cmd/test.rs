@@ -292,8 +292,8 @@ fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConf
     // Receivers hold windows that are set (by the plan or -w), so a clean
     // BBR test may cruise on CUBIC without over-filling the queue; see
     // adjust.rs.
-    if switchable && p.window.is_some() && offered.iter().any(|c| c == "cubic") {
-        cfg.cruise = Some("cubic".to_string());
+    if switchable {
+        cfg.cruise = fatpipe_tune::adjust::cruise_control(p.window.is_some(), &offered);
     }
     cfg.streams = p.streams;
     cfg.max_streams = policy.max_streams.max(p.streams);
