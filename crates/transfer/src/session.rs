@@ -1695,17 +1695,27 @@ mod tests {
         );
     }
 
-    #[test]
-    fn prepare_runs_once_with_the_control_connection_open_and_reconnects_skip_it() {
+    /// A 6 MiB push at ~7.5 MB/s whose connections are all cut once 2 MiB
+    /// are in, so the first session drops mid-file.
+    struct CutPush {
+        _src: tempfile::TempDir,
+        exp: tempfile::TempDir,
+        srv: TestServer,
+        job: Job,
+        data: Vec<u8>,
+        progress: Arc<Progress>,
+        cutter: std::thread::JoinHandle<()>,
+    }
+
+    fn cut_push(seed: u64) -> CutPush {
         let src = tempfile::tempdir().unwrap();
-        let data = pseudo_random(6 << 20, 12);
+        let data = pseudo_random(6 << 20, seed);
         std::fs::write(src.path().join("f"), &data).unwrap();
         let exp = tempfile::tempdir().unwrap();
         let srv = server(cfg(vec![export("data", exp.path(), false)]));
-        let mut j = job(Direction::Push, "data", &[""]);
-        j.local_sources = vec![src.path().join("f")];
-        j.streams = 1;
-        j.bwlimit = Some(60_000_000);
+        let mut job = job(Direction::Push, "data", &[""]);
+        job.local_sources = vec![src.path().join("f")];
+        job.bwlimit = Some(60_000_000); // the first session takes a while
         let progress = Arc::new(Progress::default());
         let opened = Arc::clone(&srv.link.opened);
         let p2 = Arc::clone(&progress);
@@ -1717,6 +1727,29 @@ mod tests {
                 let _ = s.shutdown(Shutdown::Both);
             }
         });
+        CutPush {
+            _src: src,
+            exp,
+            srv,
+            job,
+            data,
+            progress,
+            cutter,
+        }
+    }
+
+    #[test]
+    fn prepare_runs_once_with_the_control_connection_open_and_reconnects_skip_it() {
+        let CutPush {
+            _src,
+            exp,
+            srv,
+            job: mut j,
+            data,
+            progress,
+            cutter,
+        } = cut_push(12);
+        j.streams = 1;
         let calls = Mutex::new(Vec::new());
         let mut prepare = |job: &mut Job| -> Result<(), CopyError> {
             // Only the control connection is open: nothing waits on the plan.
@@ -1796,25 +1829,15 @@ mod tests {
 
     #[test]
     fn a_dropped_session_resumes_where_it_stopped() {
-        let src = tempfile::tempdir().unwrap();
-        let data = pseudo_random(6 << 20, 11);
-        std::fs::write(src.path().join("f"), &data).unwrap();
-        let exp = tempfile::tempdir().unwrap();
-        let srv = server(cfg(vec![export("data", exp.path(), false)]));
-        let mut j = job(Direction::Push, "data", &[""]);
-        j.local_sources = vec![src.path().join("f")];
-        j.bwlimit = Some(60_000_000); // ~7.5 MB/s: the first session takes a while
-        let progress = Arc::new(Progress::default());
-        let opened = Arc::clone(&srv.link.opened);
-        let p2 = Arc::clone(&progress);
-        let cutter = std::thread::spawn(move || {
-            while p2.bytes.load(Ordering::Relaxed) < 2 << 20 {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            for s in opened.lock().unwrap().drain(..) {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        });
+        let CutPush {
+            _src,
+            exp,
+            srv,
+            job: j,
+            data,
+            progress,
+            cutter,
+        } = cut_push(11);
         let retries = Mutex::new(0);
         let rep = run_client(&srv.link, &j, Arc::clone(&progress), &|_| {
             *retries.lock().unwrap() += 1
