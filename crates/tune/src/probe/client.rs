@@ -28,7 +28,8 @@ use fatpipe_schema::tune::HostLimits;
 use super::estimate::{self, Arrival, RateEstimate, RttStats, TrainObs};
 use super::mtu::{MtuResult, MtuSearch};
 use super::wire::{
-    Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_GAP_US, MAX_TRAINS, MAX_TRAIN_LEN, SERVICE,
+    Packet, ProbeMsg, ProbeParams, MAX_COLLECT_WAIT_MS, MAX_DATAGRAM, MAX_GAP_US, MAX_TRAINS,
+    MAX_TRAIN_LEN, SERVICE,
 };
 use super::{ip_overhead, ProbeError};
 use fatpipe_sys::probe as sock;
@@ -140,12 +141,13 @@ fn probe(
     control: &Control,
     started: Instant,
 ) -> Result<ProbeOutcome, ProbeError> {
-    let (udp_port, peer_limits) = match recv_msg(control, Duration::from_secs(10))? {
+    let (udp_port, peer_limits, pipelined) = match recv_msg(control, Duration::from_secs(10))? {
         ProbeMsg::Ready {
             udp_port,
             limits,
             limits_error,
             reverse,
+            pipelined,
         } => {
             if cfg.reverse && !reverse {
                 return Err(ProbeError::Unsupported(
@@ -156,6 +158,7 @@ fn probe(
             (
                 udp_port,
                 limits.ok_or_else(|| limits_error.unwrap_or_else(|| "not sent".into())),
+                pipelined,
             )
         }
         other => return Err(unexpected(&other, "Ready")),
@@ -288,7 +291,8 @@ fn probe(
             }
             continue;
         }
-        for (len, send_span_ns) in send_trains(&mut io, first, n, &shape, &mut sizer, timeout)? {
+        let sent = send_trains(&mut io, first, n, &shape, &mut sizer, timeout, pipelined)?;
+        for &(len, send_span_ns) in &sent.trains {
             obs.push(TrainObs {
                 sent: len,
                 ip_bytes: train_packet,
@@ -296,7 +300,15 @@ fn probe(
                 arrivals: Vec::new(),
             });
         }
-        kernel_clock = collect(control, &mut obs)?;
+        let last = first + n - 1;
+        kernel_clock = collect(control, &mut obs, sent.collect_wait.map(|w| (last, w)))?;
+        if sent.collect_wait.is_some() {
+            // The last train was not waited for: its report sizes the
+            // next round instead of its acknowledgement.
+            if let Some(t) = obs.last() {
+                sizer.handle_report(&shape, t);
+            }
+        }
         // A sender-limited round is given one more chance (a busy host
         // descheduled the sender or the device queue was full); twice in a
         // row, more trains cannot help: this host is what limits them.
@@ -539,8 +551,21 @@ struct TrainShape {
     max_len: u32,
 }
 
+/// What [`send_trains`] sent.
+struct SentTrains {
+    /// Each train's length and send span in ns.
+    trains: Vec<(u32, u64)>,
+    /// Pipelined: the last train was not waited for; the server should
+    /// wait this long for it before reporting.
+    collect_wait: Option<Duration>,
+}
+
 /// Sends trains numbered `first..first + trains` and returns each one's
 /// length and send span in ns.
+///
+/// With `pipelined` (the server said it can), the last train of the round
+/// is not waited for either: `Collect` follows it at once and the server
+/// holds the reports until it is in, which saves a round trip a round.
 ///
 /// Until a train has reported a rate, each train waits for the previous
 /// one's acknowledgement, so the first trains never queue behind each
@@ -563,7 +588,8 @@ fn send_trains(
     shape: &TrainShape,
     sizer: &mut Sizer,
     timeout: Duration,
-) -> Result<Vec<(u32, u64)>, ProbeError> {
+    pipelined: bool,
+) -> Result<SentTrains, ProbeError> {
     let mut batch = fatpipe_sys::udp::SendBatch::new();
     let mut out: Vec<(u32, u64)> = Vec::with_capacity(trains as usize);
     let last = first + trains - 1;
@@ -597,6 +623,12 @@ fn send_trains(
         }
         out.push((len, t0.elapsed().as_nanos() as u64));
         let drain = sizer.drain(shape, len);
+        if train == last && pipelined {
+            return Ok(SentTrains {
+                trains: out,
+                collect_wait: Some(timeout + drain * 2),
+            });
+        }
         let wait_for = if train == last || sizer.measured.is_none() {
             Some(train)
         } else {
@@ -631,7 +663,10 @@ fn send_trains(
             sizer.handle_lost_tail(shape);
         }
     }
-    Ok(out)
+    Ok(SentTrains {
+        trains: out,
+        collect_wait: None,
+    })
 }
 
 /// One round of reverse trains: what to ask for.
@@ -787,6 +822,20 @@ impl Sizer {
         self.len = len;
     }
 
+    /// A train's full report came instead of its acknowledgement: the same
+    /// reading, from the arrivals.
+    fn handle_report(&mut self, shape: &TrainShape, train: &TrainObs) {
+        let tail = train.arrivals.iter().any(|a| a.index + 1 == train.sent);
+        let first = train.arrivals.iter().map(|a| a.at_ns).min();
+        let last = train.arrivals.iter().map(|a| a.at_ns).max();
+        match (tail, first, last) {
+            (true, Some(f), Some(l)) => {
+                self.handle_ack(shape, train.sent, train.arrivals.len() as u32, l - f)
+            }
+            _ => self.handle_lost_tail(shape),
+        }
+    }
+
     /// A train's last packet never arrived: a short queue or a lossy path.
     /// Shorter trains lose less of themselves.
     fn handle_lost_tail(&mut self, shape: &TrainShape) {
@@ -796,10 +845,22 @@ impl Sizer {
 
 /// Asks the server for every train's arrivals and fills them into `obs`
 /// (indexed by train number). Returns whether the kernel timed them all.
-fn collect(control: &Control, obs: &mut [TrainObs]) -> Result<bool, ProbeError> {
-    control.send(&ProbeMsg::Collect.encode())?;
+fn collect(
+    control: &Control,
+    obs: &mut [TrainObs],
+    wait: Option<(u32, Duration)>,
+) -> Result<bool, ProbeError> {
+    let (wait_for, wait_ms) = match wait {
+        Some((train, d)) => (
+            Some(train),
+            (d.as_millis() as u32).clamp(1, MAX_COLLECT_WAIT_MS),
+        ),
+        None => (None, 0),
+    };
+    control.send(&ProbeMsg::Collect { wait_for, wait_ms }.encode())?;
+    let patience = Duration::from_secs(10) + Duration::from_millis(u64::from(wait_ms));
     loop {
-        match recv_msg(control, Duration::from_secs(10))? {
+        match recv_msg(control, patience)? {
             ProbeMsg::Train { train, arrivals } => {
                 if let Some(t) = obs.get_mut(train as usize) {
                     t.arrivals = arrivals

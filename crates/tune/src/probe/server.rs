@@ -79,6 +79,8 @@ impl Service for ProbeService {
 #[derive(Debug, Default)]
 struct Record {
     trains: BTreeMap<u32, Vec<ArrivalWire>>,
+    /// Trains whose last packet arrived (bit per train number).
+    tails: u64,
     arrivals: usize,
     user_clock: bool,
     ignored: u64,
@@ -97,7 +99,8 @@ struct Record {
 const SEND_BUFFER: u64 = 8 << 20;
 
 fn serve(session: &ServerSession) -> Result<(), ProbeError> {
-    let reverse = ProbeParams::decode(session.params())?.reverse;
+    let params = ProbeParams::decode(session.params())?;
+    let (reverse, pipelined) = (params.reverse, params.pipelined);
     let ip = session.local_addr().ip();
     let udp = UdpSocket::bind(SocketAddr::new(ip, 0))
         .map_err(|e| ProbeError::io(format!("bind UDP on {ip}"), e))?;
@@ -125,6 +128,7 @@ fn serve(session: &ServerSession) -> Result<(), ProbeError> {
             limits,
             limits_error,
             reverse,
+            pipelined,
         }
         .encode(),
     )?;
@@ -138,7 +142,7 @@ fn serve(session: &ServerSession) -> Result<(), ProbeError> {
     let shutdown = session.shutdown().clone();
     std::thread::scope(|s| {
         let control_thread = s.spawn(|| {
-            let r = control_loop(control, &shutdown, &record, &stop, &udp);
+            let r = control_loop(control, &shutdown, &record, &stop, &udp, pipelined);
             stop.store(true, Ordering::Relaxed);
             r
         });
@@ -157,6 +161,7 @@ fn control_loop(
     record: &Mutex<Record>,
     stop: &AtomicBool,
     udp: &UdpSocket,
+    pipelined: bool,
 ) -> Result<(), ProbeError> {
     let start = Instant::now();
     let mut last = start;
@@ -181,13 +186,21 @@ fn control_loop(
         };
         last = Instant::now();
         match ProbeMsg::decode(&bytes)? {
-            ProbeMsg::Collect => {
+            ProbeMsg::Collect { wait_for, wait_ms } => {
+                if let Some(train) = wait_for {
+                    wait_for_tail(record, train, wait_ms, stop, shutdown);
+                }
                 let (trains, user_clock, ignored) = {
                     let r = lock(record);
                     (r.trains.clone(), r.user_clock, r.ignored)
                 };
                 for (train, arrivals) in trains {
-                    control.send(&ProbeMsg::Train { train, arrivals }.encode())?;
+                    let report = ProbeMsg::Train { train, arrivals };
+                    control.send(&if pipelined {
+                        report.encode_packed()
+                    } else {
+                        report.encode()
+                    })?;
                 }
                 control.send(
                     &ProbeMsg::Collected {
@@ -263,6 +276,25 @@ fn control_loop(
                 )))
             }
         }
+    }
+}
+
+/// A pipelined `Collect` came right behind the client's last train: waits
+/// until that train's last packet is recorded, at most `wait_ms` (which
+/// decoding capped), or until the session ends.
+fn wait_for_tail(
+    record: &Mutex<Record>,
+    train: u32,
+    wait_ms: u32,
+    stop: &AtomicBool,
+    shutdown: &Shutdown,
+) {
+    let until = Instant::now() + Duration::from_millis(u64::from(wait_ms));
+    while Instant::now() < until && !stop.load(Ordering::Relaxed) && !shutdown.is_set() {
+        if lock(record).tails & (1u64 << (train % 64)) != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(500));
     }
 }
 
@@ -373,6 +405,9 @@ fn udp_loop(
                     list.push((index, at_ns, ip_bytes));
                     let received = list.len() as u32;
                     let first = list.iter().map(|a| a.1).min().unwrap_or(at_ns);
+                    if index + 1 == count {
+                        r.tails |= 1u64 << train;
+                    }
                     (index + 1 == count).then_some(Packet::TrainAck {
                         train,
                         received,
@@ -547,7 +582,15 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let control = session.control();
-        control.send(&ProbeMsg::Collect.encode()).unwrap();
+        control
+            .send(
+                &ProbeMsg::Collect {
+                    wait_for: None,
+                    wait_ms: 0,
+                }
+                .encode(),
+            )
+            .unwrap();
         let msg = |c: &fatpipe_engine::Control| {
             ProbeMsg::decode(&c.recv(Some(Duration::from_secs(5))).unwrap().unwrap()).unwrap()
         };
@@ -570,6 +613,84 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        control.send(&ProbeMsg::Done.encode()).unwrap();
+        stop.trigger();
+    }
+
+    #[test]
+    fn a_pipelined_collect_waits_for_its_train_and_no_longer_than_asked() {
+        let (addr, stop) = start();
+        let session = connect(addr, None, SERVICE, &ProbeParams::current().encode()).unwrap();
+        let control = session.control();
+        let msg = || {
+            ProbeMsg::decode(
+                &control
+                    .recv(Some(Duration::from_secs(15)))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let ProbeMsg::Ready {
+            udp_port,
+            pipelined: true,
+            ..
+        } = msg()
+        else {
+            panic!("no pipelined Ready");
+        };
+        let client = udp_to(SocketAddr::new(addr.ip(), udp_port));
+        send(
+            &client,
+            Packet::Hello {
+                cookie: *session.cookie(),
+            },
+        );
+        assert_eq!(reply(&client), Some(Packet::HelloAck));
+        let train = |train, index| Packet::Train {
+            train,
+            index,
+            count: 3,
+        };
+        let collect = |wait_for, wait_ms| {
+            control
+                .send(
+                    &ProbeMsg::Collect {
+                        wait_for: Some(wait_for),
+                        wait_ms,
+                    }
+                    .encode(),
+                )
+                .unwrap();
+        };
+        let reports = || {
+            let mut got = Vec::new();
+            loop {
+                match msg() {
+                    ProbeMsg::Train { train, arrivals } => got.push((train, arrivals.len())),
+                    ProbeMsg::Collected { .. } => return got,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        send(&client, train(0, 0));
+        // The Collect overtakes train 1, which is then sent 300 ms late:
+        // the reports wait for its last packet, well short of 5 s.
+        collect(1, 5000);
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        for index in 0..3 {
+            send(&client, train(1, index));
+        }
+        assert_eq!(reports(), [(0, 1), (1, 3)]);
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        // A tail that never comes is waited for as long as asked, no longer.
+        let t0 = Instant::now();
+        collect(2, 400);
+        assert_eq!(reports(), [(0, 1), (1, 3)]);
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(400), "{waited:?}");
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
         control.send(&ProbeMsg::Done.encode()).unwrap();
         stop.trigger();
     }
