@@ -5,9 +5,16 @@
 //! each one sizes the next: the echoes give the RTT that sets every later
 //! timeout; the MTU search gives the packet size of the trains; the trains
 //! go last so their queueing cannot disturb the RTT samples, and come in up
-//! to [`MAX_ROUNDS`] rounds, the next only when the last ones disagree. The
-//! MTU search's first probe (the route MTU, which passes on most paths and
-//! settles the search) rides along with the echoes, saving a round trip.
+//! to [`MAX_ROUNDS`] rounds, the next only when the last ones disagree.
+//! Round trips are what a probe of a long path costs, so nothing waits that
+//! need not: the echoes follow the UDP hello without waiting for its answer
+//! (the server reads in order, so the hello has bound the address by the
+//! time they arrive; if nothing at all comes back, the hello is repeated
+//! and waited for), the MTU search's first probe (the route MTU, which
+//! passes on most paths and settles the search) rides along with the
+//! echoes, and so does a forward probe's first train, at that probe's size.
+//! With a server that collects pipelined, the timestamps are asked for
+//! right behind each round's last train.
 //! The socket has Don't Fragment set throughout, so no phase is silently
 //! fragmented.
 //!
@@ -33,6 +40,7 @@ use super::wire::{
 };
 use super::{ip_overhead, ProbeError};
 use fatpipe_sys::probe as sock;
+use fatpipe_sys::udp::SendBatch;
 
 /// What to probe and how hard.
 #[derive(Debug, Clone)]
@@ -54,6 +62,9 @@ pub struct ProbeConfig {
     pub train_bytes: u32,
     /// True to measure server → client: the server sends the trains.
     pub reverse: bool,
+    /// True (the default) to collect the timestamps pipelined when the
+    /// server can; false collects as clients before it did.
+    pub pipelined: bool,
 }
 
 impl ProbeConfig {
@@ -69,6 +80,7 @@ impl ProbeConfig {
             max_train_packet: 9000,
             train_bytes: 600_000,
             reverse: false,
+            pipelined: true,
         }
     }
 }
@@ -117,10 +129,13 @@ pub struct ProbeOutcome {
 /// Runs every phase against the server at `cfg.addr`.
 pub fn run(cfg: &ProbeConfig) -> Result<ProbeOutcome, ProbeError> {
     let started = Instant::now();
-    let params = if cfg.reverse {
-        ProbeParams::reverse()
-    } else {
-        ProbeParams::current()
+    let params = ProbeParams {
+        pipelined: cfg.pipelined,
+        ..if cfg.reverse {
+            ProbeParams::reverse()
+        } else {
+            ProbeParams::current()
+        }
     };
     let session = connect_with(cfg.addr, &cfg.options, SERVICE, &params.encode())?;
     let control = session.control().clone();
@@ -182,18 +197,9 @@ fn probe(
         stamp: None,
         len: 0,
         token: None,
+        hello_answered: false,
     };
-    hello(&mut io, session)?;
-    let token = match (cfg.reverse, io.token) {
-        (false, _) => None,
-        (true, Some(t)) => Some(t),
-        (true, None) => {
-            return Err(ProbeError::Protocol(
-                "the server took a reverse session but sent no token".into(),
-            ))
-        }
-    };
-    if token.is_some() {
+    if cfg.reverse {
         // A whole train must wait here while this thread is descheduled.
         let _ =
             fatpipe_sys::buffers::set_recv_buffer(&io.sock, 8 << 20, crate::host::is_privileged());
@@ -204,8 +210,21 @@ fn probe(
         Err(e) => Err(format!("cannot set Don't Fragment: {e}")),
     };
     let floor = if v6 { 1280 } else { 576 };
-    // The MTU search's first probe (the route MTU, which passes on most
-    // paths) goes out with the echoes, so it costs no round trip of its own.
+    let max_len = |packet: u32| (cfg.train_bytes / packet).clamp(MIN_TRAIN_LEN, MAX_TRAIN_LEN);
+    let shape_of = |packet: u32| TrainShape {
+        packet,
+        payload: packet.saturating_sub(overhead) as usize,
+        max_len: max_len(packet),
+    };
+    let trains = cfg.trains.clamp(1, MAX_TRAINS);
+    // The hello goes out and everything after it follows without waiting
+    // for its answer: the server reads its socket in order, so the hello
+    // has bound this address before the echoes arrive. The MTU search's
+    // first probe (the route MTU, which passes on most paths) goes along
+    // with the echoes, and so does a forward probe's first train, at the
+    // size that probe tests: on most paths they cost no round trip of
+    // their own.
+    send_hello(&io, session)?;
     let mut search = route_mtu
         .as_ref()
         .ok()
@@ -224,8 +243,48 @@ fn probe(
         }
         None => None,
     };
-    let mut early_acks = Vec::new();
-    let rtt = echoes(&mut io, cfg, &mut early_acks)?;
+    let mut first_train = match (&early, cfg.reverse, trains > 1) {
+        (Some(size), false, true) => {
+            let shape = shape_of((*size).min(cfg.max_train_packet).max(floor));
+            let _ = fatpipe_sys::buffers::set_send_buffer(
+                &io.sock,
+                u64::from(shape.packet) * u64::from(shape.max_len) * 2,
+                false,
+            );
+            Some(FirstTrain {
+                shape,
+                sent: None,
+                ack: None,
+            })
+        }
+        _ => None,
+    };
+    let mut others = Vec::new();
+    let rtt = match echoes(&mut io, cfg, first_train.as_mut(), &mut others) {
+        Ok(rtt) => rtt,
+        // Nothing came back, not even the hello's answer: the hello (or
+        // everything) was lost. Hello again, waiting this time, and echo
+        // again; the early MTU probe and train count as lost.
+        Err(ProbeError::Timeout(_)) if !io.hello_answered => {
+            first_train = None;
+            hello(&mut io, session)?;
+            echoes(&mut io, cfg, None, &mut others)?
+        }
+        Err(e) => return Err(e),
+    };
+    if cfg.reverse && io.token.is_none() {
+        // Echoes came back but the token was lost: ask for it again.
+        hello(&mut io, session)?;
+    }
+    let token = match (cfg.reverse, io.token) {
+        (false, _) => None,
+        (true, Some(t)) => Some(t),
+        (true, None) => {
+            return Err(ProbeError::Protocol(
+                "the server took a reverse session but sent no token".into(),
+            ))
+        }
+    };
     let timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
     let mtu = match search {
         Some(mut s) => {
@@ -233,7 +292,10 @@ fn probe(
                 // Echoes take a round trip and more: a probe that passed
                 // has been answered by now. Unanswered, it counts as one
                 // of its size's tries and the search goes on as usual.
-                if early_acks.contains(&size) {
+                let acked = others
+                    .iter()
+                    .any(|p| matches!(p, Packet::MtuAck { size: s, .. } if *s == size));
+                if acked {
                     s.handle_ack(size);
                 } else {
                     s.handle_timeout(size);
@@ -251,27 +313,56 @@ fn probe(
         .unwrap_or(1500)
         .min(cfg.max_train_packet)
         .max(floor);
-    let max_len = (cfg.train_bytes / train_packet).clamp(MIN_TRAIN_LEN, MAX_TRAIN_LEN);
-    let trains = cfg.trains.clamp(1, MAX_TRAINS);
+    let shape = shape_of(train_packet);
     let _ = fatpipe_sys::buffers::set_send_buffer(
         &io.sock,
-        u64::from(train_packet) * u64::from(max_len) * 2,
+        u64::from(train_packet) * u64::from(shape.max_len) * 2,
         false,
     );
-    let shape = TrainShape {
-        packet: train_packet,
-        payload: train_packet.saturating_sub(overhead) as usize,
-        max_len,
-    };
-    // Rounds of trains until they agree (or the rounds run out): a
-    // receiver or forwarder descheduled during a round spoils its trains,
-    // and more trains are cheaper than a wrong rate.
     let mut obs: Vec<TrainObs> = Vec::new();
     let mut sizer = Sizer::new(&shape);
+    if let Some(FirstTrain {
+        shape: first_shape,
+        sent: Some((len, send_span_ns, at)),
+        mut ack,
+    }) = first_train
+    {
+        obs.push(TrainObs {
+            sent: len,
+            ip_bytes: first_shape.packet,
+            send_span_ns,
+            arrivals: Vec::new(),
+        });
+        // Its acknowledgement is usually in by the time the echoes are.
+        let deadline = at + timeout + sizer.drain(&first_shape, len) * 2;
+        while ack.is_none() {
+            match io.recv_until(deadline)? {
+                Some(Packet::TrainAck {
+                    train: 0,
+                    received,
+                    span_ns,
+                }) => ack = Some((received, span_ns)),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        match ack {
+            Some((received, span_ns)) => sizer.handle_ack(&first_shape, len, received, span_ns),
+            None => sizer.handle_lost_tail(&shape),
+        }
+    }
+    // Rounds of trains until they agree (or the rounds run out): a
+    // receiver or forwarder descheduled during a round spoils its trains,
+    // and more trains are cheaper than a wrong rate. The first train, if
+    // it went with the echoes, is one of the first round's.
     let mut kernel_clock = true;
     for round in 0..MAX_ROUNDS {
         let first = obs.len() as u32;
-        let n = trains.min(MAX_TRAINS - first);
+        let n = if round == 0 {
+            trains - first
+        } else {
+            trains.min(MAX_TRAINS - first)
+        };
         if n == 0 {
             break;
         }
@@ -352,6 +443,8 @@ struct Udp {
     len: usize,
     /// Reverse sessions: the token from the server's `HelloToken`.
     token: Option<u64>,
+    /// True once the server answered a hello.
+    hello_answered: bool,
 }
 
 impl Udp {
@@ -398,26 +491,40 @@ impl Udp {
     }
 }
 
-/// Proves the session's cookie from this UDP address, retrying for 5 s.
+/// Sends the session's cookie from this UDP address, once.
+fn send_hello(io: &Udp, session: &ClientSession) -> Result<(), ProbeError> {
+    io.send(
+        Packet::Hello {
+            cookie: *session.cookie(),
+        },
+        0,
+    )
+    .map_err(|e| ProbeError::io("send UDP hello", e))
+}
+
+impl Udp {
+    /// Takes in a hello's answer; false for any other packet.
+    fn hello_answer(&mut self, p: &Packet) -> bool {
+        match *p {
+            Packet::HelloAck => {}
+            Packet::HelloToken { token } => self.token = Some(token),
+            _ => return false,
+        }
+        self.hello_answered = true;
+        true
+    }
+}
+
+/// Proves the session's cookie from this UDP address, waiting for the
+/// answer and retrying for 5 s.
 fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
     let give_up = Instant::now() + Duration::from_secs(5);
     while Instant::now() < give_up {
-        io.send(
-            Packet::Hello {
-                cookie: *session.cookie(),
-            },
-            0,
-        )
-        .map_err(|e| ProbeError::io("send UDP hello", e))?;
+        send_hello(io, session)?;
         let wait = (Instant::now() + Duration::from_millis(250)).min(give_up);
         while let Some(p) = io.recv_until(wait)? {
-            match p {
-                Packet::HelloAck => return Ok(()),
-                Packet::HelloToken { token } => {
-                    io.token = Some(token);
-                    return Ok(());
-                }
-                _ => {}
+            if io.hello_answer(&p) {
+                return Ok(());
             }
         }
     }
@@ -426,12 +533,28 @@ fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
     ))
 }
 
-/// Sends `cfg.echoes` echoes `cfg.echo_interval` apart and collects replies;
-/// MTU probe acknowledgements that arrive meanwhile go to `mtu_acks`.
+/// A forward probe's first train, sent right behind the last echo at the
+/// size of the early MTU probe (which passes on most paths), so that its
+/// round trip overlaps the echoes'.
+struct FirstTrain {
+    /// Its packets.
+    shape: TrainShape,
+    /// Once sent: packets, send span (ns), when.
+    sent: Option<(u32, u64, Instant)>,
+    /// Its `TrainAck` (received, span in ns), if it came with the echoes.
+    ack: Option<(u32, u64)>,
+}
+
+/// Sends `cfg.echoes` echoes `cfg.echo_interval` apart and collects replies,
+/// then `first_train` (if any) right behind the last. A hello's answer
+/// that arrives meanwhile is taken in, the first train's acknowledgement
+/// kept with it, and any other packet (MTU acknowledgements) goes to
+/// `others`.
 fn echoes(
     io: &mut Udp,
     cfg: &ProbeConfig,
-    mtu_acks: &mut Vec<u32>,
+    mut first_train: Option<&mut FirstTrain>,
+    others: &mut Vec<Packet>,
 ) -> Result<RttStats, ProbeError> {
     let n = cfg.echoes.max(1);
     let mut samples = Vec::with_capacity(n as usize);
@@ -448,6 +571,12 @@ fn echoes(
             sent += 1;
             next += cfg.echo_interval;
             if sent == n {
+                if let Some(t) = first_train.as_deref_mut() {
+                    let len = FIRST_TRAIN_LEN.min(t.shape.max_len);
+                    let at = Instant::now();
+                    let span = send_train(io, &mut SendBatch::new(), 0, len, t.shape.payload)?;
+                    t.sent = Some((len, span, at));
+                }
                 let slowest = samples.iter().copied().max().unwrap_or(Duration::ZERO);
                 last_deadline = Some(now + (slowest * 3).max(Duration::from_secs(1)));
             }
@@ -471,8 +600,17 @@ fn echoes(
                     }
                 }
             }
-            Some(Packet::MtuAck { size, .. }) => mtu_acks.push(size),
-            _ => {}
+            Some(Packet::TrainAck {
+                train: 0,
+                received,
+                span_ns,
+            }) if first_train.is_some() => {
+                if let Some(t) = first_train.as_deref_mut() {
+                    t.ack = Some((received, span_ns));
+                }
+            }
+            Some(p) if !io.hello_answer(&p) => others.push(p),
+            Some(_) | None => {}
         }
     }
     estimate::rtt_stats(sent, &samples).ok_or_else(|| {
@@ -590,38 +728,12 @@ fn send_trains(
     timeout: Duration,
     pipelined: bool,
 ) -> Result<SentTrains, ProbeError> {
-    let mut batch = fatpipe_sys::udp::SendBatch::new();
+    let mut batch = SendBatch::new();
     let mut out: Vec<(u32, u64)> = Vec::with_capacity(trains as usize);
     let last = first + trains - 1;
     for train in first..=last {
         let len = sizer.len;
-        let packets: Vec<Vec<u8>> = (0..len)
-            .map(|index| {
-                let mut buf = Vec::with_capacity(shape.payload);
-                Packet::Train {
-                    train,
-                    index,
-                    count: len,
-                }
-                .encode(&mut buf, shape.payload);
-                buf
-            })
-            .collect();
-        let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
-        let t0 = Instant::now();
-        let mut done = 0;
-        while done < refs.len() {
-            let b = batch
-                .send(&io.sock, &refs[done..])
-                .map_err(|e| ProbeError::io("send packet train", e))?;
-            if b.datagrams == 0 {
-                return Err(ProbeError::Protocol(
-                    "the kernel accepted no train packet".into(),
-                ));
-            }
-            done += b.datagrams;
-        }
-        out.push((len, t0.elapsed().as_nanos() as u64));
+        out.push((len, send_train(io, &mut batch, train, len, shape.payload)?));
         let drain = sizer.drain(shape, len);
         if train == last && pipelined {
             return Ok(SentTrains {
@@ -667,6 +779,44 @@ fn send_trains(
         trains: out,
         collect_wait: None,
     })
+}
+
+/// Sends train number `train`: `len` packets padded to `payload` bytes, as
+/// fast as the kernel takes them. Returns how long sending took (ns).
+fn send_train(
+    io: &Udp,
+    batch: &mut SendBatch,
+    train: u32,
+    len: u32,
+    payload: usize,
+) -> Result<u64, ProbeError> {
+    let packets: Vec<Vec<u8>> = (0..len)
+        .map(|index| {
+            let mut buf = Vec::with_capacity(payload);
+            Packet::Train {
+                train,
+                index,
+                count: len,
+            }
+            .encode(&mut buf, payload);
+            buf
+        })
+        .collect();
+    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < refs.len() {
+        let b = batch
+            .send(&io.sock, &refs[done..])
+            .map_err(|e| ProbeError::io("send packet train", e))?;
+        if b.datagrams == 0 {
+            return Err(ProbeError::Protocol(
+                "the kernel accepted no train packet".into(),
+            ));
+        }
+        done += b.datagrams;
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
 }
 
 /// One round of reverse trains: what to ask for.

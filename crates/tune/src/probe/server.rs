@@ -824,6 +824,31 @@ mod tests {
     }
 
     #[test]
+    fn forward_probe_on_loopback_pipelined_or_not() {
+        let (addr, stop) = start();
+        for pipelined in [true, false] {
+            let mut cfg =
+                crate::probe::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
+            cfg.pipelined = pipelined;
+            cfg.echoes = 3;
+            cfg.trains = 4;
+            let o = crate::probe::run(&cfg).unwrap();
+            let r = o.rate.expect("an estimate");
+            assert!(r.rate > 1e8, "{pipelined}: {r:?}");
+            // Rounds of 4: the first train, sent with the echoes, is one
+            // of the first round's, and every one was reported.
+            assert!(
+                r.trains > 0 && r.trains.is_multiple_of(4),
+                "{pipelined}: {r:?}"
+            );
+            assert!(o.train_packets.0 > 0);
+            assert_eq!(o.train_packets.0, o.train_packets.1, "{pipelined}");
+            assert_eq!(o.mtu.probes, 1, "the route MTU passed with the echoes");
+        }
+        stop.trigger();
+    }
+
+    #[test]
     fn bad_params_are_refused_before_the_session() {
         let (addr, stop) = start();
         let err = connect(addr, None, SERVICE, b"{\"version\":99}").unwrap_err();
