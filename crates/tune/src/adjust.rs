@@ -271,7 +271,7 @@ impl Adjuster {
             self.congestion = "bbr".to_string();
             return self.changed(
                 now,
-                (avg.throughput, avg.retransmits),
+                Some((avg.throughput, avg.retransmits)),
                 Action::SwitchCongestion {
                     to: "bbr".to_string(),
                 },
@@ -309,7 +309,7 @@ impl Adjuster {
         self.streams += n;
         self.changed(
             now,
-            (avg.throughput, avg.retransmits),
+            Some((avg.throughput, avg.retransmits)),
             Action::AddStreams { n },
             why,
         )
@@ -348,15 +348,7 @@ impl Adjuster {
         self.cruising = true;
         self.congestion = to.clone();
         // Not a step toward more throughput: nothing to compare it with.
-        self.before_change = None;
-        self.quiet_until = now + settle_time(self.cfg.min_rtt);
-        self.acc = Accumulator::default();
-        Some(Decision {
-            at_secs: now.as_secs_f64(),
-            action: Action::SwitchCongestion { to },
-            streams: self.streams,
-            reason: why,
-        })
+        Some(self.changed(now, None, Action::SwitchCongestion { to }, why))
     }
 
     /// A retransmit while cruising: back to BBR now, and for good.
@@ -368,17 +360,8 @@ impl Adjuster {
             self.congestion
         );
         self.congestion = "bbr".to_string();
-        self.before_change = None;
-        self.quiet_until = now + settle_time(self.cfg.min_rtt);
-        self.acc = Accumulator::default();
-        Decision {
-            at_secs: now.as_secs_f64(),
-            action: Action::SwitchCongestion {
-                to: "bbr".to_string(),
-            },
-            streams: self.streams,
-            reason: why,
-        }
+        let to = self.congestion.clone();
+        self.changed(now, None, Action::SwitchCongestion { to }, why)
     }
 
     fn hold(&self, now: Duration, reason: String) -> Decision {
@@ -390,14 +373,17 @@ impl Adjuster {
         }
     }
 
+    /// Records a change: settling starts over, and `before` (throughput,
+    /// retransmits) is what the change is later judged against, or `None`
+    /// when it is not a step toward more throughput.
     fn changed(
         &mut self,
         now: Duration,
-        (throughput, retransmits): (u64, u64),
+        before: Option<(u64, u64)>,
         action: Action,
         reason: String,
     ) -> Decision {
-        self.before_change = Some((throughput, retransmits));
+        self.before_change = before;
         self.quiet_until = now + settle_time(self.cfg.min_rtt);
         self.acc = Accumulator::default();
         Decision {
