@@ -38,7 +38,7 @@ use super::wire::{
     Packet, ProbeMsg, ProbeParams, MAX_COLLECT_WAIT_MS, MAX_DATAGRAM, MAX_GAP_US, MAX_TRAINS,
     MAX_TRAIN_LEN, SERVICE,
 };
-use super::{ip_overhead, ProbeError};
+use super::{ip_overhead, send_train, ProbeError};
 use fatpipe_sys::probe as sock;
 use fatpipe_sys::udp::SendBatch;
 
@@ -574,7 +574,7 @@ fn echoes(
                 if let Some(t) = first_train.as_deref_mut() {
                     let len = FIRST_TRAIN_LEN.min(t.shape.max_len);
                     let at = Instant::now();
-                    let span = send_train(io, &mut SendBatch::new(), 0, len, t.shape.payload)?;
+                    let span = send_train(&io.sock, &mut SendBatch::new(), 0, len, t.shape.payload)?;
                     t.sent = Some((len, span, at));
                 }
                 let slowest = samples.iter().copied().max().unwrap_or(Duration::ZERO);
@@ -733,7 +733,7 @@ fn send_trains(
     let last = first + trains - 1;
     for train in first..=last {
         let len = sizer.len;
-        out.push((len, send_train(io, &mut batch, train, len, shape.payload)?));
+        out.push((len, send_train(&io.sock, &mut batch, train, len, shape.payload)?));
         let drain = sizer.drain(shape, len);
         if train == last && pipelined {
             return Ok(SentTrains {
@@ -779,44 +779,6 @@ fn send_trains(
         trains: out,
         collect_wait: None,
     })
-}
-
-/// Sends train number `train`: `len` packets padded to `payload` bytes, as
-/// fast as the kernel takes them. Returns how long sending took (ns).
-fn send_train(
-    io: &Udp,
-    batch: &mut SendBatch,
-    train: u32,
-    len: u32,
-    payload: usize,
-) -> Result<u64, ProbeError> {
-    let packets: Vec<Vec<u8>> = (0..len)
-        .map(|index| {
-            let mut buf = Vec::with_capacity(payload);
-            Packet::Train {
-                train,
-                index,
-                count: len,
-            }
-            .encode(&mut buf, payload);
-            buf
-        })
-        .collect();
-    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
-    let t0 = Instant::now();
-    let mut done = 0;
-    while done < refs.len() {
-        let b = batch
-            .send(&io.sock, &refs[done..])
-            .map_err(|e| ProbeError::io("send packet train", e))?;
-        if b.datagrams == 0 {
-            return Err(ProbeError::Protocol(
-                "the kernel accepted no train packet".into(),
-            ));
-        }
-        done += b.datagrams;
-    }
-    Ok(t0.elapsed().as_nanos() as u64)
 }
 
 /// One round of reverse trains: what to ask for.

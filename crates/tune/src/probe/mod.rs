@@ -101,6 +101,46 @@ pub(crate) fn ip_overhead(addr: SocketAddr) -> usize {
     }
 }
 
+/// Sends train number `train` on the connected socket `udp`: `len`
+/// packets padded to `payload` bytes, as fast as the kernel takes them
+/// (the client's forward trains and the server's reverse ones). Returns
+/// how long sending took (ns).
+pub(crate) fn send_train(
+    udp: &std::net::UdpSocket,
+    batch: &mut fatpipe_sys::udp::SendBatch,
+    train: u32,
+    len: u32,
+    payload: usize,
+) -> Result<u64, ProbeError> {
+    let packets: Vec<Vec<u8>> = (0..len)
+        .map(|index| {
+            let mut buf = Vec::with_capacity(payload);
+            wire::Packet::Train {
+                train,
+                index,
+                count: len,
+            }
+            .encode(&mut buf, payload);
+            buf
+        })
+        .collect();
+    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+    let t0 = std::time::Instant::now();
+    let mut done = 0;
+    while done < refs.len() {
+        let b = batch
+            .send(udp, &refs[done..])
+            .map_err(|e| ProbeError::io("send packet train", e))?;
+        if b.datagrams == 0 {
+            return Err(ProbeError::Protocol(
+                "the kernel accepted no train packet".into(),
+            ));
+        }
+        done += b.datagrams;
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
+}
+
 /// The path facts a probe gives the planner: minimum RTT, the estimate
 /// (even a lower bound: better than none), the loss seen, the path MTU.
 pub fn facts(o: &ProbeOutcome) -> PathFacts {

@@ -35,7 +35,7 @@ use super::wire::{
     ArrivalWire, Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN,
     REVERSE_BUDGET, SERVICE,
 };
-use super::{ip_overhead, ProbeError};
+use super::{ip_overhead, send_train, ProbeError};
 use crate::host::{is_privileged, Host};
 use fatpipe_sys::probe as sock;
 
@@ -296,44 +296,6 @@ fn wait_for_tail(
         }
         std::thread::sleep(Duration::from_micros(500));
     }
-}
-
-/// Sends one train of `len` packets padded to `payload` bytes on the
-/// connected socket; returns how long sending took (ns).
-fn send_train(
-    udp: &UdpSocket,
-    batch: &mut fatpipe_sys::udp::SendBatch,
-    train: u32,
-    len: u32,
-    payload: usize,
-) -> Result<u64, ProbeError> {
-    let packets: Vec<Vec<u8>> = (0..len)
-        .map(|index| {
-            let mut buf = Vec::with_capacity(payload);
-            Packet::Train {
-                train,
-                index,
-                count: len,
-            }
-            .encode(&mut buf, payload);
-            buf
-        })
-        .collect();
-    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
-    let t0 = Instant::now();
-    let mut done = 0;
-    while done < refs.len() {
-        let b = batch
-            .send(udp, &refs[done..])
-            .map_err(|e| ProbeError::io("send reverse train", e))?;
-        if b.datagrams == 0 {
-            return Err(ProbeError::Protocol(
-                "the kernel accepted no train packet".into(),
-            ));
-        }
-        done += b.datagrams;
-    }
-    Ok(t0.elapsed().as_nanos() as u64)
 }
 
 fn udp_loop(
