@@ -246,11 +246,7 @@ fn probe(
     let mut first_train = match (&early, cfg.reverse, trains > 1) {
         (Some(size), false, true) => {
             let shape = shape_of((*size).min(cfg.max_train_packet).max(floor));
-            let _ = fatpipe_sys::buffers::set_send_buffer(
-                &io.sock,
-                u64::from(shape.packet) * u64::from(shape.max_len) * 2,
-                false,
-            );
+            io.fit_send_buffer(&shape);
             Some(FirstTrain {
                 shape,
                 sent: None,
@@ -259,8 +255,8 @@ fn probe(
         }
         _ => None,
     };
-    let mut others = Vec::new();
-    let rtt = match echoes(&mut io, cfg, first_train.as_mut(), &mut others) {
+    let mut mtu_acks = Vec::new();
+    let rtt = match echoes(&mut io, cfg, first_train.as_mut(), &mut mtu_acks) {
         Ok(rtt) => rtt,
         // Nothing came back, not even the hello's answer: the hello (or
         // everything) was lost. Hello again, waiting this time, and echo
@@ -268,7 +264,7 @@ fn probe(
         Err(ProbeError::Timeout(_)) if !io.hello_answered => {
             first_train = None;
             hello(&mut io, session)?;
-            echoes(&mut io, cfg, None, &mut others)?
+            echoes(&mut io, cfg, None, &mut mtu_acks)?
         }
         Err(e) => return Err(e),
     };
@@ -292,10 +288,7 @@ fn probe(
                 // Echoes take a round trip and more: a probe that passed
                 // has been answered by now. Unanswered, it counts as one
                 // of its size's tries and the search goes on as usual.
-                let acked = others
-                    .iter()
-                    .any(|p| matches!(p, Packet::MtuAck { size: s, .. } if *s == size));
-                if acked {
+                if mtu_acks.contains(&size) {
                     s.handle_ack(size);
                 } else {
                     s.handle_timeout(size);
@@ -314,11 +307,12 @@ fn probe(
         .min(cfg.max_train_packet)
         .max(floor);
     let shape = shape_of(train_packet);
-    let _ = fatpipe_sys::buffers::set_send_buffer(
-        &io.sock,
-        u64::from(train_packet) * u64::from(shape.max_len) * 2,
-        false,
-    );
+    if first_train
+        .as_ref()
+        .is_none_or(|t| t.shape.packet != shape.packet)
+    {
+        io.fit_send_buffer(&shape);
+    }
     let mut obs: Vec<TrainObs> = Vec::new();
     let mut sizer = Sizer::new(&shape);
     if let Some(FirstTrain {
@@ -448,6 +442,24 @@ struct Udp {
 }
 
 impl Udp {
+    /// Takes in a hello's answer; false for any other packet.
+    fn hello_answer(&mut self, p: &Packet) -> bool {
+        match *p {
+            Packet::HelloAck => {}
+            Packet::HelloToken { token } => self.token = Some(token),
+            _ => return false,
+        }
+        self.hello_answered = true;
+        true
+    }
+
+    /// Room in the send buffer for two of the longest trains of `shape`.
+    /// Best effort: a smaller buffer only makes `sendmmsg` wait.
+    fn fit_send_buffer(&self, shape: &TrainShape) {
+        let bytes = u64::from(shape.packet) * u64::from(shape.max_len) * 2;
+        let _ = fatpipe_sys::buffers::set_send_buffer(&self.sock, bytes, false);
+    }
+
     fn send(&self, packet: Packet, total: usize) -> io::Result<()> {
         let mut out = Vec::with_capacity(total.max(packet.header_len()));
         packet.encode(&mut out, total);
@@ -502,19 +514,6 @@ fn send_hello(io: &Udp, session: &ClientSession) -> Result<(), ProbeError> {
     .map_err(|e| ProbeError::io("send UDP hello", e))
 }
 
-impl Udp {
-    /// Takes in a hello's answer; false for any other packet.
-    fn hello_answer(&mut self, p: &Packet) -> bool {
-        match *p {
-            Packet::HelloAck => {}
-            Packet::HelloToken { token } => self.token = Some(token),
-            _ => return false,
-        }
-        self.hello_answered = true;
-        true
-    }
-}
-
 /// Proves the session's cookie from this UDP address, waiting for the
 /// answer and retrying for 5 s.
 fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
@@ -548,13 +547,12 @@ struct FirstTrain {
 /// Sends `cfg.echoes` echoes `cfg.echo_interval` apart and collects replies,
 /// then `first_train` (if any) right behind the last. A hello's answer
 /// that arrives meanwhile is taken in, the first train's acknowledgement
-/// kept with it, and any other packet (MTU acknowledgements) goes to
-/// `others`.
+/// kept with it, and MTU probe acknowledgements go to `mtu_acks`.
 fn echoes(
     io: &mut Udp,
     cfg: &ProbeConfig,
     mut first_train: Option<&mut FirstTrain>,
-    others: &mut Vec<Packet>,
+    mtu_acks: &mut Vec<u32>,
 ) -> Result<RttStats, ProbeError> {
     let n = cfg.echoes.max(1);
     let mut samples = Vec::with_capacity(n as usize);
@@ -574,7 +572,8 @@ fn echoes(
                 if let Some(t) = first_train.as_deref_mut() {
                     let len = FIRST_TRAIN_LEN.min(t.shape.max_len);
                     let at = Instant::now();
-                    let span = send_train(&io.sock, &mut SendBatch::new(), 0, len, t.shape.payload)?;
+                    let span =
+                        send_train(&io.sock, &mut SendBatch::new(), 0, len, t.shape.payload)?;
                     t.sent = Some((len, span, at));
                 }
                 let slowest = samples.iter().copied().max().unwrap_or(Duration::ZERO);
@@ -609,8 +608,11 @@ fn echoes(
                     t.ack = Some((received, span_ns));
                 }
             }
-            Some(p) if !io.hello_answer(&p) => others.push(p),
-            Some(_) | None => {}
+            Some(Packet::MtuAck { size, .. }) => mtu_acks.push(size),
+            Some(p) => {
+                io.hello_answer(&p);
+            }
+            None => {}
         }
     }
     estimate::rtt_stats(sent, &samples).ok_or_else(|| {
@@ -733,7 +735,10 @@ fn send_trains(
     let last = first + trains - 1;
     for train in first..=last {
         let len = sizer.len;
-        out.push((len, send_train(&io.sock, &mut batch, train, len, shape.payload)?));
+        out.push((
+            len,
+            send_train(&io.sock, &mut batch, train, len, shape.payload)?,
+        ));
         let drain = sizer.drain(shape, len);
         if train == last && pipelined {
             return Ok(SentTrains {
@@ -875,18 +880,14 @@ fn reverse_round(
         for (i, list) in arrivals.into_iter().enumerate() {
             let train = next + i as u32;
             let send_span_ns = sent.iter().find(|s| s.0 == train).map_or(0, |s| s.2);
-            let first = list.iter().map(|a| a.at_ns).min();
-            let last = list.iter().map(|a| a.at_ns).max();
-            match (first, last) {
-                (Some(f), Some(l)) => sizer.handle_ack(shape, len, list.len() as u32, l - f),
-                _ => sizer.handle_lost_tail(shape),
-            }
-            obs.push(TrainObs {
+            let t = TrainObs {
                 sent: len,
                 ip_bytes: shape.packet,
                 send_span_ns,
                 arrivals: list,
-            });
+            };
+            sizer.handle_report(shape, &t);
+            obs.push(t);
         }
         next += count;
     }
@@ -934,8 +935,10 @@ impl Sizer {
         self.len = len;
     }
 
-    /// A train's full report came instead of its acknowledgement: the same
-    /// reading, from the arrivals.
+    /// A train's arrivals came instead of its acknowledgement (a pipelined
+    /// round's last train, or a reverse train timed here): the same
+    /// reading, from the arrivals; a missing last packet counts as a lost
+    /// tail, as the missing acknowledgement does.
     fn handle_report(&mut self, shape: &TrainShape, train: &TrainObs) {
         let tail = train.arrivals.iter().any(|a| a.index + 1 == train.sent);
         let first = train.arrivals.iter().map(|a| a.at_ns).min();
