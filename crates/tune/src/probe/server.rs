@@ -452,6 +452,15 @@ mod tests {
         (addr, stop)
     }
 
+    /// A whole probe of `addr`, short: 3 echoes, rounds of 4 trains.
+    fn short_probe(addr: SocketAddr) -> crate::probe::ProbeConfig {
+        let mut cfg =
+            crate::probe::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
+        cfg.echoes = 3;
+        cfg.trains = 4;
+        cfg
+    }
+
     fn udp_to(addr: SocketAddr) -> UdpSocket {
         let s = UdpSocket::bind("127.0.0.1:0").unwrap();
         s.connect(addr).unwrap();
@@ -768,11 +777,8 @@ mod tests {
     #[test]
     fn reverse_probe_on_loopback_gives_an_estimate_of_the_server_sending() {
         let (addr, stop) = start();
-        let mut cfg =
-            crate::probe::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
+        let mut cfg = short_probe(addr);
         cfg.reverse = true;
-        cfg.echoes = 3;
-        cfg.trains = 4;
         let o = crate::probe::run(&cfg).unwrap();
         assert!(o.reverse);
         let r = o.rate.expect("an estimate from the server's trains");
@@ -789,11 +795,8 @@ mod tests {
     fn forward_probe_on_loopback_pipelined_or_not() {
         let (addr, stop) = start();
         for pipelined in [true, false] {
-            let mut cfg =
-                crate::probe::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
+            let mut cfg = short_probe(addr);
             cfg.pipelined = pipelined;
-            cfg.echoes = 3;
-            cfg.trains = 4;
             let o = crate::probe::run(&cfg).unwrap();
             let r = o.rate.expect("an estimate");
             assert!(r.rate > 1e8, "{pipelined}: {r:?}");
