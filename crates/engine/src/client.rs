@@ -184,6 +184,53 @@ impl ClientSession {
         tag: u32,
         configure: impl FnOnce(&Socket) -> io::Result<()>,
     ) -> Result<TcpStream> {
+        let mut stream = self.dial_data(tag, configure)?;
+        read_data_ack(&mut stream)?;
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        Ok(stream)
+    }
+
+    /// Dials data connection `tag` and returns as soon as its hello is
+    /// sent, a round trip before [`open_data`](Self::open_data) would: what
+    /// the caller writes next travels right behind the hello. For a
+    /// connection this end only writes to, on a server that reads the data
+    /// hello without reading past it (this crate's [`Server`](crate::Server)
+    /// since the copy protocol's version 3; older ones refuse data that
+    /// comes before their acknowledgement).
+    ///
+    /// A thread of its own reads the server's reply. If it is anything but
+    /// the acknowledgement, or does not come within the handshake timeout,
+    /// the thread shuts the connection down, so the caller's next write
+    /// fails rather than sending into a connection nobody reads.
+    pub fn open_data_early(&self, tag: u32) -> Result<TcpStream> {
+        let stream = self.dial_data(tag, |_| Ok(()))?;
+        let _ = stream.set_write_timeout(None);
+        let mut reader = stream
+            .try_clone()
+            .map_err(|e| EngineError::io("clone data socket", e))?;
+        let watch = std::thread::Builder::new()
+            .name(format!("data {tag} attach"))
+            .spawn(move || {
+                if read_data_ack(&mut reader).is_err() {
+                    let _ = reader.shutdown(std::net::Shutdown::Both);
+                } else {
+                    let _ = reader.set_read_timeout(None);
+                }
+            });
+        if let Err(e) = watch {
+            return Err(EngineError::io("start the data attach watcher", e));
+        }
+        Ok(stream)
+    }
+
+    /// Connects data connection `tag` and sends its hello; the read and
+    /// write timeouts are left at the handshake timeout.
+    fn dial_data(
+        &self,
+        tag: u32,
+        configure: impl FnOnce(&Socket) -> io::Result<()>,
+    ) -> Result<TcpStream> {
         let socket = Socket::new(
             Domain::for_address(self.peer),
             Type::STREAM,
@@ -208,35 +255,34 @@ impl ClientSession {
         stream
             .write_all(&hello)
             .map_err(|e| EngineError::io("send data hello", e))?;
-        // Read exactly one frame: what follows belongs to the service.
-        let mut header = [0u8; 4];
-        read_exact(&mut stream, &mut header)?;
-        let len = u32::from_be_bytes(header) as usize;
-        if len == 0 || len > fatpipe_proto::MAX_FRAME {
-            return Err(fatpipe_proto::DecodeError::TooLarge {
-                len,
-                max: fatpipe_proto::MAX_FRAME,
-            }
-            .into());
-        }
-        let mut body = vec![0u8; len];
-        read_exact(&mut stream, &mut body)?;
-        match Message::decode(&body)? {
-            Message::DataAck => {}
-            Message::Reject { code, reason } => {
-                return Err(ConnError::Rejected { code, reason }.into())
-            }
-            _ => {
-                return Err(ConnError::Unexpected {
-                    got: "a message other than DataAck",
-                    state: "attaching a data connection",
-                }
-                .into())
-            }
-        }
-        let _ = stream.set_read_timeout(None);
-        let _ = stream.set_write_timeout(None);
         Ok(stream)
+    }
+}
+
+/// Reads the server's one-frame answer to a data hello: `DataAck`, or the
+/// reason it refused. Reads exactly that frame: what follows belongs to the
+/// service.
+fn read_data_ack(stream: &mut TcpStream) -> Result<()> {
+    let mut header = [0u8; 4];
+    read_exact(stream, &mut header)?;
+    let len = u32::from_be_bytes(header) as usize;
+    if len == 0 || len > fatpipe_proto::MAX_FRAME {
+        return Err(fatpipe_proto::DecodeError::TooLarge {
+            len,
+            max: fatpipe_proto::MAX_FRAME,
+        }
+        .into());
+    }
+    let mut body = vec![0u8; len];
+    read_exact(stream, &mut body)?;
+    match Message::decode(&body)? {
+        Message::DataAck => Ok(()),
+        Message::Reject { code, reason } => Err(ConnError::Rejected { code, reason }.into()),
+        _ => Err(ConnError::Unexpected {
+            got: "a message other than DataAck",
+            state: "attaching a data connection",
+        }
+        .into()),
     }
 }
 

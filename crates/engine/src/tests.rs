@@ -91,6 +91,86 @@ fn echo_session_with_key_and_data_connection() {
     stop.trigger();
 }
 
+/// Bytes a client sends right behind its data hello (in the same write)
+/// reach the service: the server's handshake never reads past the hello.
+#[test]
+fn bytes_right_behind_the_data_hello_reach_the_service() {
+    let (addr, stop) = start(Server::builder());
+    let s = connect(addr, None, "echo", b"x").unwrap();
+    let c = s.control();
+    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+    c.send(b"data").unwrap();
+    let mut wire = Vec::new();
+    fatpipe_proto::Message::DataHello {
+        version: fatpipe_proto::VERSION,
+        cookie: s.cookie,
+        tag: 7,
+    }
+    .encode(&mut wire)
+    .unwrap();
+    wire.extend_from_slice(b"early");
+    let mut d = TcpStream::connect(addr).unwrap();
+    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    d.write_all(&wire).unwrap();
+    // The acknowledgement, then the service's echo of the early bytes.
+    let mut header = [0u8; 4];
+    d.read_exact(&mut header).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(header) as usize];
+    d.read_exact(&mut body).unwrap();
+    assert_eq!(
+        fatpipe_proto::Message::decode(&body).unwrap(),
+        fatpipe_proto::Message::DataAck
+    );
+    let mut back = [0u8; 9];
+    d.read_exact(&mut back).unwrap();
+    assert_eq!(&back[..4], &7u32.to_be_bytes());
+    assert_eq!(&back[4..], b"early");
+    c.send(b"bye").unwrap();
+    stop.trigger();
+}
+
+/// `open_data_early` returns before the acknowledgement; the data written
+/// at once arrives, and a refused connection is shut down so that writing
+/// fails instead of going nowhere.
+#[test]
+fn early_data_connections_carry_data_and_fail_fast_when_refused() {
+    let (addr, stop) = start(Server::builder());
+    let s = connect(addr, None, "echo", b"x").unwrap();
+    let c = s.control();
+    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+    c.send(b"data").unwrap();
+    let mut d = s.open_data_early(9).unwrap();
+    d.write_all(b"quick").unwrap();
+    // The watcher takes the acknowledgement off the socket (loopback: well
+    // within this); what is left to read is the echo alone.
+    std::thread::sleep(Duration::from_millis(300));
+    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut back = [0u8; 9];
+    d.read_exact(&mut back).unwrap();
+    assert_eq!(&back[..4], &9u32.to_be_bytes());
+    assert_eq!(&back[4..], b"quick");
+
+    let mut fake = connect(addr, None, "echo", b"z").unwrap();
+    fake.cookie = [0; 32];
+    let mut refused = fake.open_data_early(1).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let failed = loop {
+        if refused.write_all(&[0u8; 4096]).is_err() {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        failed,
+        "writes into a refused data connection keep succeeding"
+    );
+    c.send(b"bye").unwrap();
+    stop.trigger();
+}
+
 #[test]
 fn wrong_or_missing_key_is_an_auth_error() {
     let (addr, stop) = start(Server::builder().key(Some(key(b"sesame-sesame"))));

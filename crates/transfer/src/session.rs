@@ -124,6 +124,14 @@ pub trait Link: Send + Sync {
 pub trait Conn: Send + Sync {
     /// Opens connection `tag` (0 is copy-control, 1.. are data).
     fn open(&self, tag: u32) -> Result<TcpStream, CopyError>;
+
+    /// Opens data connection `tag` for sending only, returning as soon as
+    /// the bytes written next may follow the opening handshake (a round
+    /// trip before [`open`](Self::open) would); a refusal shows as a failed
+    /// write. By default the same as `open`.
+    fn open_early(&self, tag: u32) -> Result<TcpStream, CopyError> {
+        self.open(tag)
+    }
 }
 
 /// What the client was asked to do.
@@ -375,6 +383,7 @@ pub fn serve(
         Ok(p) => p,
         Err(refuse) => {
             let _ = write_msg(&mut ctrl, &Msg::Refuse(refuse.clone()));
+            drain_after_refusal(&mut ctrl);
             return Err(CopyError::Usage(refuse.message));
         }
     };
@@ -458,6 +467,30 @@ pub fn serve(
     }
 }
 
+/// After refusing a request: a pushing client has sent its manifest
+/// behind it, and closing with those bytes unread would reset the
+/// connection, which may destroy the refusal before the client reads it.
+/// So the server closes its side and reads until the client closes its own
+/// (it does once it has read the refusal), for at most 3 s and 256 MiB.
+fn drain_after_refusal(ctrl: &mut TcpStream) {
+    const DRAIN_FOR: Duration = Duration::from_secs(3);
+    const DRAIN_MAX: u64 = 256 << 20;
+    let _ = ctrl.shutdown(Shutdown::Write);
+    let end = Instant::now() + DRAIN_FOR;
+    let mut left = DRAIN_MAX;
+    let mut buf = [0u8; 64 << 10];
+    while left > 0 {
+        let now = Instant::now();
+        if now >= end || ctrl.set_read_timeout(Some(end - now)).is_err() {
+            return;
+        }
+        match ctrl.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n as u64),
+        }
+    }
+}
+
 /// Sends the manifest, takes the needs, then the data connections, and
 /// streams until the receiver is done. Streams added mid-session (`grow`)
 /// pull from the same queue.
@@ -467,20 +500,9 @@ pub fn run_source(
     data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<Summary, CopyError> {
-    {
-        // Few large writes rather than one per message (no Nagle here).
-        let mut w = io::BufWriter::with_capacity(1 << 20, &mut ctrl);
-        for msg in entries_messages(src.entries()) {
-            write_msg(&mut w, &msg).map_err(net)?;
-        }
-        write_msg(
-            &mut w,
-            &Msg::EntriesEnd {
-                count: src.entries().len() as u32,
-            },
-        )
-        .map_err(net)?;
-        w.flush().map_err(net)?;
+    if matches!(grow, Grow::Server { .. }) {
+        // A pushing client sent its manifest right behind the request.
+        send_manifest(&mut ctrl, src.entries())?;
     }
     let mut needs = Vec::new();
     loop {
@@ -575,6 +597,23 @@ pub fn run_source(
     src.done().ok_or_else(|| {
         CopyError::Network(send_err.map_or("session ended early".into(), |e| e.to_string()))
     })
+}
+
+/// Sends a source's manifest: its entries, then their count.
+fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry]) -> Result<(), CopyError> {
+    // Few large writes rather than one per message (no Nagle here).
+    let mut w = io::BufWriter::with_capacity(1 << 20, ctrl);
+    for msg in entries_messages(entries) {
+        write_msg(&mut w, &msg).map_err(net)?;
+    }
+    write_msg(
+        &mut w,
+        &Msg::EntriesEnd {
+            count: entries.len() as u32,
+        },
+    )
+    .map_err(net)?;
+    w.flush().map_err(net)
 }
 
 fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<io::Result<()>> {
@@ -1280,9 +1319,23 @@ fn client_session(
     // The server grants what it is asked for within its cap, so the data
     // connections are dialled now, while the request travels; each costs
     // round trips (connect, the engine's cookie check).
+    // A push's manifest follows at once: the server reads it right after
+    // answering, so the needs come back with the answer.
+    if let (Direction::Push, Some(m)) = (job.direction, local) {
+        send_manifest(&mut ctrl, &m.entries)?;
+    }
     let streams = job.streams.clamp(1, MAX_STREAMS);
     let conn = &*conn;
-    let open = |tag: u32| conn.open(tag);
+    // Pushed data follows each data connection's opening without waiting
+    // for the server to attach it: the needs are back by then.
+    let push = job.direction == Direction::Push;
+    let open = |tag: u32| {
+        if push {
+            conn.open_early(tag)
+        } else {
+            conn.open(tag)
+        }
+    };
     let tags: Vec<u32> = (1..=u32::from(streams)).collect();
     std::thread::scope(|scope| {
         let dialing = scope.spawn(|| open_data(&open, &tags));

@@ -26,8 +26,10 @@ use crate::relpath::{PathError, RelPath, MAX_PATH};
 
 /// Protocol version; bumped on any incompatible change (2: streams added
 /// mid-session, sender statistics, congestion switches, the server's socket
-/// settings in the request).
-pub const VERSION: u16 = 2;
+/// settings in the request; 3: a pushing client sends its manifest right
+/// behind the request, and its data connections' hellos right behind the
+/// engine's data hello, without waiting for the answers).
+pub const VERSION: u16 = 3;
 /// The largest control frame accepted (payload bytes).
 pub const MAX_FRAME: usize = 1 << 20;
 /// The largest chunk accepted on a data connection.

@@ -543,6 +543,14 @@ impl Conn for EngineConn {
         }
         Ok(s)
     }
+
+    fn open_early(&self, tag: u32) -> Result<TcpStream, CopyError> {
+        let s = self.0.open_data_early(tag).map_err(classify)?;
+        if let Some(opts) = self.1.get() {
+            opts.apply(&s);
+        }
+        Ok(s)
+    }
 }
 
 /// What auto-tuning sets on this end's data sockets; the server's share
