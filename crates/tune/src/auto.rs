@@ -38,6 +38,12 @@ pub enum Role {
     Both,
 }
 
+/// Time between the pre-flight's echoes. A plan needs the path's minimum
+/// RTT, not how it varies over time (what `fatpipe path` spreads its echoes
+/// 20 ms apart for), and the first train waits for the last echo: 5 echoes
+/// take 20 ms instead of 80.
+pub const PREFLIGHT_ECHO_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// What to probe and how.
 #[derive(Debug, Clone)]
 pub struct PreflightConfig {
@@ -49,7 +55,7 @@ pub struct PreflightConfig {
     pub role: Role,
     /// Planner bounds.
     pub policy: Policy,
-    /// RTT echoes (20 ms apart).
+    /// RTT echoes ([`PREFLIGHT_ECHO_INTERVAL`] apart).
     pub echoes: u32,
     /// Packet trains for the rate estimate.
     pub trains: u32,
@@ -195,6 +201,7 @@ const MIN_SHARED_BUFFER: u64 = 256 * 1024;
 pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
     let mut pc = ProbeConfig::new(cfg.addr, cfg.options.clone());
     pc.echoes = cfg.echoes.max(1);
+    pc.echo_interval = PREFLIGHT_ECHO_INTERVAL;
     pc.trains = cfg.trains.max(1);
     pc.reverse = cfg.role == Role::Receiver;
     let mut fallback = None;
