@@ -19,6 +19,7 @@ fn both_ways() -> TestParams {
         interval_ms: 1000,
         window: None,
         force_buffers: false,
+        start_window: None,
         mss: None,
         congestion: None,
         fq_rate: None,

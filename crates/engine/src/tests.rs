@@ -277,6 +277,7 @@ fn test_params(protocol: fatpipe_proto::testmsg::Protocol) -> fatpipe_proto::tes
         interval_ms: 100,
         window: None,
         force_buffers: false,
+        start_window: None,
         mss: None,
         congestion: None,
         fq_rate: None,

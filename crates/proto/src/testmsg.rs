@@ -60,6 +60,9 @@ pub enum Direction {
     Both,
 }
 
+/// The longest a receiver holds a start window (`TestParams::start_window`).
+pub const MAX_START_MS: u64 = 60_000;
+
 /// What the client asks for, carried in `Open`'s params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestParams {
@@ -84,6 +87,12 @@ pub struct TestParams {
     /// when both ends are; absent from older clients, hence the default).
     #[serde(default)]
     pub force_buffers: bool,
+    /// A smaller window each receiver holds first, for the sender's
+    /// start-up, and for how long after a stream's first data (ms, at most
+    /// [`MAX_START_MS`]); auto-tuning sets it on lossy paths. Absent from
+    /// older clients.
+    #[serde(default)]
+    pub start_window: Option<(u64, u64)>,
     /// TCP maximum segment size to request.
     pub mss: Option<u32>,
     /// TCP congestion control to request.
@@ -531,6 +540,7 @@ mod tests {
             interval_ms: 1000,
             window: Some(4 << 20),
             force_buffers: false,
+            start_window: None,
             mss: None,
             congestion: Some("bbr".into()),
             fq_rate: None,

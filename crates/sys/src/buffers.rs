@@ -76,9 +76,14 @@ pub fn set_recv_buffer(fd: impl AsFd, bytes: u64, force: bool) -> io::Result<Buf
 /// it every 10 ms for the first second of data (when the ratio settles and
 /// slow start would otherwise overshoot), then once a second; re-applying an
 /// unchanged clamp costs one cheap `setsockopt`.
+///
+/// [`WindowHold::starting_at`] holds a smaller window first, for the
+/// sender's start-up (see there).
 #[derive(Debug)]
 pub struct WindowHold {
     window: libc::c_int,
+    /// A smaller window held until this long after the first tick.
+    start: Option<(libc::c_int, std::time::Duration)>,
     first: Option<std::time::Instant>,
     next: std::time::Instant,
 }
@@ -101,9 +106,26 @@ impl WindowHold {
         let now = std::time::Instant::now();
         Some(WindowHold {
             window: clamp,
+            start: None,
             first: None,
             next: now,
         })
+    }
+
+    /// Holds `window` bytes instead (when smaller than the hold's) from
+    /// the first tick until `for_` later, then the full window.
+    ///
+    /// For a sender's start-up on a lossy path: a plan that widens the
+    /// windows to keep streams sending through loss recovery (3 × BDP at
+    /// 0.1 %) lets BBR's start-up put all of it in flight, which over-fills
+    /// a 1-BDP bottleneck queue and loses thousands of segments at once.
+    /// Held at the clean plan's 1.5 × BDP until start-up is over, and
+    /// widened afterwards, a 4 GiB push at 228 ms with 0.1 % loss finished
+    /// 0.3–0.4 s sooner (medians of 4 alternating runs).
+    pub fn starting_at(mut self, window: u64, for_: std::time::Duration) -> WindowHold {
+        let w = window.min(MAX_REQUEST) as libc::c_int;
+        self.start = (w > 0 && w < self.window && !for_.is_zero()).then_some((w, for_));
+        self
     }
 
     /// The window held, in bytes.
@@ -118,8 +140,13 @@ impl WindowHold {
             return;
         }
         let first = *self.first.get_or_insert(now);
-        let _ = platform::set_window_clamp(&fd, self.window);
-        let step = if now.duration_since(first) < Self::SETTLE {
+        let since = now.duration_since(first);
+        let (window, starting) = match self.start {
+            Some((w, until)) if since < until => (w, true),
+            _ => (self.window, false),
+        };
+        let _ = platform::set_window_clamp(&fd, window);
+        let step = if starting || since < Self::SETTLE {
             Self::FAST
         } else {
             Self::SLOW
@@ -176,6 +203,7 @@ mod tests {
     use super::*;
     use crate::host::host_limits;
     use std::net::{TcpListener, TcpStream, UdpSocket};
+    use std::time::Duration;
 
     fn is_root() -> bool {
         // SAFETY: geteuid has no preconditions and touches no memory.
@@ -241,6 +269,32 @@ mod tests {
             assert_eq!(hold.window(), g.granted);
             assert_eq!(get_window_clamp(&receiver).unwrap(), g.granted);
         }
+    }
+
+    #[test]
+    fn a_start_window_holds_first_then_the_full_one() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (receiver, _) = listener.accept().unwrap();
+        let want = 1 << 20;
+        set_recv_buffer(&receiver, want, false).unwrap();
+        let Some(hold) = WindowHold::new(&receiver, want) else {
+            eprintln!("skipped: no TCP_WINDOW_CLAMP here");
+            return;
+        };
+        let full = hold.window();
+        let start = full / 4;
+        let mut hold = hold.starting_at(start, Duration::from_millis(200));
+        hold.tick(&receiver);
+        assert_eq!(get_window_clamp(&receiver).unwrap(), start);
+        std::thread::sleep(Duration::from_millis(250));
+        hold.tick(&receiver);
+        assert_eq!(get_window_clamp(&receiver).unwrap(), full);
+        // A start window as wide as the hold, or for no time, is no start.
+        let hold = WindowHold::new(&receiver, want).unwrap();
+        let mut wide = hold.starting_at(full * 2, Duration::from_secs(5));
+        wide.tick(&receiver);
+        assert_eq!(get_window_clamp(&receiver).unwrap(), full);
     }
 
     #[test]

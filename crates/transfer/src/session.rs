@@ -43,7 +43,7 @@ use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
 use crate::wire::{
     entries_messages, need_messages, read_msg, write_msg, Accept, Direction, Entry, EntryKind,
-    Hello, Msg, Refuse, RefuseClass, Request, SocketTuning, Summary, VERSION,
+    Hello, Msg, Refuse, RefuseClass, Request, SocketTuning, Summary, MAX_START_MS, VERSION,
 };
 use crate::{Failure, Progress};
 
@@ -1100,6 +1100,7 @@ fn sink_options(req: &Request) -> SinkOptions {
         direct: req.direct,
         max_resends: 5,
         window: planned_window(&req.tuning),
+        start: planned_start(&req.tuning),
     }
 }
 
@@ -1112,6 +1113,16 @@ fn planned_window(t: &SocketTuning) -> Option<u64> {
         (b, true) => Some(b.min(MAX_FORCED_BUFFER)),
         (b, false) => Some(b),
     }
+}
+
+/// The smaller window held during the sender's start-up, and for how long
+/// (at most [`MAX_START_MS`]); none without a held window or when it would
+/// not be smaller.
+fn planned_start(t: &SocketTuning) -> Option<(u64, Duration)> {
+    let window = planned_window(t)?;
+    let ms = t.start_ms.min(MAX_START_MS);
+    (t.start_window > 0 && t.start_window < window && ms > 0)
+        .then(|| (t.start_window, Duration::from_millis(u64::from(ms))))
 }
 
 /// Server side: where pushed entries go, beneath the export root.
@@ -1433,6 +1444,7 @@ fn client_roles(
                 direct: job.direct,
                 max_resends: 5,
                 window: planned_window(&job.tuning),
+                start: planned_start(&job.tuning),
             };
             let dest = job.local_dest.clone();
             let p2 = Arc::clone(&progress);

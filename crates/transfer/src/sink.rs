@@ -64,6 +64,9 @@ pub struct SinkOptions {
     /// The receive window to hold each data connection at (the plan's
     /// per-stream buffer), or `None` to leave the kernel's.
     pub window: Option<u64>,
+    /// A smaller window to hold first, and for how long after a
+    /// connection's first data (`WindowHold::starting_at`).
+    pub start: Option<(u64, std::time::Duration)>,
 }
 
 /// The receiver's shared state; data threads hold it in an `Arc`.
@@ -239,7 +242,11 @@ impl Sink {
         let mut hold = self
             .opts
             .window
-            .and_then(|w| fatpipe_sys::WindowHold::new(&stream, w));
+            .and_then(|w| fatpipe_sys::WindowHold::new(&stream, w))
+            .map(|h| match self.opts.start {
+                Some((w, d)) => h.starting_at(w, d),
+                None => h,
+            });
         let mut stream = io::BufReader::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
         let mut hdr = [0u8; HEADER_LEN];
@@ -930,6 +937,7 @@ mod tests {
             direct: false,
             max_resends: 5,
             window: None,
+            start: None,
         }
     }
 

@@ -135,7 +135,17 @@ pub struct SocketTuning {
     pub congestion: String,
     /// Per-stream pacing rate in bit/s for the sending sockets of a pull.
     pub pacing: u64,
+    /// The smaller window a receiver holds each data connection at first,
+    /// during the sender's start-up (`fatpipe_sys::WindowHold::starting_at`);
+    /// 0 for none. Since version 3.
+    pub start_window: u64,
+    /// How long after a connection's first data the start window holds, in
+    /// milliseconds (the server holds it at most [`MAX_START_MS`]).
+    pub start_ms: u32,
 }
+
+/// The longest a server holds a start window.
+pub const MAX_START_MS: u32 = 60_000;
 
 /// The server's acceptance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -473,6 +483,8 @@ impl Msg {
                 w.u8(u8::from(r.tuning.force));
                 w.bytes(r.tuning.congestion.as_bytes());
                 w.u64(r.tuning.pacing);
+                w.u64(r.tuning.start_window);
+                w.u32(r.tuning.start_ms);
             }
             Msg::Accept(a) => {
                 w.u8(2);
@@ -603,6 +615,13 @@ impl Msg {
                 };
                 let congestion = r.short_text(MAX_CONGESTION_NAME)?;
                 let pacing = r.u64()?;
+                // An older client's request ends here; it is refused for
+                // its version, with a message that says so.
+                let (start_window, start_ms) = if version >= 3 {
+                    (r.u64()?, r.u32()?)
+                } else {
+                    (0, 0)
+                };
                 Msg::Request(Request {
                     version,
                     direction,
@@ -620,6 +639,8 @@ impl Msg {
                         force,
                         congestion,
                         pacing,
+                        start_window,
+                        start_ms,
                     },
                 })
             }
@@ -983,6 +1004,8 @@ mod tests {
                     force: true,
                     congestion: "bbr".into(),
                     pacing: 250_000_000,
+                    start_window: 1 << 20,
+                    start_ms: 2_500,
                 },
             }),
             Msg::Accept(Accept {
@@ -1057,6 +1080,26 @@ mod tests {
                 congestion: "bbr".into(),
             }),
         ]
+    }
+
+    #[test]
+    fn an_older_request_decodes_without_the_start_window() {
+        let Some(Msg::Request(mut r)) = all_messages().into_iter().next() else {
+            panic!("the first message is a request");
+        };
+        r.version = 2;
+        let mut buf = Vec::new();
+        Msg::Request(r.clone()).encode(&mut buf);
+        // Version 2 ended after the pacing rate: no start window fields.
+        let payload = &buf[4..buf.len() - 12];
+        let Msg::Request(back) = Msg::decode(payload).unwrap() else {
+            panic!("not a request");
+        };
+        assert_eq!(back.version, 2);
+        assert_eq!((back.tuning.start_window, back.tuning.start_ms), (0, 0));
+        r.tuning.start_window = 0;
+        r.tuning.start_ms = 0;
+        assert_eq!(back, r);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! [`fatpipe_schema::tune::AutoTune`] in the command's JSON result.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use fatpipe_engine::ClientOptions;
 use fatpipe_schema::tune::{AutoTune, HostLimits, PathFacts, Plan};
@@ -42,7 +43,7 @@ pub enum Role {
 /// RTT, not how it varies over time (what `fatpipe path` spreads its echoes
 /// 20 ms apart for), and the first train waits for the last echo: 5 echoes
 /// take 20 ms instead of 80.
-pub const PREFLIGHT_ECHO_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
+pub const PREFLIGHT_ECHO_INTERVAL: Duration = Duration::from_millis(5);
 
 /// What to probe and how.
 #[derive(Debug, Clone)]
@@ -405,6 +406,20 @@ pub fn merge(plan: &Plan, o: &Overrides) -> Settings {
         pacing_rate,
         overridden,
     }
+}
+
+/// The smaller window the receivers hold during the sender's start-up, in
+/// bytes per stream, and for how long ([`crate::plan::start_hold`]): only
+/// for a planned buffer (not one given as a flag), and in proportion to the
+/// buffer each stream got (copy shares it out among more streams).
+pub fn start_window(pre: &Preflight, s: &Settings, policy: &Policy) -> Option<(u64, Duration)> {
+    if s.overridden.iter().any(|o| o == "buffer") {
+        return None;
+    }
+    let buffer = s.buffer?;
+    let (fraction, hold) = crate::plan::start_hold(&pre.facts, policy)?;
+    let window = (buffer as f64 * fraction) as u64;
+    (window > 0).then_some((window, hold))
 }
 
 /// The line printed on stderr: the plan's reason, then what flags changed.

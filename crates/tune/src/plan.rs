@@ -187,7 +187,8 @@ pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy
     let buffer_streams = need.div_ceil(per_stream_cap);
     if headroom > policy.headroom.max(1.0) + 1e-9 {
         notes.push(format!(
-            "window {headroom:.1} × BDP: after a loss the buffers also hold out-of-order and unacknowledged data"
+            "window {headroom:.1} × BDP ({:.1} × through start-up): after a loss the buffers also hold out-of-order and unacknowledged data",
+            loss_headroom(policy.headroom, 0.0)
         ));
     }
     let wanted = buffer_streams.max(loss_streams.count).max(1);
@@ -265,6 +266,38 @@ pub fn loss_headroom(base: f64, loss: f64) -> f64 {
     }
     let decade = |from: f64| ((loss / from).log10()).clamp(0.0, 1.0);
     base * (1.0 + decade(1e-4) + 2.0 / 3.0 * decade(1e-3))
+}
+
+/// Round trips a start window holds for, from a stream's first data: BBR's
+/// start-up doubles the rate each round trip from 10 packets a stream, so
+/// it reaches a 1 Gbit/s × 228 ms BDP from 20 streams in about 7, then needs
+/// 3 more to see the rate stop growing and one to drain its queue.
+pub const START_HOLD_RTTS: u32 = 11;
+
+/// The window each stream is held at during the sender's start-up, as a
+/// fraction of the planned one, and for how long; `None` when the plan's
+/// window is the clean one (no loss seen, or the rate unknown).
+///
+/// The loss headroom ([`loss_headroom`]) keeps streams sending through
+/// loss recovery, but in start-up BBR puts the whole window in flight: 3 ×
+/// BDP over-fills a 1-BDP queue and loses thousands of segments at once.
+/// Start-up at the clean window (`policy.headroom`) loses none of them,
+/// and the window widens once it is over.
+pub fn start_hold(path: &PathFacts, policy: &Policy) -> Option<(f64, Duration)> {
+    path.bottleneck_rate.filter(|&r| r > 0)?;
+    let loss = if path.loss_rate.is_finite() {
+        path.loss_rate.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let base = loss_headroom(policy.headroom, 0.0);
+    let fraction = base / loss_headroom(policy.headroom, loss);
+    let rtt = path.rtt_secs;
+    if fraction >= 1.0 - 1e-9 || !rtt.is_finite() || rtt <= 0.0 {
+        return None;
+    }
+    let hold = Duration::from_secs_f64((rtt * f64::from(START_HOLD_RTTS)).min(3600.0));
+    Some((fraction, hold))
 }
 
 /// Prints a loss probability as a percentage with the digits it needs.
@@ -612,6 +645,31 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn start_hold_is_the_clean_window_for_eleven_round_trips_on_lossy_paths() {
+        // (rtt ms, rate, loss, fraction of the planned window, hold ms)
+        let cases: [(u64, Option<u64>, f64, Option<(f64, u64)>); 6] = [
+            (228, Some(1_000_000_000), 0.0, None),
+            (228, Some(1_000_000_000), 1e-4, None),
+            (228, Some(1_000_000_000), 1e-3, Some((0.5, 2508))),
+            (93, Some(1_000_000_000), 1e-3, Some((0.5, 1023))),
+            (93, Some(1_000_000_000), 1e-2, Some((0.375, 1023))),
+            // The rate unknown: no BDP-sized plan to start below.
+            (228, None, 1e-3, None),
+        ];
+        for (rtt, rate, loss, want) in cases {
+            let got = start_hold(&path(rtt, rate, loss), &Policy::default());
+            match (got, want) {
+                (None, None) => {}
+                (Some((f, d)), Some((wf, wms))) => {
+                    assert!((f - wf).abs() < 1e-9, "{rtt} ms {loss}: {f} vs {wf}");
+                    assert_eq!(d.as_millis() as u64, wms, "{rtt} ms {loss}");
+                }
+                _ => panic!("{rtt} ms {rate:?} {loss}: {got:?} vs {want:?}"),
             }
         }
     }

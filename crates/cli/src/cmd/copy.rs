@@ -620,6 +620,8 @@ fn remote_tuning(s: &auto::Settings, push: bool, bwlimit: Option<u64>) -> Socket
         } else {
             s.pacing_rate.unwrap_or(0)
         },
+        start_window: 0,
+        start_ms: 0,
     }
 }
 
@@ -670,7 +672,11 @@ fn auto_tune(
         .unwrap_or(session::MAX_STREAMS)
         .clamp(1, session::MAX_STREAMS);
     let opts = DataOpts::new(&settings, plan.job.push, plan.job.bwlimit);
-    let tuning = remote_tuning(&settings, plan.job.push, plan.job.bwlimit);
+    let mut tuning = remote_tuning(&settings, plan.job.push, plan.job.bwlimit);
+    if let Some((window, hold)) = auto::start_window(&pre, &settings, &cfg.policy) {
+        tuning.start_window = window;
+        tuning.start_ms = u32::try_from(hold.as_millis()).unwrap_or(u32::MAX);
+    }
     let mut record = auto::record(&pre, &settings, false);
     record.streams = u32::from(streams);
     if plan.job.bwlimit.is_some() && settings.pacing_rate.is_some() {

@@ -248,6 +248,8 @@ fn auto_tune(
     *baseline = Some(Ok(rfc6349::Baseline::from_preflight(&pre)));
     let settings = auto::merge(&pre.plan, &overrides(a, params));
     apply(&settings, params);
+    params.start_window = auto::start_window(&pre, &settings, &cfg.policy)
+        .map(|(w, d)| (w, u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
     eprintln!("{}", auto::line(&pre.plan, &settings));
     for w in &pre.warnings {
         eprintln!("fatpipe: warning: auto: {w}");
@@ -514,6 +516,7 @@ fn plan(a: &Args) -> anyhow::Result<TestParams> {
         interval_ms: interval.as_millis() as u64,
         window,
         force_buffers: false,
+        start_window: None,
         mss: a.mss,
         congestion: a.congestion.clone(),
         fq_rate,

@@ -318,7 +318,14 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     let mut hold = sh
         .params
         .window
-        .and_then(|w| fatpipe_sys::WindowHold::new(s, w));
+        .and_then(|w| fatpipe_sys::WindowHold::new(s, w))
+        .map(|h| match sh.params.start_window {
+            Some((w, ms)) => h.starting_at(
+                w,
+                std::time::Duration::from_millis(ms.min(fatpipe_proto::testmsg::MAX_START_MS)),
+            ),
+            None => h,
+        });
     // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
@@ -697,6 +704,7 @@ mod tests {
             interval_ms: 1000,
             window: None,
             force_buffers: false,
+            start_window: None,
             mss: None,
             congestion: None,
             fq_rate: None,
