@@ -55,6 +55,8 @@ use std::time::Duration;
 use fatpipe_schema::tune::{Action, Decision, PathFacts, Plan};
 use fatpipe_schema::units::{format_duration, format_rate};
 
+use crate::plan::{format_loss, loss_headroom, mss_for, Policy};
+
 /// The congestion control a clean BBR transfer may cruise on (see the
 /// module docs): CUBIC, when the receivers hold the windows at the plan
 /// (buffers set) and the sender offers it.
@@ -88,6 +90,16 @@ pub struct AdjustConfig {
     /// runs clean at the path rate (see the module docs), or `None`. Set
     /// it only when the receivers hold each window at the plan.
     pub cruise: Option<String>,
+    /// Bytes each stream's window is held at, when the receivers hold it.
+    /// With the path rate known, a loss-limited transfer is then sized the
+    /// way the planner sizes one: the loss the streams retransmit at gives
+    /// the window ([`loss_headroom`]), which gives the streams.
+    pub stream_window: Option<u64>,
+    /// Segment size, to turn retransmits into a loss rate.
+    pub mss: u32,
+    /// The planner's window on a clean path as a multiple of the BDP
+    /// (`Policy::headroom`), the base of [`loss_headroom`].
+    pub headroom: f64,
 }
 
 impl AdjustConfig {
@@ -103,6 +115,9 @@ impl AdjustConfig {
             near_rate: 0.92,
             samples_per_decision: 3,
             cruise: None,
+            stream_window: plan.set_buffers.then_some(plan.per_stream_buffer),
+            mss: mss_for(path.mtu),
+            headroom: Policy::default().headroom,
         }
     }
 }
@@ -140,6 +155,8 @@ pub struct Adjuster {
     cruising: bool,
     /// Set once cruising ended on a retransmit: BBR stays.
     cruise_over: bool,
+    /// When the last sample's interval ended.
+    last_now: Duration,
     acc: Accumulator,
 }
 
@@ -158,6 +175,7 @@ impl Adjuster {
             saturated: false,
             cruising: false,
             cruise_over: false,
+            last_now: Duration::ZERO,
             acc: Accumulator::default(),
         }
     }
@@ -175,6 +193,8 @@ impl Adjuster {
     /// Takes one interval's sample and decides. The caller carries out the
     /// action before the next sample; the adjuster assumes it did.
     pub fn handle_sample(&mut self, s: Sample) -> Decision {
+        let span = s.now.saturating_sub(self.last_now);
+        self.last_now = self.last_now.max(s.now);
         if s.rtt > Duration::ZERO && (self.cfg.min_rtt.is_zero() || s.rtt < self.cfg.min_rtt) {
             self.cfg.min_rtt = s.rtt;
         }
@@ -188,7 +208,7 @@ impl Adjuster {
             );
             return self.hold(s.now, why);
         }
-        self.acc.add(&s);
+        self.acc.add(&s, span);
         if self.acc.count < self.cfg.samples_per_decision.max(1) {
             return self.hold(s.now, "measuring".to_string());
         }
@@ -289,6 +309,8 @@ impl Adjuster {
                 (self.cfg.near_rate * 1.05).min(1.0) * r as f64
             });
         let wanted = (f64::from(self.streams) * target / (avg.throughput.max(1) as f64)).ceil();
+        let by_loss = if clean { None } else { self.loss_window(&avg) };
+        let wanted = by_loss.map_or(wanted, |(streams, _, _)| wanted.max(streams as f64));
         let room = self.cfg.max_streams - self.streams;
         let n = (wanted as u64)
             .saturating_sub(u64::from(self.streams))
@@ -299,6 +321,13 @@ impl Adjuster {
         let why = if clean {
             format!(
                 "{thr} with no retransmits at minimum RTT ({rtt}): each stream's window caps it, adding {n}"
+            )
+        } else if let Some((_, loss, headroom)) = by_loss {
+            format!(
+                "{thr} with {} retransmits at minimum RTT ({rtt}): loss holds each stream back \
+                 ({} lost: the window wants {headroom:.1} × BDP), adding {n}",
+                avg.retransmits,
+                format_loss(loss)
             )
         } else {
             format!(
@@ -313,6 +342,25 @@ impl Adjuster {
             Action::AddStreams { n },
             why,
         )
+    }
+
+    /// With the rate known and the windows held: the streams the loss seen
+    /// over the decision window calls for (as the planner would have sized
+    /// them, had the probe seen it), that loss and the window it wants as a
+    /// multiple of the BDP.
+    fn loss_window(&self, avg: &Average) -> Option<(u64, f64, f64)> {
+        let rate = self.cfg.path_rate?;
+        let window = self.cfg.stream_window.filter(|&w| w > 0)?;
+        let secs = avg.span.as_secs_f64();
+        let packets = avg.throughput as f64 * secs / 8.0 / f64::from(self.cfg.mss.max(1));
+        if self.cfg.min_rtt.is_zero() || packets < 1.0 || avg.retransmits == 0 {
+            return None;
+        }
+        let loss = (avg.retransmits as f64 / packets).min(1.0);
+        let headroom = loss_headroom(self.cfg.headroom, loss);
+        let bdp = rate as f64 * self.cfg.min_rtt.as_secs_f64() / 8.0;
+        let streams = (bdp * headroom / window as f64).ceil() as u64;
+        Some((streams, loss, headroom))
     }
 
     /// Hands a clean BBR transfer at the path rate to the cruise control.
@@ -407,17 +455,21 @@ struct Accumulator {
     throughput: Vec<u64>,
     retransmits: u64,
     rtt: Duration,
+    span: Duration,
 }
 
 struct Average {
     throughput: u64,
     retransmits: u64,
     rtt: Duration,
+    /// The time the samples cover.
+    span: Duration,
 }
 
 impl Accumulator {
-    fn add(&mut self, s: &Sample) {
+    fn add(&mut self, s: &Sample, span: Duration) {
         self.count += 1;
+        self.span = self.span.saturating_add(span);
         self.throughput.push(s.throughput);
         self.retransmits = self.retransmits.saturating_add(s.retransmits);
         self.rtt = self.rtt.saturating_add(s.rtt);
@@ -439,6 +491,7 @@ impl Accumulator {
             throughput: median,
             retransmits: self.retransmits,
             rtt: self.rtt / n,
+            span: self.span,
         };
         *self = Accumulator::default();
         avg
@@ -463,6 +516,54 @@ mod tests {
             near_rate: 0.88,
             samples_per_decision: 3,
             cruise: None,
+            stream_window: None,
+            mss: 1448,
+            headroom: 1.5,
+        }
+    }
+
+    #[test]
+    fn held_windows_under_loss_grow_to_what_the_loss_asks_for_in_one_step() {
+        // 1 Gbit/s × 228 ms (BDP 28.5 MB) planned clean from a probe that
+        // saw no loss: 11 streams × 3.9 MB, 1.5 BDP. The path loses 0.08 %:
+        // 843 Mbit/s with ~58 retransmits a second.
+        let rtt = Duration::from_millis(228);
+        // (window held, streams added at the first decision)
+        let cases = [
+            // Held: the loss wants 2.9 × BDP, 21 streams: add 10.
+            (Some(3_932_160), 10),
+            // Unknown windows: in proportion to the shortfall only.
+            (None, 3),
+        ];
+        for (window, want) in cases {
+            let mut a = Adjuster::new(AdjustConfig {
+                min_rtt: rtt,
+                near_rate: 0.92,
+                stream_window: window,
+                ..cfg(Some(G), 11, "bbr", true)
+            });
+            let mut added = None;
+            for t in 1..=12u64 {
+                let d = a.handle_sample(Sample {
+                    now: Duration::from_secs(t),
+                    throughput: 843_000_000,
+                    retransmits: 58,
+                    rtt,
+                });
+                if let Action::AddStreams { n } = d.action {
+                    added = Some((t, n, d.reason.clone()));
+                    break;
+                }
+            }
+            let (t, n, why) = added.expect("a loss-limited transfer gets streams");
+            assert_eq!(t, 7, "after settling (20 RTTs) and 3 samples");
+            assert_eq!(n, want, "{why}");
+            if window.is_some() {
+                assert!(
+                    why.contains("0.08% lost") && why.contains("2.9 × BDP"),
+                    "{why}"
+                );
+            }
         }
     }
 

@@ -709,6 +709,8 @@ struct Tuning {
     /// Built at the first session, when the server's answer is known.
     adjuster: Mutex<Option<Adjuster>>,
     plan: fatpipe_schema::tune::Plan,
+    /// The window each stream is held at, when the plan sets buffers.
+    buffer: Option<u64>,
     facts: fatpipe_schema::tune::PathFacts,
     streams: u32,
     congestion: Option<String>,
@@ -748,6 +750,7 @@ impl Tuning {
         Tuning {
             adjuster: Mutex::new(None),
             plan: rec.plan.clone(),
+            buffer: rec.buffer.filter(|_| rec.plan.set_buffers),
             facts,
             streams,
             congestion,
@@ -786,6 +789,9 @@ impl Tuning {
         // Receivers hold the planned windows, so CUBIC may carry a clean
         // transfer without over-filling the queue (see adjust.rs).
         cfg.cruise = fatpipe_tune::adjust::cruise_control(self.plan.set_buffers, &allowed);
+        // Each stream's share of the planned window (copy may use more
+        // streams than planned, each with a share): what one more adds.
+        cfg.stream_window = self.buffer;
         Adjuster::new(cfg)
     }
 

@@ -298,6 +298,8 @@ fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConf
         cfg.cruise = fatpipe_tune::adjust::cruise_control(p.window.is_some(), &offered);
     }
     cfg.streams = p.streams;
+    // Receivers hold each stream's window at `-w` or the plan's buffer.
+    cfg.stream_window = p.window;
     cfg.max_streams = policy.max_streams.max(p.streams);
     if let Some(cc) = &p.congestion {
         cfg.congestion.clone_from(cc);
