@@ -652,7 +652,8 @@ mod tests {
     #[test]
     fn start_hold_is_the_clean_window_for_eleven_round_trips_on_lossy_paths() {
         // (rtt ms, rate, loss, fraction of the planned window, hold ms)
-        let cases: [(u64, Option<u64>, f64, Option<(f64, u64)>); 6] = [
+        type Want = Option<(f64, u64)>;
+        let cases: [(u64, Option<u64>, f64, Want); 6] = [
             (228, Some(1_000_000_000), 0.0, None),
             (228, Some(1_000_000_000), 1e-4, None),
             (228, Some(1_000_000_000), 1e-3, Some((0.5, 2508))),
