@@ -483,8 +483,11 @@ impl Msg {
                 w.u8(u8::from(r.tuning.force));
                 w.bytes(r.tuning.congestion.as_bytes());
                 w.u64(r.tuning.pacing);
-                w.u64(r.tuning.start_window);
-                w.u32(r.tuning.start_ms);
+                // Version 2 ended here (see the decoder).
+                if r.version >= 3 {
+                    w.u64(r.tuning.start_window);
+                    w.u32(r.tuning.start_ms);
+                }
             }
             Msg::Accept(a) => {
                 w.u8(2);
@@ -1087,12 +1090,15 @@ mod tests {
         let Some(Msg::Request(mut r)) = all_messages().into_iter().next() else {
             panic!("the first message is a request");
         };
-        r.version = 2;
         let mut buf = Vec::new();
         Msg::Request(r.clone()).encode(&mut buf);
+        let v3 = buf.len();
+        r.version = 2;
+        buf.clear();
+        Msg::Request(r.clone()).encode(&mut buf);
         // Version 2 ended after the pacing rate: no start window fields.
-        let payload = &buf[4..buf.len() - 12];
-        let Msg::Request(back) = Msg::decode(payload).unwrap() else {
+        assert_eq!(buf.len() + 12, v3);
+        let Msg::Request(back) = Msg::decode(&buf[4..]).unwrap() else {
             panic!("not a request");
         };
         assert_eq!(back.version, 2);
