@@ -325,7 +325,6 @@ fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
     let mut buf = [0u8; 4096];
-    let mut cut = FrameCut::default();
     loop {
         if flush(&mut conn, &mut stream).is_err() {
             return;
@@ -365,67 +364,16 @@ fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         if stream.set_read_timeout(Some(wait)).is_err() {
             return;
         }
-        let room = cut.room().min(buf.len());
+        // Never past the frame being read: bytes behind a data hello
+        // belong to the service (`ClientSession::open_data_early`).
+        let room = conn.read_limit().min(buf.len());
         match stream.read(&mut buf[..room]) {
             Ok(0) => conn.handle_eof(Instant::now()),
-            Ok(n) => {
-                cut.consumed(&buf[..n]);
-                conn.handle_input(Instant::now(), &buf[..n])
-            }
+            Ok(n) => conn.handle_input(Instant::now(), &buf[..n]),
             Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
                 conn.handle_timeout(Instant::now())
             }
             Err(_) => return,
-        }
-    }
-}
-
-/// Keeps the handshake's reads within the frame being read, so that none
-/// reads past the last handshake frame: a data connection's client may
-/// send the service's bytes right behind its `DataHello`
-/// (`ClientSession::open_data_early`), and they must stay in the socket
-/// for the service. Costs a second `read` per frame while handshaking.
-#[derive(Debug, Default)]
-struct FrameCut {
-    header: [u8; 4],
-    /// Header bytes read of the current frame.
-    got: usize,
-    /// Body bytes of the current frame still to read.
-    body_left: usize,
-}
-
-impl FrameCut {
-    /// The most bytes the next read may take.
-    fn room(&self) -> usize {
-        if self.got == 4 {
-            self.body_left
-        } else {
-            4 - self.got
-        }
-    }
-
-    /// Accounts for bytes read (at most [`room`](Self::room)).
-    fn consumed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.got < 4 {
-                let n = (4 - self.got).min(bytes.len());
-                self.header[self.got..self.got + n].copy_from_slice(&bytes[..n]);
-                self.got += n;
-                bytes = &bytes[n..];
-                if self.got == 4 {
-                    self.body_left = u32::from_be_bytes(self.header) as usize;
-                    if self.body_left == 0 {
-                        self.got = 0;
-                    }
-                }
-            } else {
-                let n = self.body_left.min(bytes.len());
-                self.body_left -= n;
-                bytes = &bytes[n..];
-                if self.body_left == 0 {
-                    self.got = 0;
-                }
-            }
         }
     }
 }

@@ -614,6 +614,14 @@ impl ServerConn {
         self.decoder.take_buffered()
     }
 
+    /// The most bytes to read next without reading past the frame being
+    /// received ([`FrameDecoder::wanted`]): a data connection's client may
+    /// send the service's bytes right behind its `DataHello`, and they must
+    /// stay in the socket for the service.
+    pub fn read_limit(&self) -> usize {
+        self.decoder.wanted()
+    }
+
     fn on_message(&mut self, msg: Message) {
         match (self.state, msg) {
             (ServerState::Established, Message::Payload(p)) => {

@@ -95,6 +95,20 @@ impl FrameDecoder {
         Ok(Some(body))
     }
 
+    /// How many more bytes complete the frame being received (its header
+    /// first), at least 1. A reader that never reads more than this reads
+    /// nothing past a frame, leaving what follows in the socket.
+    pub fn wanted(&self) -> usize {
+        let avail = self.buffered();
+        let Some(header) = avail.get(..HEADER_LEN) else {
+            return HEADER_LEN - avail.len();
+        };
+        let mut len_bytes = [0u8; HEADER_LEN];
+        len_bytes.copy_from_slice(header);
+        let len = u32::from_be_bytes(len_bytes) as usize;
+        (HEADER_LEN + len).saturating_sub(avail.len()).max(1)
+    }
+
     /// Bytes received but not yet returned as frames.
     pub fn buffered(&self) -> &[u8] {
         &self.buf[self.start..]
@@ -112,6 +126,28 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reading_what_is_wanted_never_crosses_a_frame() {
+        let mut wire = Vec::new();
+        encode_frame(&mut wire, b"hello").unwrap();
+        encode_frame(&mut wire, &[9u8; 300]).unwrap();
+        let first_end = HEADER_LEN + 5;
+        let mut d = FrameDecoder::new();
+        let mut at = 0;
+        let mut ends = Vec::new();
+        while at < wire.len() {
+            // A reader with room for 7 bytes at most, as a socket may give.
+            let n = d.wanted().min(7);
+            d.push(&wire[at..at + n]);
+            at += n;
+            if let Some(f) = d.next_frame().unwrap() {
+                ends.push((at, f.len()));
+            }
+        }
+        assert_eq!(ends, vec![(first_end, 5), (wire.len(), 300)]);
+        assert_eq!(d.wanted(), HEADER_LEN);
+    }
 
     #[test]
     fn frames_survive_any_split() {
