@@ -60,9 +60,6 @@ pub enum Direction {
     Both,
 }
 
-/// The longest a receiver holds a start window (`TestParams::start_window`).
-pub const MAX_START_MS: u64 = 60_000;
-
 /// What the client asks for, carried in `Open`'s params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestParams {
@@ -88,9 +85,9 @@ pub struct TestParams {
     #[serde(default)]
     pub force_buffers: bool,
     /// A smaller window each receiver holds first, for the sender's
-    /// start-up, and for how long after a stream's first data (ms, at most
-    /// [`MAX_START_MS`]); auto-tuning sets it on lossy paths. Absent from
-    /// older clients.
+    /// start-up, and for how long after a stream's first data (ms; the
+    /// receiver holds it at most 60 s); auto-tuning sets it on lossy paths.
+    /// Absent from older clients.
     #[serde(default)]
     pub start_window: Option<(u64, u64)>,
     /// TCP maximum segment size to request.

@@ -43,7 +43,7 @@ use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
 use crate::wire::{
     entries_messages, need_messages, read_msg, write_msg, Accept, Direction, Entry, EntryKind,
-    Hello, Msg, Refuse, RefuseClass, Request, SocketTuning, Summary, MAX_START_MS, VERSION,
+    Hello, Msg, Refuse, RefuseClass, Request, SocketTuning, Summary, VERSION,
 };
 use crate::{Failure, Progress};
 
@@ -1116,13 +1116,11 @@ fn planned_window(t: &SocketTuning) -> Option<u64> {
 }
 
 /// The smaller window held during the sender's start-up, and for how long
-/// (at most [`MAX_START_MS`]); none without a held window or when it would
-/// not be smaller.
+/// (`WindowHold::starting_at` ignores one that is not smaller and caps the
+/// time); none without a held window.
 fn planned_start(t: &SocketTuning) -> Option<(u64, Duration)> {
-    let window = planned_window(t)?;
-    let ms = t.start_ms.min(MAX_START_MS);
-    (t.start_window > 0 && t.start_window < window && ms > 0)
-        .then(|| (t.start_window, Duration::from_millis(u64::from(ms))))
+    planned_window(t)?;
+    (t.start_window > 0).then(|| (t.start_window, Duration::from_millis(u64::from(t.start_ms))))
 }
 
 /// Server side: where pushed entries go, beneath the export root.

@@ -243,10 +243,7 @@ impl Sink {
             .opts
             .window
             .and_then(|w| fatpipe_sys::WindowHold::new(&stream, w))
-            .map(|h| match self.opts.start {
-                Some((w, d)) => h.starting_at(w, d),
-                None => h,
-            });
+            .map(|h| h.starting_at(self.opts.start));
         let mut stream = io::BufReader::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
         let mut hdr = [0u8; HEADER_LEN];

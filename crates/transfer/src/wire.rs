@@ -140,12 +140,9 @@ pub struct SocketTuning {
     /// 0 for none. Since version 3.
     pub start_window: u64,
     /// How long after a connection's first data the start window holds, in
-    /// milliseconds (the server holds it at most [`MAX_START_MS`]).
+    /// milliseconds (the receiver holds it at most 60 s).
     pub start_ms: u32,
 }
-
-/// The longest a server holds a start window.
-pub const MAX_START_MS: u32 = 60_000;
 
 /// The server's acceptance.
 #[derive(Debug, Clone, PartialEq, Eq)]

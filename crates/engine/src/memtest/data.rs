@@ -319,12 +319,9 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
         .params
         .window
         .and_then(|w| fatpipe_sys::WindowHold::new(s, w))
-        .map(|h| match sh.params.start_window {
-            Some((w, ms)) => h.starting_at(
-                w,
-                std::time::Duration::from_millis(ms.min(fatpipe_proto::testmsg::MAX_START_MS)),
-            ),
-            None => h,
+        .map(|h| {
+            let start = sh.params.start_window;
+            h.starting_at(start.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))))
         });
     // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
     // calls is the whole point.
