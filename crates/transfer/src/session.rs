@@ -453,6 +453,7 @@ pub fn serve(
                 },
                 progress,
             ));
+            send_manifest(&mut ctrl, src.entries())?;
             run_source(src, ctrl, data, &grow)
         }
         ServerPlan::Push {
@@ -491,19 +492,16 @@ fn drain_after_refusal(ctrl: &mut TcpStream) {
     }
 }
 
-/// Sends the manifest, takes the needs, then the data connections, and
-/// streams until the receiver is done. Streams added mid-session (`grow`)
-/// pull from the same queue.
+/// Takes the needs for the manifest the caller sent ([`send_manifest`]:
+/// a pushing client right behind its request, a pulling server behind its
+/// answer), then the data connections, and streams until the receiver is
+/// done. Streams added mid-session (`grow`) pull from the same queue.
 pub fn run_source(
     src: Arc<Source>,
     mut ctrl: TcpStream,
     data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<Summary, CopyError> {
-    if matches!(grow, Grow::Server { .. }) {
-        // A pushing client sent its manifest right behind the request.
-        send_manifest(&mut ctrl, src.entries())?;
-    }
     let mut needs = Vec::new();
     loop {
         match read_msg(&mut ctrl).map_err(net)? {
@@ -1325,14 +1323,14 @@ fn client_session(
         }),
     )
     .map_err(net)?;
-    // The server grants what it is asked for within its cap, so the data
-    // connections are dialled now, while the request travels; each costs
-    // round trips (connect, the engine's cookie check).
     // A push's manifest follows at once: the server reads it right after
     // answering, so the needs come back with the answer.
     if let (Direction::Push, Some(m)) = (job.direction, local) {
         send_manifest(&mut ctrl, &m.entries)?;
     }
+    // The server grants what it is asked for within its cap, so the data
+    // connections are dialled now, while the request travels; each costs
+    // round trips (connect, the engine's cookie check).
     let streams = job.streams.clamp(1, MAX_STREAMS);
     let conn = &*conn;
     // Pushed data follows each data connection's opening without waiting

@@ -535,21 +535,25 @@ impl Link for EngineLink {
     }
 }
 
-impl Conn for EngineConn {
-    fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
-        let s = self.0.open_data(tag).map_err(classify)?;
+impl EngineConn {
+    /// Applies this end's data socket settings (not to copy-control, tag 0).
+    fn tuned(&self, tag: u32, s: TcpStream) -> TcpStream {
         if let (true, Some(opts)) = (tag > 0, self.1.get()) {
             opts.apply(&s);
         }
-        Ok(s)
+        s
+    }
+}
+
+impl Conn for EngineConn {
+    fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
+        let s = self.0.open_data(tag).map_err(classify)?;
+        Ok(self.tuned(tag, s))
     }
 
     fn open_early(&self, tag: u32) -> Result<TcpStream, CopyError> {
         let s = self.0.open_data_early(tag).map_err(classify)?;
-        if let Some(opts) = self.1.get() {
-            opts.apply(&s);
-        }
-        Ok(s)
+        Ok(self.tuned(tag, s))
     }
 }
 
