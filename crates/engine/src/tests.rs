@@ -60,6 +60,25 @@ fn key(k: &[u8]) -> Key {
     Key::new(k).unwrap()
 }
 
+/// A keyless echo session whose service is waiting for a data connection.
+fn echo_awaiting_data(addr: SocketAddr) -> ClientSession {
+    let s = connect(addr, None, "echo", b"x").unwrap();
+    let c = s.control();
+    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+    c.send(b"data").unwrap();
+    s
+}
+
+/// Reads the echo service's answer on a data connection: its tag, then the
+/// 5 bytes it was sent.
+fn expect_echo(d: &mut TcpStream, tag: u32, sent: &[u8; 5]) {
+    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut back = [0u8; 9];
+    d.read_exact(&mut back).unwrap();
+    assert_eq!(&back[..4], &tag.to_be_bytes());
+    assert_eq!(&back[4..], sent);
+}
+
 #[test]
 fn echo_session_with_key_and_data_connection() {
     let (addr, stop) = start(Server::builder().key(Some(key(b"sesame-sesame"))));
@@ -77,10 +96,7 @@ fn echo_session_with_key_and_data_connection() {
     c.send(b"data").unwrap();
     let mut d = s.open_data(42).unwrap();
     d.write_all(b"hello").unwrap();
-    let mut back = [0u8; 9];
-    d.read_exact(&mut back).unwrap();
-    assert_eq!(&back[..4], &42u32.to_be_bytes());
-    assert_eq!(&back[4..], b"hello");
+    expect_echo(&mut d, 42, b"hello");
     c.send(b"bye").unwrap();
     // The server closes normally once the service returns.
     let end = c.recv(Some(Duration::from_secs(5))).unwrap_err();
@@ -96,10 +112,7 @@ fn echo_session_with_key_and_data_connection() {
 #[test]
 fn bytes_right_behind_the_data_hello_reach_the_service() {
     let (addr, stop) = start(Server::builder());
-    let s = connect(addr, None, "echo", b"x").unwrap();
-    let c = s.control();
-    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
-    c.send(b"data").unwrap();
+    let s = echo_awaiting_data(addr);
     let mut wire = Vec::new();
     fatpipe_proto::Message::DataHello {
         version: fatpipe_proto::VERSION,
@@ -121,11 +134,8 @@ fn bytes_right_behind_the_data_hello_reach_the_service() {
         fatpipe_proto::Message::decode(&body).unwrap(),
         fatpipe_proto::Message::DataAck
     );
-    let mut back = [0u8; 9];
-    d.read_exact(&mut back).unwrap();
-    assert_eq!(&back[..4], &7u32.to_be_bytes());
-    assert_eq!(&back[4..], b"early");
-    c.send(b"bye").unwrap();
+    expect_echo(&mut d, 7, b"early");
+    s.control().send(b"bye").unwrap();
     stop.trigger();
 }
 
@@ -135,20 +145,13 @@ fn bytes_right_behind_the_data_hello_reach_the_service() {
 #[test]
 fn early_data_connections_carry_data_and_fail_fast_when_refused() {
     let (addr, stop) = start(Server::builder());
-    let s = connect(addr, None, "echo", b"x").unwrap();
-    let c = s.control();
-    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
-    c.send(b"data").unwrap();
+    let s = echo_awaiting_data(addr);
     let mut d = s.open_data_early(9).unwrap();
     d.write_all(b"quick").unwrap();
     // The watcher takes the acknowledgement off the socket (loopback: well
     // within this); what is left to read is the echo alone.
     std::thread::sleep(Duration::from_millis(300));
-    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut back = [0u8; 9];
-    d.read_exact(&mut back).unwrap();
-    assert_eq!(&back[..4], &9u32.to_be_bytes());
-    assert_eq!(&back[4..], b"quick");
+    expect_echo(&mut d, 9, b"quick");
 
     let mut fake = connect(addr, None, "echo", b"z").unwrap();
     fake.cookie = [0; 32];
@@ -167,7 +170,7 @@ fn early_data_connections_carry_data_and_fail_fast_when_refused() {
         failed,
         "writes into a refused data connection keep succeeding"
     );
-    c.send(b"bye").unwrap();
+    s.control().send(b"bye").unwrap();
     stop.trigger();
 }
 
