@@ -7,7 +7,7 @@
 //! round-trips through both encodings.
 #![no_main]
 
-use fatpipe_tune::probe::wire::{
+use fatpipe_probe::wire::{
     Packet, ProbeMsg, ProbeParams, MAX_COLLECT_WAIT_MS, MAX_GAP_US, MAX_REVERSE_PACKET, MAX_TRAINS,
     MAX_TRAIN_LEN, MIN_REVERSE_PACKET,
 };

@@ -3,7 +3,7 @@
 //! `set_congestion`) on whatever decoded.
 #![no_main]
 
-use fatpipe_proto::testmsg::{
+use fatpipe_memtest::msg::{
     check_congestion_name, Direction, Protocol, TestMsg, TestParams, MAX_STREAMS,
 };
 use libfuzzer_sys::fuzz_target;

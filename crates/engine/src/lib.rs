@@ -38,19 +38,18 @@
 //! dials a data connection carrying the cookie and lets the caller set
 //! socket options before connecting.
 //!
-//! The memory-to-memory throughput test is itself such a service:
-//! [`memtest::TestService`] on the server, [`memtest::run_client`] on the
-//! client. docs/protocol.md describes the wire protocol and the test
-//! service's messages.
+//! The services themselves live in crates of their own, each holding its
+//! messages, its client and its server side: `fatpipe-memtest` (the
+//! memory-to-memory test), `fatpipe-probe` (the path probe) and
+//! `fatpipe-transfer` (copy). This crate knows none of them; the binary
+//! registers them. docs/protocol.md describes the wire protocol.
 //!
-//! Two small system helpers live here until `fatpipe-sys` grows them:
-//! [`raise_fd_limit`] and the `SO_RCVLOWAT`/`TCP_NOTSENT_LOWAT` setters in
-//! `memtest::data`.
+//! One small system helper lives here until `fatpipe-sys` grows it:
+//! [`raise_fd_limit`].
 
 pub mod client;
 pub mod control;
 pub mod error;
-pub mod memtest;
 pub mod server;
 
 pub use client::{connect, connect_with, ClientOptions, ClientSession};

@@ -19,8 +19,10 @@
 //!   take bytes and `now` and return bytes, events and deadlines. They open no
 //!   socket and read no clock; the engine crate drives them over real sockets
 //!   and the tests here drive them in memory on a virtual clock.
-//! * [`testmsg`]: the messages of the built-in `test` service, which travel
-//!   as payloads of an established session.
+//!
+//! Each service's own messages travel as payloads of an established
+//! session and live with the service (`fatpipe-memtest`, `fatpipe-probe`,
+//! `fatpipe-transfer`), which decode them with [`coding`].
 //!
 //! Every decoder here reads untrusted bytes and has a fuzz target in `fuzz/`.
 
@@ -29,7 +31,6 @@ pub mod coding;
 pub mod conn;
 pub mod frame;
 pub mod message;
-pub mod testmsg;
 
 pub use auth::{Key, KeyError};
 pub use coding::DecodeError;

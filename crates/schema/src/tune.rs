@@ -46,6 +46,11 @@ pub struct HostLimits {
     pub privileged: bool,
 }
 
+/// The most streams auto-tuning ever plans (`Policy::max_streams`'s
+/// default): beyond it streams cost more in CPU and queueing than they
+/// win. The host audit judges buffer caps against the same bound.
+pub const MAX_PLANNED_STREAMS: u32 = 64;
+
 /// What auto-tuning chose before data flows, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {

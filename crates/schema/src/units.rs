@@ -226,6 +226,24 @@ pub fn bdp_bytes(bits_per_sec: u64, rtt: Duration) -> u64 {
     ((bits_per_sec as f64 / 8.0) * rtt.as_secs_f64()).round() as u64
 }
 
+/// Prints a loss probability as a percentage with the digits it needs.
+pub fn format_loss(p: f64) -> String {
+    let pct = p * 100.0;
+    let s = if pct >= 1.0 {
+        format!("{pct:.1}")
+    } else {
+        // Enough decimals to show two significant digits.
+        let decimals = (-pct.log10()).ceil().max(0.0) as usize + 1;
+        format!("{pct:.decimals$}")
+    };
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    format!("{s}%")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,9 +24,9 @@ use fatpipe_engine::ClientOptions;
 use fatpipe_schema::tune::{AutoTune, HostLimits, PathFacts, Plan};
 use fatpipe_schema::units::{format_bytes_iec, format_rate};
 
-use crate::host::{is_privileged, Host};
 use crate::plan::{plan, Policy};
-use crate::probe::{self, ProbeConfig, ProbeError, ProbeOutcome};
+use fatpipe_audit::host::{is_privileged, Host};
+use fatpipe_probe::{self as probe, ProbeConfig, ProbeError, ProbeOutcome};
 
 /// Which way data will flow, seen from this end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -473,8 +473,8 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::probe::estimate::{RateEstimate, RttStats};
-    use crate::probe::mtu::MtuResult;
+    use fatpipe_probe::estimate::{RateEstimate, RttStats};
+    use fatpipe_probe::mtu::MtuResult;
 
     /// Host limits with one cap for every buffer (also used by peer's tests).
     pub(crate) fn limits(max: u64, cc: &[&str], privileged: bool) -> HostLimits {

@@ -69,7 +69,7 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Policy {
-            max_streams: 64,
+            max_streams: fatpipe_schema::tune::MAX_PLANNED_STREAMS,
             // The kernel clamps SO_*BUFFORCE at INT_MAX/2 before doubling;
             // 512 MiB per socket is already 8 GB of kernel memory at 16 streams.
             max_forced_buffer: 512 << 20,
@@ -300,24 +300,7 @@ pub fn start_hold(path: &PathFacts, policy: &Policy) -> Option<(f64, Duration)> 
     Some((fraction, hold))
 }
 
-/// Prints a loss probability as a percentage with the digits it needs.
-/// (The units module parses probabilities but has no printer for them.)
-pub fn format_loss(p: f64) -> String {
-    let pct = p * 100.0;
-    let s = if pct >= 1.0 {
-        format!("{pct:.1}")
-    } else {
-        // Enough decimals to show two significant digits.
-        let decimals = (-pct.log10()).ceil().max(0.0) as usize + 1;
-        format!("{pct:.decimals$}")
-    };
-    let s = if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    };
-    format!("{s}%")
-}
+pub use fatpipe_schema::units::format_loss;
 
 /// How many streams loss alone calls for, and why (for the reason line).
 struct LossStreams {

@@ -3,7 +3,7 @@
 //!
 //! Two phases, as elsewhere in the binary: [`config`] validates the raw
 //! [`Args`] into a [`ProbeConfig`] without touching the network (tested
-//! below), then `fatpipe_tune::probe` runs the probe and builds the
+//! below), then `fatpipe_probe` runs the probe and builds the
 //! [`PathReport`]; this module only renders it, as a few lines for people
 //! or one JSON document (`--json`, schema `fatpipe.path`).
 
@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_engine::ClientOptions;
+use fatpipe_probe::{self as probe, ProbeConfig, ProbeError};
 use fatpipe_schema::path::PathReport;
 use fatpipe_schema::units;
-use fatpipe_tune::host::{is_privileged, Host};
-use fatpipe_tune::probe::{self, ProbeConfig, ProbeError};
 use fatpipe_tune::Policy;
 
 use super::test::DEFAULT_PORT;
@@ -62,7 +62,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.reverse,
     )?;
     let local = Host::live().limits(is_privileged());
-    let report = probe::report(&outcome, &args.host, local, &Policy::default());
+    let report = probe::report(&outcome, &args.host, local, |facts, sender, receiver| {
+        fatpipe_tune::plan(facts, sender, receiver, &Policy::default())
+    });
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -111,7 +113,7 @@ fn config(
             "--count must be 1..={MAX_COUNT}"
         )));
     }
-    let max_trains = fatpipe_tune::probe::wire::MAX_TRAINS;
+    let max_trains = fatpipe_probe::wire::MAX_TRAINS;
     if trains == 0 || trains > max_trains {
         return Err(crate::exit::usage(format!(
             "--trains must be 1..={max_trains}"

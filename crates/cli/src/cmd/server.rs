@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fatpipe_engine::memtest::TestService;
 use fatpipe_engine::Server;
+use fatpipe_memtest::TestService;
 use fatpipe_schema::units;
 
 use super::test::DEFAULT_PORT;
@@ -66,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let copy = super::copy::CopyService::new(&args.exports, key.is_some())?;
     let server = Server::builder()
         .service(TestService)
-        .service(fatpipe_tune::probe::ProbeService)
+        .service(fatpipe_probe::ProbeService)
         .service(copy)
         .key(key)
         .max_sessions(args.max_sessions)

@@ -14,18 +14,17 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fatpipe_engine::memtest::{
-    run_client_adjusting, Adjust, Adjustment, Applied, Progress, TestPlan,
-};
 use fatpipe_engine::{ClientOptions, EngineError};
-use fatpipe_proto::testmsg::{Direction, Protocol, TestParams, MAX_STREAMS};
+use fatpipe_memtest::msg::{Direction, Protocol, TestParams, MAX_STREAMS};
+use fatpipe_memtest::rfc6349;
+use fatpipe_memtest::{run_client_adjusting, Adjust, Adjustment, Applied, Progress, TestPlan};
 use fatpipe_schema::test::{
     Rfc6349, StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine,
 };
 use fatpipe_schema::tune::{Action, AutoTune, Decision};
 use fatpipe_schema::units;
 use fatpipe_tune::adjust::{AdjustConfig, Adjuster, Sample};
-use fatpipe_tune::{auto, rfc6349};
+use fatpipe_tune::auto;
 
 /// The port `fatpipe server` listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 5301;
@@ -284,8 +283,8 @@ fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConf
     let policy = fatpipe_tune::Policy::default();
     // BBR may be switched to only if no -C fixed the congestion control and
     // the sender is this host and offers it (the server's list is not known).
-    let offered = fatpipe_tune::host::Host::live()
-        .limits(fatpipe_tune::host::is_privileged())
+    let offered = fatpipe_audit::host::Host::live()
+        .limits(fatpipe_audit::host::is_privileged())
         .map(|l| l.congestion)
         .unwrap_or_default();
     let switchable = a.congestion.is_none() && p.direction == Direction::Up;

@@ -21,14 +21,15 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use fatpipe_audit::apply::DEFAULT_BACKUP_DIR;
+use fatpipe_audit::emit::Os;
+use fatpipe_audit::host::{is_privileged, Host};
+use fatpipe_audit::peer::{self, Given};
+use fatpipe_audit::rules::{audit, linux_settings, Target};
+use fatpipe_audit::{apply, disk, emit};
 use fatpipe_schema::tune::{Audit, AuditTarget, Finding, Observed, PathFacts, PeerAudit, Severity};
 use fatpipe_schema::units::{parse_duration, parse_rate, parse_size};
-use fatpipe_tune::apply::DEFAULT_BACKUP_DIR;
-use fatpipe_tune::emit::Os;
-use fatpipe_tune::host::{is_privileged, Host};
-use fatpipe_tune::peer::{self, Given, Probed};
-use fatpipe_tune::rules::{audit, linux_settings, Target};
-use fatpipe_tune::{apply, disk, emit, plan, Policy};
+use fatpipe_tune::{plan, Policy};
 
 use crate::exit::usage;
 
@@ -124,7 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 PROBE_TRAINS,
                 false,
             )?;
-            Some((peer.as_str(), Probed::from_outcome(&outcome), outcome))
+            Some((peer.as_str(), fatpipe_probe::probed(&outcome), outcome))
         }
         None => None,
     };

@@ -1,6 +1,6 @@
 //! Messages of the built-in `test` service (memory-to-memory throughput).
 //!
-//! They travel as [`Message::Payload`](crate::Message::Payload)s of an
+//! They travel as [`Message::Payload`](fatpipe_proto::Message::Payload)s of an
 //! established session, encoded as JSON: the service protocol is young and
 //! changes faster than the handshake, JSON keeps it readable in a packet
 //! capture, and the frame cap already bounds what `serde_json` must parse
@@ -26,8 +26,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::coding::DecodeError;
-use crate::message::MAX_PAYLOAD;
+use fatpipe_proto::coding::DecodeError;
+use fatpipe_proto::MAX_PAYLOAD;
 
 /// Most parallel streams a test may ask for.
 pub const MAX_STREAMS: u32 = 1024;

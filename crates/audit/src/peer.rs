@@ -23,7 +23,6 @@ use fatpipe_schema::tune::{AuditTarget, Finding, HostLimits, Observed, Severity}
 use fatpipe_schema::units::{format_duration, format_rate};
 
 use crate::host::HostFacts;
-use crate::probe::ProbeOutcome;
 use crate::rules::{buffer_max, finding, judge_buffer, Target};
 
 /// Rate audited for when no flag or probe gives one: `--rate`'s default.
@@ -53,27 +52,6 @@ pub struct Probed {
     pub mtu: Result<u32, String>,
     /// Seconds the probe took.
     pub probe_secs: f64,
-}
-
-impl Probed {
-    /// The parts of a finished probe the audit uses.
-    pub fn from_outcome(o: &ProbeOutcome) -> Probed {
-        let facts = crate::probe::facts(o);
-        Probed {
-            remote: o.remote.to_string(),
-            rtt: o.rtt.min,
-            rate: o.rate.as_ref().map(|r| r.rate),
-            lower_bound: o.rate.as_ref().is_some_and(|r| r.sender_limited),
-            confidence: o.rate.as_ref().map(|r| r.confidence),
-            loss_rate: facts.loss_rate,
-            mtu: match (o.mtu.path_mtu, &o.route_mtu) {
-                (Some(m), _) => Ok(m),
-                (None, Err(e)) => Err(format!("not probed: {e}")),
-                (None, Ok(_)) => Err("no MTU probe reached the peer".to_string()),
-            },
-            probe_secs: o.elapsed.as_secs_f64(),
-        }
-    }
 }
 
 /// Target values given as flags; `None` leaves the part to the probe (or
@@ -380,7 +358,7 @@ pub fn peer_findings(target: &Target, limits: &Result<HostLimits, String>) -> Ve
 /// A loss probability as a percentage ("0%" for none).
 fn format_loss(p: f64) -> String {
     if p > 0.0 {
-        crate::plan::format_loss(p)
+        fatpipe_schema::units::format_loss(p)
     } else {
         "0%".to_string()
     }
@@ -408,8 +386,18 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::auto::tests::limits;
     use crate::host::{Nic, Probe};
+
+    fn limits(max: u64, cc: &[&str], privileged: bool) -> HostLimits {
+        HostLimits {
+            rmem_max: max,
+            wmem_max: max,
+            tcp_rmem: [4096, 131072, max],
+            tcp_wmem: [4096, 16384, max],
+            congestion: cc.iter().map(|s| s.to_string()).collect(),
+            privileged,
+        }
+    }
 
     fn probed(rtt_ms: u64, rate: Option<f64>, lower_bound: bool) -> Probed {
         Probed {

@@ -31,12 +31,12 @@ use std::time::{Duration, Instant};
 
 use fatpipe_engine::{Control, ServerSession, Service, ServiceResult, Shutdown};
 
-use super::wire::{
+use crate::wire::{
     ArrivalWire, Packet, ProbeMsg, ProbeParams, MAX_DATAGRAM, MAX_TRAINS, MAX_TRAIN_LEN,
     REVERSE_BUDGET, SERVICE,
 };
-use super::{ip_overhead, send_train, ProbeError};
-use crate::host::{is_privileged, Host};
+use crate::{ip_overhead, send_train, ProbeError};
+use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_sys::probe as sock;
 
 /// The longest one probe session may last.
@@ -438,7 +438,7 @@ mod tests {
     use fatpipe_engine::{connect, Server, Shutdown};
 
     use super::*;
-    use crate::probe::wire::ProbeParams;
+    use crate::wire::ProbeParams;
 
     /// A server with only the probe service on loopback, run on a thread.
     fn start() -> (SocketAddr, Shutdown) {
@@ -453,9 +453,8 @@ mod tests {
     }
 
     /// A whole probe of `addr`, short: 3 echoes, rounds of 4 trains.
-    fn short_probe(addr: SocketAddr) -> crate::probe::ProbeConfig {
-        let mut cfg =
-            crate::probe::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
+    fn short_probe(addr: SocketAddr) -> crate::ProbeConfig {
+        let mut cfg = crate::ProbeConfig::new(addr, fatpipe_engine::ClientOptions::default());
         cfg.echoes = 3;
         cfg.trains = 4;
         cfg
@@ -779,7 +778,7 @@ mod tests {
         let (addr, stop) = start();
         let mut cfg = short_probe(addr);
         cfg.reverse = true;
-        let o = crate::probe::run(&cfg).unwrap();
+        let o = crate::run(&cfg).unwrap();
         assert!(o.reverse);
         let r = o.rate.expect("an estimate from the server's trains");
         assert!(r.rate > 1e8, "{r:?}");
@@ -797,7 +796,7 @@ mod tests {
         for pipelined in [true, false] {
             let mut cfg = short_probe(addr);
             cfg.pipelined = pipelined;
-            let o = crate::probe::run(&cfg).unwrap();
+            let o = crate::run(&cfg).unwrap();
             let r = o.rate.expect("an estimate");
             assert!(r.rate > 1e8, "{pipelined}: {r:?}");
             // Rounds of 4: the first train, sent with the echoes, is one

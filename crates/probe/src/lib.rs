@@ -26,17 +26,16 @@ pub mod wire;
 
 use std::net::SocketAddr;
 
+use fatpipe_audit::peer::Probed;
 use fatpipe_schema::path::{
     BottleneckReport, LossReport, MtuReport, PathReport, RttReport, PATH_SCHEMA,
     PATH_SCHEMA_VERSION,
 };
-use fatpipe_schema::tune::{HostLimits, PathFacts};
+use fatpipe_schema::tune::{HostLimits, PathFacts, Plan};
 use fatpipe_schema::units::{bdp_bytes, format_rate};
 
 pub use client::{run, ProbeConfig, ProbeOutcome};
 pub use server::ProbeService;
-
-use crate::plan::{plan, Policy};
 
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
@@ -157,14 +156,37 @@ pub fn facts(o: &ProbeOutcome) -> PathFacts {
     }
 }
 
+/// The parts of a finished probe the host audit (`tune --for HOST`) uses.
+pub fn probed(o: &ProbeOutcome) -> Probed {
+    let facts = facts(o);
+    Probed {
+        remote: o.remote.to_string(),
+        rtt: o.rtt.min,
+        rate: o.rate.as_ref().map(|r| r.rate),
+        lower_bound: o.rate.as_ref().is_some_and(|r| r.sender_limited),
+        confidence: o.rate.as_ref().map(|r| r.confidence),
+        loss_rate: facts.loss_rate,
+        mtu: match (o.mtu.path_mtu, &o.route_mtu) {
+            (Some(m), _) => Ok(m),
+            (None, Err(e)) => Err(format!("not probed: {e}")),
+            (None, Ok(_)) => Err("no MTU probe reached the peer".to_string()),
+        },
+        probe_secs: o.elapsed.as_secs_f64(),
+    }
+}
+
 /// Turns a probe into the report `fatpipe path` prints: statistics, BDP,
 /// the window one stream needs, and what the planner would choose for a
 /// test from this host (`local`, the sender) to the server (the receiver).
+///
+/// `planner` is called as `planner(facts, sender, receiver)`. The caller
+/// passes the auto-tuning planner (`fatpipe_tune::plan`); taking it as an
+/// argument keeps this service crate below the policy that runs it.
 pub fn report(
     o: &ProbeOutcome,
     server: &str,
     local: Result<HostLimits, String>,
-    policy: &Policy,
+    planner: impl Fn(&PathFacts, &HostLimits, &HostLimits) -> Plan,
 ) -> PathReport {
     let facts = facts(o);
     let mut warnings = Vec::new();
@@ -216,19 +238,19 @@ pub fn report(
     let bdp = facts.bottleneck_rate.map(|rate| bdp_bytes(rate, o.rtt.min));
     let plan = match (local, o.peer_limits.clone()) {
         // Reverse: the direction measured is the server sending.
-        (Ok(l), Ok(p)) if o.reverse => Some(plan(&facts, &p, &l, policy)),
-        (Ok(s), Ok(r)) => Some(plan(&facts, &s, &r, policy)),
+        (Ok(l), Ok(p)) if o.reverse => Some(planner(&facts, &p, &l)),
+        (Ok(s), Ok(r)) => Some(planner(&facts, &s, &r)),
         (Ok(s), Err(why)) => {
             warnings.push(format!(
                 "server's host limits unknown ({why}): planned as if they were this host's"
             ));
-            Some(plan(&facts, &s, &s, policy))
+            Some(planner(&facts, &s, &s))
         }
         (Err(why), Ok(r)) => {
             warnings.push(format!(
                 "this host's limits unknown ({why}): planned as if they were the server's"
             ));
-            Some(plan(&facts, &r, &r, policy))
+            Some(planner(&facts, &r, &r))
         }
         (Err(a), Err(b)) => {
             warnings.push(format!(
@@ -309,6 +331,24 @@ mod tests {
         }
     }
 
+    /// A stand-in for the planner: sizes one stream to the BDP and names
+    /// which end sent (the smaller `rmem_max` marks this host in tests).
+    fn planner(facts: &PathFacts, sender: &HostLimits, receiver: &HostLimits) -> Plan {
+        let bdp = facts
+            .bottleneck_rate
+            .map(|r| bdp_bytes(r, std::time::Duration::from_secs_f64(facts.rtt_secs)));
+        Plan {
+            streams: 1,
+            per_stream_buffer: bdp.unwrap_or(0),
+            set_buffers: false,
+            forced_buffers: false,
+            congestion: "cubic".into(),
+            pacing_rate: None,
+            bdp,
+            reason: format!("sender {} receiver {}", sender.rmem_max, receiver.rmem_max),
+        }
+    }
+
     fn outcome() -> ProbeOutcome {
         let ms = Duration::from_millis;
         ProbeOutcome {
@@ -349,7 +389,7 @@ mod tests {
 
     #[test]
     fn report_has_bdp_window_loss_and_the_plan() {
-        let r = report(&outcome(), "lab", Ok(limits(64 << 20)), &Policy::default());
+        let r = report(&outcome(), "lab", Ok(limits(32 << 20)), planner);
         // 1 Gbit/s × 93 ms = 11.625 MB
         assert_eq!(r.bdp, Some(11_625_000));
         assert_eq!(r.single_stream_window, Some(11_625_000));
@@ -364,6 +404,11 @@ mod tests {
         assert!(!b.lower_bound);
         let plan = r.plan.as_ref().unwrap();
         assert_eq!(plan.bdp, Some(11_625_000));
+        // This host sends, the server receives.
+        assert_eq!(
+            plan.reason,
+            format!("sender {} receiver {}", 32 << 20, 64 << 20)
+        );
         assert!(r.warnings.is_empty(), "{:?}", r.warnings);
         assert_eq!(r.schema, PATH_SCHEMA);
     }
@@ -378,8 +423,12 @@ mod tests {
             rate.sender_limited = true;
             rate.confidence = 0.1;
         }
-        let r = report(&o, "lab", Ok(limits(4 << 20)), &Policy::default());
-        assert!(r.plan.is_some());
+        let r = report(&o, "lab", Ok(limits(4 << 20)), planner);
+        // The server's limits are unknown: planned with this host's twice.
+        assert_eq!(
+            r.plan.as_ref().map(|p| p.reason.clone()),
+            Some(format!("sender {} receiver {}", 4 << 20, 4 << 20))
+        );
         let all = r.warnings.join("\n");
         for want in [
             "lower bound",
@@ -394,7 +443,7 @@ mod tests {
         assert!(!r.reverse);
         // Reverse: the server sent and this host timed.
         o.reverse = true;
-        let r = report(&o, "lab", Ok(limits(4 << 20)), &Policy::default());
+        let r = report(&o, "lab", Ok(limits(4 << 20)), planner);
         assert!(r.reverse);
         let all = r.warnings.join("\n");
         assert!(
@@ -408,7 +457,7 @@ mod tests {
         o.reverse = false;
 
         o.rate = None;
-        let r = report(&o, "lab", Err("no /proc here".into()), &Policy::default());
+        let r = report(&o, "lab", Err("no /proc here".into()), planner);
         assert_eq!((r.bdp, r.single_stream_window), (None, None));
         assert!(r.plan.is_none());
         assert!(r.warnings.iter().any(|w| w.starts_with("no plan")));

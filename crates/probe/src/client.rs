@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 use fatpipe_engine::{connect_with, ClientOptions, ClientSession, Control};
 use fatpipe_schema::tune::HostLimits;
 
-use super::estimate::{self, Arrival, RateEstimate, RttStats, TrainObs};
-use super::mtu::{MtuResult, MtuSearch};
-use super::wire::{
+use crate::estimate::{self, Arrival, RateEstimate, RttStats, TrainObs};
+use crate::mtu::{MtuResult, MtuSearch};
+use crate::wire::{
     Packet, ProbeMsg, ProbeParams, MAX_COLLECT_WAIT_MS, MAX_DATAGRAM, MAX_GAP_US, MAX_TRAINS,
     MAX_TRAIN_LEN, SERVICE,
 };
-use super::{ip_overhead, send_train, ProbeError};
+use crate::{ip_overhead, send_train, ProbeError};
 use fatpipe_sys::probe as sock;
 use fatpipe_sys::udp::SendBatch;
 
@@ -201,8 +201,11 @@ fn probe(
     };
     if cfg.reverse {
         // A whole train must wait here while this thread is descheduled.
-        let _ =
-            fatpipe_sys::buffers::set_recv_buffer(&io.sock, 8 << 20, crate::host::is_privileged());
+        let _ = fatpipe_sys::buffers::set_recv_buffer(
+            &io.sock,
+            8 << 20,
+            fatpipe_audit::host::is_privileged(),
+        );
     }
     let overhead = ip_overhead(server_udp) as u32;
     let route_mtu = match df {

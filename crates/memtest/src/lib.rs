@@ -1,4 +1,7 @@
-//! The memory-to-memory throughput test, as a [`Service`] and its client.
+//! fatpipe-memtest: the memory-to-memory throughput test service behind
+//! `fatpipe test`: its messages ([`msg`]), its server ([`TestService`]) and
+//! client ([`run_client`]), and the RFC 6349 metrics of a finished test
+//! ([`rfc6349`]).
 //!
 //! Both ends run the same machinery (`Side`): one worker thread per
 //! stream (see `data`), and the session thread as an event loop over one
@@ -13,6 +16,10 @@
 //! `Attached` → `Start` → `Interval`s and `SendDone`s → `Final` → `Close`.
 
 pub(crate) mod data;
+pub mod msg;
+pub mod rfc6349;
+#[cfg(test)]
+mod service_tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, UdpSocket};
@@ -21,17 +28,17 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fatpipe_proto::testmsg::{
+use crate::msg::{
     check_congestion_name, AddStreams, CpuSample, Direction, Protocol, Role, SocketSetup,
     StreamSample, TestMsg, TestParams,
 };
 use fatpipe_schema::test as schema;
 
-use crate::client::{connect_with, ClientOptions, ClientSession};
-use crate::control::Control;
-use crate::error::{EngineError, Result};
-use crate::server::{ServerSession, Service, ServiceResult};
 use data::{Sock, Stream};
+use fatpipe_engine::{
+    connect_with, ClientOptions, ClientSession, Control, EngineError, Result, ServerSession,
+    Service, ServiceResult,
+};
 
 /// The service name clients open.
 pub const SERVICE: &str = "test";

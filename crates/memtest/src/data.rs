@@ -20,7 +20,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use fatpipe_proto::testmsg::{Protocol, Role, SocketSetup, StreamSample, TestParams};
+use crate::msg::{Protocol, Role, SocketSetup, StreamSample, TestParams};
 use fatpipe_schema::units;
 
 /// How often a blocked worker looks at its stop flags.
@@ -162,12 +162,12 @@ impl Shared {
 
     /// Releases the workers (after `go`, or to let them see `stop`).
     pub fn release(&self) {
-        *crate::control::lock(&self.gate.0) = true;
+        *lock(&self.gate.0) = true;
         self.gate.1.notify_all();
     }
 
     fn wait_for_go(&self) {
-        let mut open = crate::control::lock(&self.gate.0);
+        let mut open = lock(&self.gate.0);
         while !*open {
             open = self
                 .gate
@@ -685,10 +685,16 @@ pub(crate) fn setup_of(id: u32, sock: &Sock, p: &TestParams) -> SocketSetup {
     }
 }
 
+/// Locks a mutex, taking the value even if a thread panicked holding it:
+/// the gate is a plain flag, never left half-written.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fatpipe_proto::testmsg::Direction;
+    use crate::msg::Direction;
 
     fn params(bytes: Option<u64>) -> TestParams {
         TestParams {

@@ -19,13 +19,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use fatpipe_schema::tune::{DiskResult, Finding, Observed, Severity};
+use fatpipe_schema::tune::{DiskResult, Finding, Observed, Severity, MAX_PLANNED_STREAMS};
 use fatpipe_schema::units::{
     bdp_bytes, format_bytes, format_bytes_iec, format_duration, format_rate,
 };
 
 use crate::host::{HostFacts, Nic, Probe};
-use crate::plan::Policy;
 
 /// What the host should be able to fill.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -411,7 +410,7 @@ pub fn judge_buffer(target: &Target, cap: u64, autotune: bool, what: &str) -> (S
         .max(1.0);
     let severity = if cap >= need {
         Severity::Ok
-    } else if streams > f64::from(Policy::default().max_streams) {
+    } else if streams > f64::from(MAX_PLANNED_STREAMS) {
         Severity::Critical
     } else {
         Severity::Warn

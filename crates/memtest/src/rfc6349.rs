@@ -40,8 +40,8 @@ use fatpipe_engine::ClientOptions;
 use fatpipe_schema::test::{Direction, Rfc6349, TestInterval, TestReport};
 use fatpipe_schema::units::format_rate;
 
-use crate::auto::Preflight;
-use crate::probe::{self, ProbeConfig, ProbeError, ProbeOutcome};
+use fatpipe_probe::{self as probe, ProbeConfig, ProbeError, ProbeOutcome};
+use fatpipe_tune::auto::Preflight;
 
 /// Bytes an Ethernet frame adds to an IP packet on the wire: preamble and
 /// start delimiter 8, header 14, FCS 4, inter-frame gap 12 (RFC 6349
