@@ -1769,6 +1769,16 @@ fn sums(p: &TestParams, streams: &[schema::StreamStats]) -> Vec<schema::StreamSt
         let tcp = p.protocol == Protocol::Tcp;
         let lost = add(|s| s.lost);
         let packets = add(|s| s.packets);
+        // An RTT of 0 is unknown (no TCP_INFO, or no sample from the
+        // sender yet): the mean is over the streams that know theirs.
+        let known: Vec<_> = these
+            .iter()
+            .filter(|s| s.rtt_us.is_some_and(|r| r > 0))
+            .collect();
+        let mean = |f: fn(&schema::StreamStats) -> Option<u32>| -> u32 {
+            let sum: u64 = known.iter().map(|s| u64::from(f(s).unwrap_or(0))).sum();
+            (sum as f64 / known.len().max(1) as f64) as u32
+        };
         out.push(schema::StreamStats {
             id: None,
             direction: Some(dir),
@@ -1777,20 +1787,8 @@ fn sums(p: &TestParams, streams: &[schema::StreamStats]) -> Vec<schema::StreamSt
             bits_per_second: these.iter().map(|s| s.bits_per_second).sum(),
             bytes_sent: these.iter().map(|s| s.bytes_sent).sum(),
             retransmits: add(|s| s.retransmits),
-            rtt_us: tcp.then(|| {
-                (these
-                    .iter()
-                    .map(|s| u64::from(s.rtt_us.unwrap_or(0)))
-                    .sum::<u64>() as f64
-                    / n) as u32
-            }),
-            rttvar_us: tcp.then(|| {
-                (these
-                    .iter()
-                    .map(|s| u64::from(s.rttvar_us.unwrap_or(0)))
-                    .sum::<u64>() as f64
-                    / n) as u32
-            }),
+            rtt_us: tcp.then(|| mean(|s| s.rtt_us)),
+            rttvar_us: tcp.then(|| mean(|s| s.rttvar_us)),
             cwnd: add(|s| s.cwnd),
             packets_sent: add(|s| s.packets_sent),
             packets,
@@ -2459,6 +2457,42 @@ mod tests {
                 want: vec![tcp_stats(None, DOWN, 1.0, 2, 16.0, 2, (0, 10_000, 1, 2))],
             },
             Row {
+                name: "a sender without TCP_INFO (RTT 0, unknown) is not in the RTT mean",
+                p: tcp(Direction::Up, 3),
+                streams: vec![
+                    t(
+                        0,
+                        UP,
+                        1.0,
+                        1_000_000,
+                        8e6,
+                        1_000_000,
+                        (1, 40_000, 4_000, 100_000),
+                    ),
+                    t(1, UP, 1.0, 1_000_000, 8e6, 1_000_000, (0, 0, 0, 0)),
+                    t(
+                        2,
+                        UP,
+                        1.0,
+                        1_000_000,
+                        8e6,
+                        1_000_000,
+                        (2, 20_000, 2_000, 50_000),
+                    ),
+                ],
+                // rtt (40 000 + 20 000) / 2 streams that know it, not / 3;
+                // rttvar (4000 + 2000) / 2
+                want: vec![tcp_stats(
+                    None,
+                    UP,
+                    1.0,
+                    3_000_000,
+                    24e6,
+                    3_000_000,
+                    (3, 30_000, 3_000, 150_000),
+                )],
+            },
+            Row {
                 name: "bidir: one sum per direction, up first, never mixed",
                 p: tcp(Direction::Both, 2),
                 streams: vec![
@@ -2773,6 +2807,55 @@ mod tests {
                     294_000,
                     (200, 190, 10, 5.0),
                     (3, 0.4),
+                )],
+            },
+            Row {
+                name: "tcp reverse, a stream just added the server has not reported: \
+                       its unknown RTT does not halve the sum's",
+                p: tcp(Direction::Down, 1),
+                index: 3,
+                begin_ms: 3000,
+                end_ms: 4000,
+                omitted: false,
+                local: vec![
+                    StreamSample {
+                        bytes: 1_000_000,
+                        ..recv(0)
+                    },
+                    StreamSample {
+                        bytes: 10_000,
+                        ..recv(1)
+                    },
+                ],
+                remote: vec![StreamSample {
+                    bytes: 1_000_000,
+                    rtt_us: 30_000,
+                    rttvar_us: 900,
+                    cwnd: 400_000,
+                    ..send(0)
+                }],
+                // 1 MB * 8 / 1 s = 8 Mbit/s; 10 kB * 8 / 1 s = 80 kbit/s
+                want_streams: vec![
+                    tcp_stats(
+                        Some(0),
+                        DOWN,
+                        1.0,
+                        1_000_000,
+                        8e6,
+                        1_000_000,
+                        (0, 30_000, 900, 400_000),
+                    ),
+                    tcp_stats(Some(1), DOWN, 1.0, 10_000, 80_000.0, 0, (0, 0, 0, 0)),
+                ],
+                // rtt and rttvar: stream 0's alone (stream 1's are unknown)
+                want_sums: vec![tcp_stats(
+                    None,
+                    DOWN,
+                    1.0,
+                    1_010_000,
+                    8_080_000.0,
+                    1_000_000,
+                    (0, 30_000, 900, 400_000),
                 )],
             },
             Row {
