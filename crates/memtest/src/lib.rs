@@ -1893,7 +1893,7 @@ mod tests {
     //! code under test.
 
     use super::*;
-    use fatpipe_proto::testmsg::SocketSetup;
+    use crate::msg::SocketSetup;
     use schema::StreamStats;
 
     fn params(protocol: Protocol, direction: Direction, streams: u32) -> TestParams {
