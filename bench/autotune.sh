@@ -58,6 +58,11 @@
 #   TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr"
 #   LAB=fpat$$         lab name
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
+#   FATPIPE_B=path/to/other/fatpipe  with TOOLS including fatpipe-b and/or
+#                      fatpipe-copy-b: a second build (e.g. before a
+#                      change) run the same way against its own servers,
+#                      rotating with the others; a second table gives each
+#                      cell's B medians and B/A ratios
 #   KEEP=1             keep every run's raw output (not the copy data)
 set -euo pipefail
 
@@ -79,11 +84,13 @@ STRETCH=${STRETCH:-0}
 STRETCH_RATE=${STRETCH_RATE:-5gbit}
 STRETCH_RTT=${STRETCH_RTT:-93}
 STRETCH_TARGET=${STRETCH_TARGET:-4.5}
-ALL_TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr"
+ALL_TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr fatpipe-b fatpipe-copy-b"
 TOOLS=${TOOLS:-$ALL_TOOLS}
 LAB=${LAB:-fpat$$}
 PORT_FATPIPE=5301
 PORT_COPY=5302
+PORT_FATPIPE_B=5303
+PORT_COPY_B=5304
 PORT_IPERF3=5201
 
 for t in $TOOLS; do
@@ -111,6 +118,10 @@ trap 'exit 130' INT TERM
 [ "$(id -u)" -eq 0 ] || die "needs root for the lab's namespaces"
 install_missing iperf3:iperf3 jq:jq
 build_fatpipe
+case " $TOOLS " in
+    *" fatpipe-b "* | *" fatpipe-copy-b "*)
+        [ -x "${FATPIPE_B:-}" ] || die "TOOLS has a -b contender: set FATPIPE_B to an executable" ;;
+esac
 
 has_tool() { case " $TOOLS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -156,18 +167,27 @@ start_servers() {
         start_server "$ns" fatpipe-copy $PORT_COPY "$FATPIPE" server --port $PORT_COPY --quiet \
             --export "dst=$data/dst:public" || die "fatpipe copy server did not start"
     fi
+    if has_tool fatpipe-b; then
+        start_server "$ns" fatpipe-b $PORT_FATPIPE_B "$FATPIPE_B" server --port $PORT_FATPIPE_B --quiet ||
+            die "fatpipe-b server did not start"
+    fi
+    if has_tool fatpipe-copy-b; then
+        start_server "$ns" fatpipe-copy-b $PORT_COPY_B "$FATPIPE_B" server --port $PORT_COPY_B --quiet \
+            --export "dst=$data/dst:public" || die "fatpipe-copy-b server did not start"
+    fi
     start_server "$ns" iperf3 $PORT_IPERF3 iperf3 -s -p $PORT_IPERF3 || die "iperf3 server did not start"
 }
 
-# copy_one OUT: one push of SRC_FILE; prints Gbit/s, or nan if it failed or
-# did not verify (the reason goes to OUT.bad).
+# copy_one OUT [BIN PORT]: one push of SRC_FILE (with FATPIPE to
+# PORT_COPY unless given); prints Gbit/s, or nan if it failed or did not
+# verify (the reason goes to OUT.bad).
 copy_one() {
-    local out=$1 dst
+    local out=$1 bin=${2:-$FATPIPE} port=${3:-$PORT_COPY} dst
     dst="$data/dst/$(basename "$SRC_FILE")"
     # A fresh destination: no leftover (or journal) to resume from.
     find "$data/dst" -mindepth 1 -delete
     local t0=$EPOCHREALTIME rc=0
-    lab_exec a "$FATPIPE" copy --port $PORT_COPY --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err" || rc=$?
+    lab_exec a "$bin" copy --port "$port" --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err" || rc=$?
     # The wall clock of the whole command: pre-flight probe, set-up and
     # slow start included (the JSON's seconds start after the probe).
     local wall
@@ -196,6 +216,13 @@ run_one() {
         fatpipe)
             lab_exec a "$FATPIPE" test "$B_IP:$PORT_FATPIPE" -t "${FP_DURATION}s" --json >"$out" 2>"$out.err" || true
             jq -r '(.end.sums[0].bits_per_second // "nan")' "$out" 2>/dev/null || echo nan
+            ;;
+        fatpipe-b)
+            lab_exec a "$FATPIPE_B" test "$B_IP:$PORT_FATPIPE_B" -t "${FP_DURATION}s" --json >"$out" 2>"$out.err" || true
+            jq -r '(.end.sums[0].bits_per_second // "nan")' "$out" 2>/dev/null || echo nan
+            ;;
+        fatpipe-copy-b)
+            copy_one "$out" "$FATPIPE_B" $PORT_COPY_B | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
             ;;
         fatpipe-copy)
             copy_one "$out" | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
@@ -284,6 +311,9 @@ cell() {
     [ "${m[iperf3-default]}" = - ] && r_d=-
     [ "${m[iperf3-bdp]}" = - ] && r_b=-
     [ "${m[iperf3-8bbr]}" = - ] && r_8=-
+    abrows+=("$(printf "$AB_ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "${m[fatpipe-b]}" \
+        "$(ratio "${m[fatpipe-b]}" "${m[fatpipe]}" %.3f)" "${m[fatpipe-copy]}" "${m[fatpipe-copy-b]}" \
+        "$(ratio "${m[fatpipe-copy-b]}" "${m[fatpipe-copy]}" %.3f)")")
     rows+=("$(printf "$ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "${m[fatpipe-copy]}" "${m[iperf3-default]}" "${m[iperf3-bdp]}" \
         "${m[iperf3-8bbr]}" "$r_d" "$r_b" "$r_8" "$target" "$(mark "${m[fatpipe]}" "$target")" \
         "$(mark "${m[fatpipe-copy]}" "$target")")")
@@ -291,9 +321,11 @@ cell() {
 
 # one table row: link RTT loss, 5 medians, 3 ratios, goal, 2 marks
 ROW='| %6s | %6s | %5s | %7s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %5s | %5s |'
+AB_ROW='| %6s | %6s | %5s | %7s | %7s | %6s | %7s | %7s | %6s |'
 CAP=$(sysctl -n net.core.rmem_max net.core.wmem_max | sort -n | head -1)
 has_tool fatpipe-copy && make_copy_data
 rows=()
+abrows=()
 autolines=()
 for rtt in $RTTS; do
     lab_link "$RATE" "$rtt"
@@ -322,6 +354,13 @@ printf "$ROW\n" link RTT loss fatpipe fatpipe iperf3 iperf3 iperf3 "test/" "test
 printf "$ROW\n" "" "" "" test copy default "-w BDP" "-P8 bbr" "def." BDP 8bbr "" pass pass
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+if has_tool fatpipe-b || has_tool fatpipe-copy-b; then
+    echo
+    echo "A/B: FATPIPE=$FATPIPE against FATPIPE_B=$FATPIPE_B (medians, Gbit/s; B/A)"
+    printf "$AB_ROW\n" link RTT loss "test A" "test B" "B/A" "copy A" "copy B" "B/A"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${abrows[@]}"
+fi
 echo
 echo "what auto-tuning chose (first run of each cell):"
 printf '  %s\n' "${autolines[@]}"

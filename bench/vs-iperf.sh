@@ -22,6 +22,10 @@
 # Settings (environment):
 #   RUNS=3 DURATION=5 STREAMS="1 2 4" ZC_STREAMS="1 4" (empty: skip) MTU=1500
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
+#   FATPIPE_B=path/to/other/fatpipe  with TOOLS including fatpipe-b: a
+#                             second build (e.g. before a change), with its
+#                             own server, alternating with the first; the
+#                             ratio table adds fatpipe-b/fatpipe
 #   TOOLS="fatpipe iperf3 iperf2 nuttcp"
 #   FATPIPE_ARGS="--no-auto"  (extra flags for fatpipe test)
 #   KEEP=1                    (keep every tool's raw output)
@@ -41,6 +45,7 @@ NS_C="fpbench-c-$$"
 VETH_S="fpb$$s"
 VETH_C="fpb$$c"
 PORT_FATPIPE=5301
+PORT_FATPIPE_B=5303
 PORT_IPERF3=5201
 PORT_IPERF2=5011
 PORT_NUTTCP_CTL=5100
@@ -64,6 +69,9 @@ trap 'exit 130' INT TERM
 install_fatpipe_and_peers() {
     install_missing iperf3:iperf3 iperf:iperf nuttcp:nuttcp jq:jq /usr/bin/time:time
     case " $TOOLS " in *" fatpipe "*) build_fatpipe ;; esac
+    case " $TOOLS " in
+        *" fatpipe-b "*) [ -x "${FATPIPE_B:-}" ] || die "TOOLS has fatpipe-b: set FATPIPE_B to an executable" ;;
+    esac
 }
 
 setup_net() { setup_veth "$NS_S" "$NS_C" "$VETH_S" "$VETH_C" "$SERVER_IP" "$CLIENT_IP" "$MTU"; }
@@ -76,6 +84,7 @@ start_servers() {
     for t in $TOOLS; do
         case $t in
             fatpipe) start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE ;;
+            fatpipe-b) start fatpipe-b $PORT_FATPIPE_B "$FATPIPE_B" server --bind $SERVER_IP --port $PORT_FATPIPE_B ;;
             iperf3) start iperf3 $PORT_IPERF3 iperf3 -s -B $SERVER_IP -p $PORT_IPERF3 ;;
             iperf2) start iperf2 $PORT_IPERF2 iperf -s -B $SERVER_IP -p $PORT_IPERF2 ;;
             nuttcp) start nuttcp $PORT_NUTTCP_CTL nuttcp -S --nofork -P $PORT_NUTTCP_CTL ;;
@@ -94,6 +103,9 @@ run_client() {
         fatpipe)
             cmd=("$FATPIPE" test $SERVER_IP --port $PORT_FATPIPE -P "$n" -t "${DURATION}s" --json ${FATPIPE_ARGS:-})
             [ "$zc" = 1 ] && cmd+=(-Z) ;;
+        fatpipe-b)
+            cmd=("$FATPIPE_B" test $SERVER_IP --port $PORT_FATPIPE_B -P "$n" -t "${DURATION}s" --json ${FATPIPE_ARGS:-})
+            [ "$zc" = 1 ] && cmd+=(-Z) ;;
         iperf3)
             cmd=(iperf3 -c $SERVER_IP -p $PORT_IPERF3 -P "$n" -t "$DURATION" -J)
             [ "$zc" = 1 ] && cmd+=(-Z) ;;
@@ -110,7 +122,7 @@ run_client() {
     fi
     t1=$(proc_ticks "$spid")
     case $tool in
-        fatpipe) gbps=$(jq -r '[.end.sums[] | select(.direction != "down") | .bits_per_second] | add / 1e9' "$out") ;;
+        fatpipe | fatpipe-b) gbps=$(jq -r '[.end.sums[] | select(.direction != "down") | .bits_per_second] | add / 1e9' "$out") ;;
         iperf3) gbps=$(jq -r '.end.sum_received.bits_per_second / 1e9' "$out") ;;
         iperf2) gbps=$(awk -F, '$6 != -1 { s += $9 } END { print s / 1e9 }' "$out") ;;
         nuttcp) gbps=$(sed -n 's/.*rate_Mbps=\([0-9.]*\).*/\1/p' "$out" | awk '{ print $1 / 1e3 }') ;;
@@ -161,7 +173,7 @@ main() {
     done
     local zc_tools=()
     for t in "${tools[@]}"; do
-        case $t in fatpipe | iperf3) zc_tools+=("$t") ;; esac
+        case $t in fatpipe | fatpipe-b | iperf3) zc_tools+=("$t") ;; esac
     done
     if [ ${#zc_tools[@]} -gt 0 ]; then
         for n in $ZC_STREAMS; do
@@ -199,6 +211,14 @@ main() {
         printf '%-8s %16s %16s %16s   iperf3 >= %sx: %s%s\n' "$label" "$r3" "$r2" "$rn" "$t3" \
             "$(verdict "$r3" "$t3")" "${t2:+; iperf2 >= ${t2}x: $(verdict "$r2" "$t2")}"
     done
+    if [[ " $TOOLS " == *" fatpipe-b "* ]]; then
+        echo
+        printf '%-8s %16s\n' config fatpipe-b/fatpipe
+        for label in $(awk -F'|' '{ print $1 }' "$work/res" | tr ' ' '_' | awk '!seen[$0]++'); do
+            label=${label//_/ }
+            printf '%-8s %16s\n' "$label" "$(ratio "$(col "$label" fatpipe-b 1)" "$(col "$label" fatpipe 1)" %.3f)"
+        done
+    fi
     read -r load _ </proc/loadavg
     echo "load after: $load (other work on this machine skews results; rerun when idle)"
 }
