@@ -1,7 +1,7 @@
 //! `fatpipe tune`: audit this host against a target rate × RTT, print a
 //! sysctl snippet for Linux, FreeBSD or macOS, or apply/revert the Linux one.
 //!
-//! Glue only: `fatpipe_tune` collects, judges and applies; this module
+//! Glue only: `fatpipe_audit` collects, judges and applies; this module
 //! parses the flags (quantities through `fatpipe_schema::units`, so a bad
 //! `--rate` is one line and exit 2), picks the mode and renders. The audit
 //! never fails the command: findings are information, so it exits 0; only
@@ -11,7 +11,7 @@
 //! `--for HOST[:PORT]` probes a `fatpipe server` first (the same probe,
 //! resolver and key handling as `fatpipe path`) and audits for the path it
 //! measured: the probe's RTT and bottleneck rate become the target (a flag
-//! given beside it wins for its part; `fatpipe_tune::peer` holds the rules),
+//! given beside it wins for its part; `fatpipe_audit::peer` holds the rules),
 //! its loss and path MTU become findings, and the peer's limits, which its
 //! probe service reports, are judged too. A probe that fails is one line
 //! and exit 1 (exit 2 for a bad host or key), as for `fatpipe path`.
