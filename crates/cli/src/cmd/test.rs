@@ -586,10 +586,10 @@ fn json_line(out: &mut impl Write, line: &TestStreamLine) -> std::io::Result<()>
 }
 
 fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
-    let dir = match s.direction.as_str() {
-        "down" => "reverse (server sends)",
-        "both" => "bidirectional",
-        _ => "client sends",
+    let dir = match s.direction {
+        Direction::Down => "reverse (server sends)",
+        Direction::Both => "bidirectional",
+        Direction::Up => "client sends",
     };
     let what = if s.bytes.is_some() {
         format!(
@@ -608,7 +608,7 @@ fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
         out,
         "Connected to {server}: {} x {}, {dir}, {what}",
         s.streams,
-        s.protocol.to_uppercase()
+        s.protocol.as_str().to_uppercase()
     )?;
     if let Some(first) = s.local.first() {
         let remote = s.remote.first();
@@ -624,8 +624,8 @@ fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
                 units::format_bytes_iec(r.rcvbuf)
             );
         }
-        if s.protocol == "tcp" {
-            let sender = if s.direction == "down" {
+        if s.protocol == Protocol::Tcp {
+            let sender = if s.direction == Direction::Down {
                 remote.unwrap_or(first)
             } else {
                 first

@@ -27,7 +27,9 @@ use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_audit::peer::{self, Given};
 use fatpipe_audit::rules::{audit, linux_settings, Target};
 use fatpipe_audit::{apply, disk, emit};
-use fatpipe_schema::tune::{Audit, AuditTarget, Finding, Observed, PathFacts, PeerAudit, Severity};
+use fatpipe_schema::tune::{
+    Audit, AuditTarget, Finding, Observed, PathFacts, PeerAudit, Severity, ValueSource,
+};
 use fatpipe_schema::units::{parse_duration, parse_rate, parse_size};
 use fatpipe_tune::{plan, Policy};
 
@@ -188,7 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(p) = planned
         .as_mut()
-        .filter(|_| record.rate_lower_bound && record.rate_source == "probe")
+        .filter(|_| record.rate_lower_bound && record.rate_source == ValueSource::Probe)
     {
         fatpipe_tune::auto::unpace(p);
     }
