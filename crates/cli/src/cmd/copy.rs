@@ -746,7 +746,7 @@ impl Tuning {
         if let Some(cap) = bwlimit {
             facts.bottleneck_rate = Some(facts.bottleneck_rate.map_or(cap, |r| r.min(cap)));
         }
-        let force_add = std::env::var(TEST_ADD_ENV).ok().and_then(|v| {
+        let force_add = test_hook(TEST_ADD_ENV).and_then(|v| {
             let (n, k) = v.split_once('@')?;
             Some((n.trim().parse().ok()?, k.trim().parse().ok()?))
         });
@@ -921,7 +921,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn env_number(name: &str) -> Option<u32> {
-    std::env::var(name).ok()?.trim().parse().ok()
+    test_hook(name)?.trim().parse().ok()
+}
+
+/// A test hook's value: read only with the `test-hooks` feature, so that
+/// ordinary builds ignore the FATPIPE_TEST_COPY_* variables.
+#[cfg(feature = "test-hooks")]
+fn test_hook(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Without the `test-hooks` feature no test hook is set.
+#[cfg(not(feature = "test-hooks"))]
+fn test_hook(_name: &str) -> Option<String> {
+    None
 }
 
 fn classify(e: EngineError) -> CopyError {
