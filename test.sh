@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them all: format, lints, unit,
-# integration and lab tests, and a short run of every fuzz target.
+# integration and lab tests, a check that a release build ignores the test
+# hooks, and a short run of every fuzz target.
+#
+# The tests run with the `test-hooks` feature (FEATURES below), which compiles
+# in the FATPIPE_TEST_* variables that make the binary misbehave on purpose
+# (corrupt a chunk, force the copy's adjuster); ordinary builds, release
+# included, leave them out.
 #
 # Lab tests need root (network namespaces, TUN devices). As root they run;
 # otherwise they skip with a message that says why. CI (CI=true) runs as root.
@@ -9,6 +15,8 @@
 #   FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips fuzzing)
 set -euo pipefail
 cd "$(dirname "$0")"
+
+FEATURES=(--features fatpipe/test-hooks)
 
 say() { printf '\n==> %s\n' "$*"; }
 
@@ -33,8 +41,9 @@ fi
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
-say "cargo clippy -D warnings"
+say "cargo clippy -D warnings (without and with the test hooks)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 
 # --- tests ----------------------------------------------------------------------
 
@@ -42,10 +51,22 @@ say "cargo test (unit and integration; lab tests apart)"
 # Tests whose name contains `lab_` measure time and throughput through an
 # emulated link. On 2 cores they must not share the CPU with the heavy
 # loopback tests, so they run afterwards, one at a time.
-cargo test --workspace --release --locked -- --skip lab_
+cargo test --workspace --release --locked "${FEATURES[@]}" -- --skip lab_
 
 say "cargo test: lab tests, one at a time"
-cargo test --workspace --release --locked -- lab_ --test-threads=1
+cargo test --workspace --release --locked "${FEATURES[@]}" -- lab_ --test-threads=1
+
+say "release build ignores the test hooks"
+# Built without the feature, as `cargo build --release` builds it: a copy
+# given every FATPIPE_TEST_* variable behaves as without them, and the
+# corruption hook's name is not even in the binary. (This leaves the
+# hook-free binary in target/release, as a release build would.)
+cargo test --release --locked -p fatpipe --test integration -- test_hooks_are_ignored
+cargo build --release --locked
+if grep -aq FATPIPE_TEST_CORRUPT_CHUNK target/release/fatpipe; then
+  echo "error: target/release/fatpipe knows FATPIPE_TEST_CORRUPT_CHUNK: the test-hooks feature leaked into a release build" >&2
+  exit 1
+fi
 
 # --- fuzzing --------------------------------------------------------------------
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}

@@ -19,7 +19,9 @@
 
 use std::time::Duration;
 
-use fatpipe_schema::tune::{AuditTarget, Finding, HostLimits, Observed, Severity};
+use fatpipe_schema::tune::{
+    AuditTarget, Finding, HostLimits, Observed, Severity, TargetSource, ValueSource,
+};
 use fatpipe_schema::units::{format_duration, format_rate};
 
 use crate::host::HostFacts;
@@ -66,13 +68,19 @@ pub struct Given {
 
 /// The target from flags alone (`fatpipe tune` without `--for`).
 pub fn target_from_flags(given: Given) -> (Target, AuditTarget) {
-    let source = |given: bool| if given { "flag" } else { "default" }.to_string();
+    let source = |given: bool| {
+        if given {
+            ValueSource::Flag
+        } else {
+            ValueSource::Default
+        }
+    };
     let target = Target {
         rate: given.rate.unwrap_or(DEFAULT_RATE),
         rtt: given.rtt.unwrap_or(DEFAULT_RTT),
     };
     let record = AuditTarget {
-        source: "flags".into(),
+        source: TargetSource::Flags,
         rate_source: source(given.rate.is_some()),
         rtt_source: source(given.rtt.is_some()),
         peer: None,
@@ -100,9 +108,9 @@ pub fn target_for(peer: &str, p: &Probed, given: Given) -> (Target, AuditTarget)
                 format_duration(rtt),
                 format_duration(p.rtt)
             ));
-            (rtt, "flag")
+            (rtt, ValueSource::Flag)
         }
-        None => (p.rtt.max(MIN_RTT), "probe"),
+        None => (p.rtt.max(MIN_RTT), ValueSource::Probe),
     };
     let probed = p.rate.filter(|r| r.is_finite() && *r >= 1.0);
     let (rate, rate_source) = match (given.rate, probed) {
@@ -115,7 +123,7 @@ pub fn target_for(peer: &str, p: &Probed, given: Given) -> (Target, AuditTarget)
                     format_rate(r)
                 ));
             }
-            (rate, "flag")
+            (rate, ValueSource::Flag)
         }
         (None, Some(r)) if !p.lower_bound => {
             if p.confidence.is_some_and(|c| c < 0.4) {
@@ -125,7 +133,7 @@ pub fn target_for(peer: &str, p: &Probed, given: Given) -> (Target, AuditTarget)
                     format_rate(r)
                 ));
             }
-            (r.round() as u64, "probe")
+            (r.round() as u64, ValueSource::Probe)
         }
         (None, Some(r)) if r.round() as u64 >= DEFAULT_RATE => {
             notes.push(format!(
@@ -133,7 +141,7 @@ pub fn target_for(peer: &str, p: &Probed, given: Given) -> (Target, AuditTarget)
                  auditing for it; give --rate if the path is faster",
                 format_rate(r)
             ));
-            (r.round() as u64, "probe")
+            (r.round() as u64, ValueSource::Probe)
         }
         (None, Some(r)) => {
             notes.push(format!(
@@ -142,7 +150,7 @@ pub fn target_for(peer: &str, p: &Probed, given: Given) -> (Target, AuditTarget)
                 format_rate(r),
                 format_rate(DEFAULT_RATE as f64)
             ));
-            (DEFAULT_RATE, "default")
+            (DEFAULT_RATE, ValueSource::Default)
         }
         (None, None) => {
             notes.push(format!(
@@ -150,13 +158,13 @@ pub fn target_for(peer: &str, p: &Probed, given: Given) -> (Target, AuditTarget)
                  --rate default {}; give --rate for the path's real rate",
                 format_rate(DEFAULT_RATE as f64)
             ));
-            (DEFAULT_RATE, "default")
+            (DEFAULT_RATE, ValueSource::Default)
         }
     };
     let record = AuditTarget {
-        source: "probe".into(),
-        rate_source: rate_source.into(),
-        rtt_source: rtt_source.into(),
+        source: TargetSource::Probe,
+        rate_source,
+        rtt_source,
         peer: Some(peer.to_string()),
         remote: Some(p.remote.clone()),
         probed_rtt_secs: Some(p.rtt.as_secs_f64()),
@@ -366,12 +374,12 @@ fn format_loss(p: f64) -> String {
 
 /// The line saying where the target came from, for the text output.
 pub fn describe_source(t: &AuditTarget) -> String {
-    let from = |s: &str| match s {
-        "probe" => "probed",
-        "flag" => "from the flag",
-        _ => "the default",
+    let from = |s: ValueSource| match s {
+        ValueSource::Probe => "probed",
+        ValueSource::Flag => "from the flag",
+        ValueSource::Default => "the default",
     };
-    let mut line = format!("rtt {}, rate {}", from(&t.rtt_source), from(&t.rate_source));
+    let mut line = format!("rtt {}, rate {}", from(t.rtt_source), from(t.rate_source));
     if let Some(m) = t.mtu {
         line.push_str(&format!(", path MTU {m} B"));
     }
@@ -534,7 +542,7 @@ mod tests {
                 (rate_src, rtt_src),
                 "case {i}"
             );
-            assert_eq!(rec.source, "probe");
+            assert_eq!(rec.source, TargetSource::Probe);
             assert_eq!(rec.peer.as_deref(), Some("peer"));
             assert_eq!(rec.mtu, Some(1500));
             assert_eq!(rec.loss_rate, Some(0.0));

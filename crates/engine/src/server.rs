@@ -160,6 +160,9 @@ pub struct ServerBuilder {
 pub const DEFAULT_PREAUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default cap on concurrent sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 1000;
+/// The port a server listens on, and clients dial, unless told otherwise:
+/// one port for every service (sessions name theirs when they open).
+pub const DEFAULT_PORT: u16 = 5301;
 
 impl Default for ServerBuilder {
     fn default() -> Self {

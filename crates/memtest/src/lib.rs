@@ -1642,17 +1642,8 @@ fn start_info(
         timestamp,
         server: plan.server.clone(),
         server_addr: session.peer_addr().to_string(),
-        protocol: match p.protocol {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        }
-        .into(),
-        direction: match p.direction {
-            Direction::Up => "up",
-            Direction::Down => "down",
-            Direction::Both => "both",
-        }
-        .into(),
+        protocol: p.protocol,
+        direction: p.direction,
         streams: p.streams,
         duration_s: if p.bytes.is_some() {
             0.0

@@ -38,27 +38,14 @@ pub const MAX_UDP_LENGTH: u32 = 65_507;
 /// Largest TCP write size.
 pub const MAX_TCP_LENGTH: u32 = 16 << 20;
 
-/// Transport under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    /// One TCP connection per stream.
-    Tcp,
-    /// One UDP flow per stream, paced at a bitrate.
-    Udp,
-}
-
-/// Who sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Direction {
-    /// Client sends, server receives (the default).
-    Up,
-    /// Server sends (`-R`).
-    Down,
-    /// Both at once (`--bidir`): streams `0..n` up, `n..2n` down.
-    Both,
-}
+/// Transport under test: the result schema's type, so a request and the
+/// [`TestStart`](fatpipe_schema::test::TestStart) it leads to say it with
+/// the same JSON text (`"tcp"`, `"udp"`).
+pub use fatpipe_schema::test::Protocol;
+/// Who sends: the result schema's [`TestDirection`](fatpipe_schema::test::TestDirection)
+/// (`"up"`, `"down"`, `"both"`), named `Direction` here as the messages
+/// always have.
+pub use fatpipe_schema::test::TestDirection as Direction;
 
 /// What the client asks for, carried in `Open`'s params.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -245,6 +232,9 @@ impl AddStreams {
 }
 
 /// Which way a stream carries data, seen from the end that reports it.
+/// Not the schema's stream [`Direction`](fatpipe_schema::test::Direction)
+/// (up or down, seen from the client): a server's sample says what the
+/// server did, and the client turns it into up or down when it merges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -545,6 +535,15 @@ mod tests {
             length: 128 * 1024,
             bitrate: 0,
         }
+    }
+
+    #[test]
+    fn params_keep_their_json_text() {
+        let text = String::from_utf8(params().encode()).unwrap();
+        assert!(
+            text.starts_with("{\"protocol\":\"tcp\",\"streams\":4,\"direction\":\"both\","),
+            "{text}"
+        );
     }
 
     #[test]

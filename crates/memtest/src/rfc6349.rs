@@ -37,7 +37,7 @@
 use std::net::SocketAddr;
 
 use fatpipe_engine::ClientOptions;
-use fatpipe_schema::test::{Direction, Rfc6349, TestInterval, TestReport};
+use fatpipe_schema::test::{Direction, Protocol, Rfc6349, TestDirection, TestInterval, TestReport};
 use fatpipe_schema::units::format_rate;
 
 use fatpipe_probe::{self as probe, ProbeConfig, ProbeError, ProbeOutcome};
@@ -188,20 +188,20 @@ pub fn mean_rtt_us(intervals: &[TestInterval], dir: Direction) -> Option<f64> {
 /// The RFC 6349 metrics of a TCP test. `baseline` is the probe's finding
 /// or why there is none. `None` for a UDP test or one with no totals.
 pub fn assess(baseline: &Result<Baseline, String>, r: &TestReport) -> Option<Rfc6349> {
-    if r.start.protocol != "tcp" {
+    if r.start.protocol != Protocol::Tcp {
         return None;
     }
     let mut notes = Vec::new();
     let mut unavailable = Vec::new();
     // One direction: the probe times client-to-server trains.
-    let dir = if r.start.direction == "down" {
+    let dir = if r.start.direction == TestDirection::Down {
         notes.push(
             "the probe measures the client-to-server rate; it is taken as the server-to-client bottleneck"
                 .into(),
         );
         Direction::Down
     } else {
-        if r.start.direction == "both" {
+        if r.start.direction == TestDirection::Both {
             notes.push("bidirectional test: the client-to-server direction is assessed".into());
         }
         Direction::Up
@@ -503,8 +503,8 @@ mod tests {
                 timestamp: 0.0,
                 server: "h".into(),
                 server_addr: "10.0.0.2:5301".into(),
-                protocol: "tcp".into(),
-                direction: "up".into(),
+                protocol: Protocol::Tcp,
+                direction: TestDirection::Up,
                 streams: 1,
                 duration_s: seconds,
                 bytes: None,
@@ -645,11 +645,11 @@ mod tests {
     #[test]
     fn udp_and_reverse() {
         let mut udp = report(1, 1.0, 0, 1);
-        udp.start.protocol = "udp".into();
+        udp.start.protocol = Protocol::Udp;
         assert_eq!(assess(&Ok(lab_baseline()), &udp), None);
         // Reverse: the down sum and the server's MSS.
         let mut rev = report(1_000_000, 1.0, 0, 40_000);
-        rev.start.direction = "down".into();
+        rev.start.direction = TestDirection::Down;
         assert_eq!(assess(&Ok(lab_baseline()), &rev), None, "no down sum");
         rev.end.sums[0].direction = Some(Direction::Down);
         rev.intervals[0].streams[0].direction = Some(Direction::Down);

@@ -18,6 +18,10 @@ pub const COPY_SCHEMA: &str = "fatpipe.copy";
 pub const COPY_SCHEMA_VERSION: u32 = 1;
 
 /// Which way the files went, seen from the client.
+///
+/// The copy protocol has its own push/pull (`fatpipe_transfer::wire::Direction`,
+/// a byte on the wire of a crate that depends on no result types); this is
+/// the report's JSON text, `"push"` or `"pull"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CopyDirection {

@@ -12,6 +12,8 @@
 //! [`TEST_SCHEMA_VERSION`] on any change that breaks a reader; adding an
 //! optional field does not.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 /// Names this schema in every report.
@@ -34,14 +36,90 @@ pub struct TestReport {
     pub end: TestEnd,
 }
 
-/// Which way data flows on a stream.
+/// Transport under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// One TCP connection per stream (`"tcp"`).
+    Tcp,
+    /// One UDP flow per stream, paced at a bitrate (`"udp"`).
+    Udp,
+}
+
+/// Which way a whole test sends: the `test` service's request
+/// (`fatpipe_memtest::msg::TestParams`) and [`TestStart::direction`] share
+/// this one type, so the JSON text is the same on the wire and in results.
+///
+/// Not [`Direction`]: a test may send both ways at once, a stream only one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TestDirection {
+    /// Client sends, server receives (the default; `"up"`).
+    Up,
+    /// Server sends (`-R`; `"down"`).
+    Down,
+    /// Both at once (`--bidir`; `"both"`): streams `0..n` up, `n..2n` down.
+    Both,
+}
+
+/// Which way data flows on one stream (or one direction's sum), seen from
+/// the client. Not [`TestDirection`]: a stream cannot go both ways.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
-    /// Client to server.
+    /// Client to server (`"up"`).
     Up,
-    /// Server to client.
+    /// Server to client (`"down"`).
     Down,
+}
+
+impl Protocol {
+    /// The JSON text: `"tcp"` or `"udp"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+impl TestDirection {
+    /// The JSON text: `"up"`, `"down"` or `"both"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TestDirection::Up => "up",
+            TestDirection::Down => "down",
+            TestDirection::Both => "both",
+        }
+    }
+}
+
+impl Direction {
+    /// The JSON text: `"up"` or `"down"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Up => "up",
+            Direction::Down => "down",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for TestDirection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What was asked for, and what the hosts granted.
@@ -53,10 +131,10 @@ pub struct TestStart {
     pub server: String,
     /// The server's address actually used.
     pub server_addr: String,
-    /// "tcp" or "udp".
-    pub protocol: String,
-    /// "up", "down" (reverse) or "both" (bidirectional).
-    pub direction: String,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// Up, down (reverse) or both (bidirectional).
+    pub direction: TestDirection,
     /// Streams per direction.
     pub streams: u32,
     /// Measured time asked for, seconds (0 with a byte count).
@@ -277,6 +355,39 @@ pub enum TestStreamLine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Serializes `v`, checks its JSON text is `text` and that `Display`
+    /// prints the same without quotes, and that it reads back.
+    fn pins<T>(v: T, text: &str)
+    where
+        T: Serialize + for<'de> Deserialize<'de> + fmt::Display + PartialEq + fmt::Debug,
+    {
+        assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{text}\""));
+        assert_eq!(v.to_string(), text);
+        let back: T = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn protocol_json_text() {
+        pins(Protocol::Tcp, "tcp");
+        pins(Protocol::Udp, "udp");
+        assert!(serde_json::from_str::<Protocol>("\"TCP\"").is_err());
+    }
+
+    #[test]
+    fn test_direction_json_text() {
+        pins(TestDirection::Up, "up");
+        pins(TestDirection::Down, "down");
+        pins(TestDirection::Both, "both");
+    }
+
+    #[test]
+    fn stream_direction_json_text() {
+        pins(Direction::Up, "up");
+        pins(Direction::Down, "down");
+        assert!(serde_json::from_str::<Direction>("\"both\"").is_err());
+    }
 
     #[test]
     fn stream_lines_are_tagged() {

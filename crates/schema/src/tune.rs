@@ -10,6 +10,8 @@
 //! Rates are bits per second and sizes bytes, as plain integers, so machines
 //! never parse "941 Mbit/s"; durations are seconds as `f64`.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 /// What is known about the network path before data flows (from `fatpipe
@@ -261,12 +263,12 @@ pub struct Audit {
 pub struct AuditTarget {
     /// `"probe"` when `--for HOST` probed a peer (parts may still come
     /// from flags: see `rate_source`, `rtt_source`); `"flags"` otherwise.
-    pub source: String,
+    pub source: TargetSource,
     /// Where `target_rate` came from: `"probe"`, `"flag"` (`--rate`) or
     /// `"default"` (the `--rate` default, 10 Gbit/s).
-    pub rate_source: String,
+    pub rate_source: ValueSource,
     /// Where `target_rtt_secs` came from: `"probe"`, `"flag"` or `"default"`.
-    pub rtt_source: String,
+    pub rtt_source: ValueSource,
     /// The peer as the user wrote it (`--for`).
     pub peer: Option<String>,
     /// The address probed (`IP:PORT` of the control connection).
@@ -292,6 +294,81 @@ pub struct AuditTarget {
     pub notes: Vec<String>,
 }
 
+/// How the audit's target as a whole was found ([`AuditTarget::source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetSource {
+    /// `--for HOST` probed a peer (`"probe"`).
+    Probe,
+    /// Only flags and their defaults (`"flags"`).
+    Flags,
+}
+
+/// Where one target value came from ([`AuditTarget::rate_source`],
+/// [`AuditTarget::rtt_source`]). Not [`TargetSource`]: a single value may
+/// also be a default, and its flag is named in the singular.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueSource {
+    /// Measured by the probe (`"probe"`).
+    Probe,
+    /// Given as a flag, which wins over the probe (`"flag"`).
+    Flag,
+    /// The flag's default (`"default"`).
+    Default,
+}
+
+impl Severity {
+    /// The JSON text: `"ok"`, `"info"`, `"warn"` or `"critical"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Ok => "ok",
+            Severity::Info => "info",
+            Severity::Warn => "warn",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+impl TargetSource {
+    /// The JSON text: `"probe"` or `"flags"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetSource::Probe => "probe",
+            TargetSource::Flags => "flags",
+        }
+    }
+}
+
+impl ValueSource {
+    /// The JSON text: `"probe"`, `"flag"` or `"default"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ValueSource::Probe => "probe",
+            ValueSource::Flag => "flag",
+            ValueSource::Default => "default",
+        }
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for TargetSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for ValueSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The peer's side of `fatpipe tune --for HOST`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PeerAudit {
@@ -302,4 +379,42 @@ pub struct PeerAudit {
     /// One finding per limit (area `"peer"`); a limit the peer could not
     /// report is `unknown` with its reason.
     pub findings: Vec<Finding>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serializes `v`, checks its JSON text is `text` and that `Display`
+    /// prints the same without quotes, and that it reads back.
+    fn pins<T>(v: T, text: &str)
+    where
+        T: Serialize + for<'de> Deserialize<'de> + fmt::Display + PartialEq + fmt::Debug,
+    {
+        assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{text}\""));
+        assert_eq!(v.to_string(), text);
+        let back: T = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn severity_json_text() {
+        pins(Severity::Ok, "ok");
+        pins(Severity::Info, "info");
+        pins(Severity::Warn, "warn");
+        pins(Severity::Critical, "critical");
+    }
+
+    #[test]
+    fn target_source_json_text() {
+        pins(TargetSource::Probe, "probe");
+        pins(TargetSource::Flags, "flags");
+    }
+
+    #[test]
+    fn value_source_json_text() {
+        pins(ValueSource::Probe, "probe");
+        pins(ValueSource::Flag, "flag");
+        pins(ValueSource::Default, "default");
+    }
 }

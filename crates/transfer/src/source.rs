@@ -16,7 +16,8 @@
 //!
 //! A test hook, `FATPIPE_TEST_CORRUPT_CHUNK=n`, flips one bit of the n-th
 //! data chunk on the wire (after its digest was computed), so tests can show
-//! that the receiver detects it and the chunk is sent again.
+//! that the receiver detects it and the chunk is sent again. It is read only
+//! in builds with the `test-hooks` feature; others ignore the variable.
 
 use std::collections::HashSet;
 use std::io::{self, BufWriter, Write};
@@ -53,10 +54,17 @@ pub struct SourceOptions {
 
 impl SourceOptions {
     /// Reads the corruption test hook from the environment.
+    #[cfg(feature = "test-hooks")]
     pub fn corrupt_from_env() -> Option<u64> {
         std::env::var("FATPIPE_TEST_CORRUPT_CHUNK")
             .ok()
             .and_then(|v| v.parse().ok())
+    }
+
+    /// Without the `test-hooks` feature there is no corruption hook.
+    #[cfg(not(feature = "test-hooks"))]
+    pub fn corrupt_from_env() -> Option<u64> {
+        None
     }
 }
 

@@ -80,6 +80,12 @@ pub enum WireError {
 }
 
 /// Which way files move, seen from the client.
+///
+/// Means what `fatpipe_schema::copy::CopyDirection` means, but is kept
+/// apart on purpose: this one is a byte of the binary copy protocol, coded
+/// by this module, and `transfer` depends on no result types (only on
+/// `sys`); the schema's is the JSON report's `"push"`/`"pull"`. The binary
+/// maps one onto the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
     /// Client sends, server stores.

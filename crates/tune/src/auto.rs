@@ -29,6 +29,11 @@ use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_probe::{self as probe, ProbeConfig, ProbeError, ProbeOutcome};
 
 /// Which way data will flow, seen from this end.
+///
+/// Not the test's [`TestDirection`](fatpipe_schema::test::TestDirection)
+/// nor the copy's push/pull: the pre-flight serves both commands and needs
+/// only to know which end sends, so each command maps its own direction
+/// onto this (up or push: `Sender`; down or pull: `Receiver`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// This end sends (a test or a push).

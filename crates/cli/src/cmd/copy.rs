@@ -17,13 +17,14 @@
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::{ClientSession, EngineError, ServerSession, Service, ServiceResult};
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION,
@@ -37,8 +38,6 @@ use fatpipe_transfer::wire::{Direction, SocketTuning};
 use fatpipe_transfer::Progress;
 use fatpipe_tune::{auto, AdjustConfig, Adjuster, Sample};
 
-/// The port `fatpipe server` listens on unless told otherwise.
-const DEFAULT_PORT: u16 = 5301;
 /// Streams without auto-tuning and without `-P`.
 const DEFAULT_STREAMS: u16 = 4;
 /// The most streams the in-flight adjuster may grow a copy to.
@@ -292,7 +291,7 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
 /// Runs `fatpipe copy`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = plan(&args)?;
-    let addr = resolve(&plan.host, plan.port)?;
+    let addr = super::common::resolve(&plan.host, plan.port)?;
     let key = match &args.key_file {
         Some(path) => {
             Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
@@ -747,7 +746,7 @@ impl Tuning {
         if let Some(cap) = bwlimit {
             facts.bottleneck_rate = Some(facts.bottleneck_rate.map_or(cap, |r| r.min(cap)));
         }
-        let force_add = std::env::var(TEST_ADD_ENV).ok().and_then(|v| {
+        let force_add = test_hook(TEST_ADD_ENV).and_then(|v| {
             let (n, k) = v.split_once('@')?;
             Some((n.trim().parse().ok()?, k.trim().parse().ok()?))
         });
@@ -922,7 +921,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn env_number(name: &str) -> Option<u32> {
-    std::env::var(name).ok()?.trim().parse().ok()
+    test_hook(name)?.trim().parse().ok()
+}
+
+/// A test hook's value: read only with the `test-hooks` feature, so that
+/// ordinary builds ignore the FATPIPE_TEST_COPY_* variables.
+#[cfg(feature = "test-hooks")]
+fn test_hook(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Without the `test-hooks` feature no test hook is set.
+#[cfg(not(feature = "test-hooks"))]
+fn test_hook(_name: &str) -> Option<String> {
+    None
 }
 
 fn classify(e: EngineError) -> CopyError {
@@ -933,14 +945,6 @@ fn classify(e: EngineError) -> CopyError {
         EngineError::Io { .. } | EngineError::Timeout(_) => CopyError::Network(e.to_string()),
         other => CopyError::Failed(other.to_string()),
     }
-}
-
-fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| crate::exit::usage(format!("cannot resolve '{host}': {e}")))?
-        .next()
-        .ok_or_else(|| crate::exit::usage(format!("'{host}' has no address")))
 }
 
 fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyReport {

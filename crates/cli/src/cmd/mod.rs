@@ -1,5 +1,6 @@
 //! One module per subcommand; each owns its `Args` and a `run` function.
 
+pub mod common;
 pub mod copy;
 pub mod demo;
 pub mod lab;

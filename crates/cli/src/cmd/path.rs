@@ -19,7 +19,7 @@ use fatpipe_schema::path::PathReport;
 use fatpipe_schema::units;
 use fatpipe_tune::Policy;
 
-use super::test::DEFAULT_PORT;
+use fatpipe_engine::server::DEFAULT_PORT;
 
 /// Most echoes `--count` accepts.
 const MAX_COUNT: u32 = 10_000;
@@ -89,7 +89,7 @@ pub(crate) fn probe_host(
     trains: u32,
     reverse: bool,
 ) -> anyhow::Result<probe::ProbeOutcome> {
-    let addr = super::test::resolve(host, port)?;
+    let addr = super::common::resolve(host, port)?;
     let key = match key_file {
         Some(path) => {
             Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
@@ -216,7 +216,7 @@ fn classify(e: ProbeError, host: &str) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test::resolve;
+    use super::super::common::resolve;
     use super::*;
 
     fn addr() -> SocketAddr {

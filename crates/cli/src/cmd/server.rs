@@ -10,11 +10,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::Server;
 use fatpipe_memtest::TestService;
 use fatpipe_schema::units;
-
-use super::test::DEFAULT_PORT;
 
 /// Arguments of `fatpipe server`.
 #[derive(Debug, clap::Args)]

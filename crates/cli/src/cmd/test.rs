@@ -10,10 +10,11 @@
 //! one JSON object per line (`--json-stream`) for machines.
 
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_memtest::msg::{Direction, Protocol, TestParams, MAX_STREAMS};
 use fatpipe_memtest::rfc6349;
@@ -25,9 +26,6 @@ use fatpipe_schema::tune::{Action, AutoTune, Decision};
 use fatpipe_schema::units;
 use fatpipe_tune::adjust::{AdjustConfig, Adjuster, Sample};
 use fatpipe_tune::auto;
-
-/// The port `fatpipe server` listens on unless told otherwise.
-pub const DEFAULT_PORT: u16 = 5301;
 
 /// Arguments of `fatpipe test`.
 #[derive(Debug, clap::Args)]
@@ -108,7 +106,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut params = plan(&args)?;
     fatpipe_engine::raise_fd_limit();
-    let addr = resolve(&args.host, args.port)?;
+    let addr = super::common::resolve(&args.host, args.port)?;
     let key = match &args.key_file {
         Some(path) => {
             Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
@@ -537,39 +535,6 @@ fn round_up(v: u64, step: u64) -> u64 {
     }
 }
 
-/// Resolves `host`, `host:port`, `[v6]:port` or a bare IPv6 address.
-pub(crate) fn resolve(host: &str, default_port: u16) -> anyhow::Result<SocketAddr> {
-    let (name, port) = split_host(host, default_port)
-        .ok_or_else(|| crate::exit::usage(format!("cannot read '{host}' as HOST[:PORT]")))?;
-    (name.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| crate::exit::usage(format!("cannot resolve '{name}': {e}")))?
-        .next()
-        .ok_or_else(|| crate::exit::usage(format!("'{name}' has no address")))
-}
-
-/// Splits the host and port; `None` if the text is malformed.
-fn split_host(host: &str, default_port: u16) -> Option<(String, u16)> {
-    if let Some(rest) = host.strip_prefix('[') {
-        let (ip, after) = rest.split_once(']')?;
-        let port = match after {
-            "" => default_port,
-            p => p.strip_prefix(':')?.parse().ok()?,
-        };
-        return Some((ip.to_string(), port));
-    }
-    match host.matches(':').count() {
-        0 => (!host.is_empty()).then(|| (host.to_string(), default_port)),
-        1 => {
-            let (h, p) = host.split_once(':')?;
-            (!h.is_empty()).then_some(())?;
-            Some((h.to_string(), p.parse().ok()?))
-        }
-        // A bare IPv6 address.
-        _ => Some((host.to_string(), default_port)),
-    }
-}
-
 /// Auth failures are the user's to fix (exit 2); the rest is exit 1.
 fn classify(e: EngineError, plan: &TestPlan) -> anyhow::Error {
     if e.is_auth() {
@@ -586,10 +551,10 @@ fn json_line(out: &mut impl Write, line: &TestStreamLine) -> std::io::Result<()>
 }
 
 fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
-    let dir = match s.direction.as_str() {
-        "down" => "reverse (server sends)",
-        "both" => "bidirectional",
-        _ => "client sends",
+    let dir = match s.direction {
+        Direction::Down => "reverse (server sends)",
+        Direction::Both => "bidirectional",
+        Direction::Up => "client sends",
     };
     let what = if s.bytes.is_some() {
         format!(
@@ -608,7 +573,7 @@ fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
         out,
         "Connected to {server}: {} x {}, {dir}, {what}",
         s.streams,
-        s.protocol.to_uppercase()
+        s.protocol.as_str().to_uppercase()
     )?;
     if let Some(first) = s.local.first() {
         let remote = s.remote.first();
@@ -624,8 +589,8 @@ fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
                 units::format_bytes_iec(r.rcvbuf)
             );
         }
-        if s.protocol == "tcp" {
-            let sender = if s.direction == "down" {
+        if s.protocol == Protocol::Tcp {
+            let sender = if s.direction == Direction::Down {
                 remote.unwrap_or(first)
             } else {
                 first
@@ -1083,22 +1048,5 @@ mod tests {
         assert!(text.contains("not computed: transfer_time_ratio: lower bound"));
         assert!(text.contains("TCP efficiency          100.000%"), "{text}");
         assert!(text.contains("buffer delay            25.0% (average RTT 50.0 ms)"));
-    }
-
-    #[test]
-    fn host_forms() {
-        assert_eq!(split_host("h", 5301), Some(("h".into(), 5301)));
-        assert_eq!(split_host("h:80", 5301), Some(("h".into(), 80)));
-        assert_eq!(split_host("[::1]:80", 5301), Some(("::1".into(), 80)));
-        assert_eq!(split_host("[::1]", 5301), Some(("::1".into(), 5301)));
-        assert_eq!(split_host("::1", 5301), Some(("::1".into(), 5301)));
-        assert_eq!(split_host("h:x", 5301), None);
-        assert_eq!(split_host("[::1]x", 5301), None);
-        assert_eq!(split_host(":80", 5301), None);
-        assert_eq!(resolve("127.0.0.1:9", 1).unwrap().port(), 9);
-        assert_eq!(
-            resolve("[::1]:7", 1).unwrap(),
-            "[::1]:7".parse::<SocketAddr>().unwrap()
-        );
     }
 }

@@ -27,7 +27,10 @@ use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_audit::peer::{self, Given};
 use fatpipe_audit::rules::{audit, linux_settings, Target};
 use fatpipe_audit::{apply, disk, emit};
-use fatpipe_schema::tune::{Audit, AuditTarget, Finding, Observed, PathFacts, PeerAudit, Severity};
+use fatpipe_engine::server::DEFAULT_PORT;
+use fatpipe_schema::tune::{
+    Audit, AuditTarget, Finding, Observed, PathFacts, PeerAudit, Severity, ValueSource,
+};
 use fatpipe_schema::units::{parse_duration, parse_rate, parse_size};
 use fatpipe_tune::{plan, Policy};
 
@@ -49,7 +52,7 @@ pub struct Args {
     #[arg(long = "for", value_name = "HOST[:PORT]", conflicts_with = "revert")]
     for_host: Option<String>,
     /// Server port for --for when HOST has none.
-    #[arg(short = 'p', long, default_value_t = super::test::DEFAULT_PORT, requires = "for_host")]
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT, requires = "for_host")]
     port: u16,
     /// Pre-shared key file for --for (must match the server's).
     #[arg(long, value_name = "FILE", requires = "for_host")]
@@ -188,7 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(p) = planned
         .as_mut()
-        .filter(|_| record.rate_lower_bound && record.rate_source == "probe")
+        .filter(|_| record.rate_lower_bound && record.rate_source == ValueSource::Probe)
     {
         fatpipe_tune::auto::unpace(p);
     }

@@ -214,6 +214,7 @@ fn lab_auto_fills_1gbit_93ms() {
 }
 
 /// Writes `len` bytes that neither compress nor repeat.
+#[cfg(feature = "test-hooks")]
 fn random_file(path: &std::path::Path, len: usize, seed: u64) {
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
@@ -234,6 +235,9 @@ fn random_file(path: &std::path::Path, len: usize, seed: u64) {
     f.flush().expect("flush");
 }
 
+// Forces the adjuster through FATPIPE_TEST_COPY_*: needs the `test-hooks`
+// feature (test.sh turns it on).
+#[cfg(feature = "test-hooks")]
 #[test]
 fn copy_adds_streams_in_flight_and_records_the_decision() {
     let dir = setup();
@@ -293,6 +297,7 @@ fn copy_adds_streams_in_flight_and_records_the_decision() {
     assert!(!err.contains("auto:"), "{err}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn lab_copy_adds_streams_on_a_lossy_long_link() {
     if !util::need_root("lab_copy_adds_streams_on_a_lossy_long_link") {

@@ -318,6 +318,9 @@ fn resume_after_sigkill_of_the_server() {
     assert_same_tree(&src, &exp);
 }
 
+// The hook exists only in builds with the `test-hooks` feature (test.sh
+// turns it on); without it the next test shows the variable is ignored.
+#[cfg(feature = "test-hooks")]
 #[test]
 fn corrupted_chunk_is_detected_and_resent() {
     let dir = util::setup();
@@ -350,6 +353,46 @@ fn corrupted_chunk_is_detected_and_resent() {
     );
     assert_exit(&out, 0);
     assert_eq!(json(&out)["chunks_resent"], 1);
+    assert_same_tree(&src, &back);
+}
+
+/// What `cargo build --release` makes: the test hooks are not compiled in,
+/// so a server and a client given them copy as usual, auto-tuning included.
+#[cfg(not(feature = "test-hooks"))]
+#[test]
+fn test_hooks_are_ignored_without_the_feature() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("f.bin"), 10 << 20, 3);
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server_on(
+        &dir,
+        &[export("data", &exp)],
+        0,
+        &[("FATPIPE_TEST_CORRUPT_CHUNK", "4")],
+    );
+    let hooked = |c: &mut Command| {
+        c.env("FATPIPE_TEST_CORRUPT_CHUNK", "2")
+            .env("FATPIPE_TEST_COPY_STREAMS", "1")
+            .env("FATPIPE_TEST_COPY_ADD", "3@1")
+            .args(["--json", "--chunk-size", "1M"]);
+    };
+    let mut push = srv.copy(&dir);
+    hooked(&mut push);
+    let out = util::run(push.arg(src.join("f.bin")).arg("127.0.0.1:data/"));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["chunks_resent"], 0, "{j}");
+    assert!(!j.to_string().contains("FATPIPE_TEST_"), "{j}");
+    assert!(!j.to_string().contains("test hook"), "{j}");
+    assert_same_tree(&src, &exp);
+    let back = mkdir(&dir.path().join("back"));
+    let mut pull = srv.copy(&dir);
+    hooked(&mut pull);
+    let out = util::run(pull.arg("127.0.0.1:data/f.bin").arg(&back));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["chunks_resent"], 0, "{j}");
     assert_same_tree(&src, &back);
 }
 

@@ -9,7 +9,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fatpipe_schema::test::{Direction, TestReport, TestStreamLine, TEST_SCHEMA_VERSION};
+use fatpipe_schema::test::{
+    Direction, Protocol, TestDirection, TestReport, TestStreamLine, TEST_SCHEMA_VERSION,
+};
 
 use crate::util::{assert_exit, run, setup, spawn_server, Dir, Guard};
 
@@ -50,8 +52,8 @@ fn tcp_upload_reports_receiver_throughput_and_tcp_info() {
     // One stream, kernel buffers: what this test pins (auto-tuning has its
     // own tests and would choose per host).
     let r = json_test(&dir, port, &["-t", "1", "-i", "0.5", "--no-auto"]);
-    assert_eq!(r.start.protocol, "tcp");
-    assert_eq!(r.start.direction, "up");
+    assert_eq!(r.start.protocol, Protocol::Tcp);
+    assert_eq!(r.start.direction, TestDirection::Up);
     assert!(r.intervals.len() >= 2, "{:?}", r.intervals.len());
     let sum = &r.end.sums[0];
     assert_eq!(sum.direction, Some(Direction::Up));
@@ -72,7 +74,7 @@ fn reverse_and_byte_count() {
     let dir = setup();
     let (_srv, port) = server(&dir, &[]);
     let r = json_test(&dir, port, &["-R", "-n", "50M", "-P", "2"]);
-    assert_eq!(r.start.direction, "down");
+    assert_eq!(r.start.direction, TestDirection::Down);
     let sum = &r.end.sums[0];
     assert_eq!(sum.direction, Some(Direction::Down));
     // -n is exact: what the sender wrote, and all of it arrived.

@@ -8,6 +8,8 @@
 
 use std::path::PathBuf;
 
+use fatpipe_schema::tune::{TargetSource, ValueSource};
+
 use crate::util::{assert_exit, need_root, run, setup, spawn_server};
 
 fn stdout(out: &std::process::Output) -> String {
@@ -230,10 +232,10 @@ fn for_a_loopback_server_audits_the_probed_path_and_the_peer() {
     let host = format!("127.0.0.1:{port}");
     let a = audit_json(&run(dir.cmd().args(["tune", "--for", &host, "--json"])));
     let t = a.target.as_ref().expect("a target record");
-    assert_eq!(t.source, "probe");
+    assert_eq!(t.source, TargetSource::Probe);
     assert_eq!(t.peer.as_deref(), Some(host.as_str()));
     assert_eq!(t.remote.as_deref(), Some(host.as_str()));
-    assert_eq!(t.rtt_source, "probe");
+    assert_eq!(t.rtt_source, ValueSource::Probe);
     let rtt = t.probed_rtt_secs.expect("a probed RTT");
     assert!(rtt < 0.005, "loopback RTT {rtt}");
     assert!((a.target_rtt_secs - rtt.max(1e-6)).abs() < 1e-9, "{a:?}");
