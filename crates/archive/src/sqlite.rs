@@ -38,6 +38,14 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// Page size of a new archive file. A run's document is 5–50 KB of JSON;
+/// with SQLite's default 4 KB pages each row spills over a chain of
+/// overflow pages, and every page is a separate write to the WAL and again
+/// at checkpoint. 16 KB pages hold most of a row in one or two, which
+/// (measured with bench/archive.sh) cuts the system time of writing a
+/// result about in half.
+const PAGE_SIZE: u32 = 16384;
+
 /// An open SQLite archive.
 pub struct SqliteStore {
     conn: Connection,
@@ -63,6 +71,9 @@ impl SqliteStore {
         let conn = Connection::open(path).map_err(ArchiveError::sqlite("open"))?;
         conn.busy_timeout(Duration::from_secs(10))
             .map_err(ArchiveError::sqlite("set busy timeout"))?;
+        // Only takes effect while the file is still empty.
+        conn.pragma_update(None, "page_size", PAGE_SIZE)
+            .map_err(ArchiveError::sqlite("set page size"))?;
         conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
             .map_err(ArchiveError::sqlite("switch to WAL"))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
