@@ -11,8 +11,16 @@
 # Lab tests need root (network namespaces, TUN devices). As root they run;
 # otherwise they skip with a message that says why. CI (CI=true) runs as root.
 #
+# The archive's PostgreSQL tests need a server: as root this script starts a
+# private one (scripts/pg-test-server.sh: 127.0.0.1 only, its own port and
+# directory, run as the postgres user) and stops it on exit; otherwise they
+# skip with a message, unless FATPIPE_TEST_POSTGRES already names a server.
+#
 # Environment:
 #   FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips fuzzing)
+#   FATPIPE_TEST_POSTGRES  postgres:// URL of a server to test the archive
+#                 against instead of starting one
+#   PG_TEST_PORT  port of the private PostgreSQL (default 54329)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -21,7 +29,7 @@ FEATURES=(--features fatpipe/test-hooks)
 say() { printf '\n==> %s\n' "$*"; }
 
 # --- what the tests need -----------------------------------------------------
-APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool)
+APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -36,6 +44,22 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "note: not root, cannot install ${missing[*]}; tests that need them will skip"
   fi
 fi
+
+# --- archive: a private PostgreSQL for the archive tests (begin) ----------------
+# Started before the cargo steps, stopped (pg_ctl stop, by its PID file) and
+# its directory removed on exit, whatever the outcome.
+if [ -z "${FATPIPE_TEST_POSTGRES:-}" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    pg_test_dir=$(mktemp -d /tmp/fatpipe-pg.XXXXXX)
+    trap 'scripts/pg-test-server.sh stop "$pg_test_dir"' EXIT
+    say "starting a private PostgreSQL on 127.0.0.1:${PG_TEST_PORT:-54329}"
+    FATPIPE_TEST_POSTGRES=$(scripts/pg-test-server.sh start "$pg_test_dir" "${PG_TEST_PORT:-54329}")
+    export FATPIPE_TEST_POSTGRES
+  else
+    echo "note: not root, no private PostgreSQL; the archive's PostgreSQL tests will skip"
+  fi
+fi
+# --- archive (end) ---------------------------------------------------------------
 
 # --- static checks -------------------------------------------------------------
 say "cargo fmt --check"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# bench/archive.sh: how fast the archive stores and summarises results.
+#
+# Writes RUNS (default 100,000) synthetic `fatpipe test` results (a full
+# 4-stream, 10-interval result document each, ~16 KB of JSON) to a fresh
+# archive in batches of 1,000, then builds the per-cell report over all of
+# them (query, group by cell, statistics, text table). Repeats REPS times
+# (default 3), alternating SQLite and PostgreSQL, and prints the medians
+# against issue 13's targets: >= 5,000 results/s written to SQLite, a report
+# over 100,000 results in <= 2 s.
+#
+# PostgreSQL is benchmarked when FATPIPE_TEST_POSTGRES names a server (each
+# run uses a fresh schema, dropped after); as root without it, a private
+# server is started with scripts/pg-test-server.sh on 127.0.0.1:54331 and
+# stopped at the end. Otherwise its column prints n/a.
+#
+# `per CPU s` is the rate per second of the bench process's own CPU time:
+# on a machine shared with other work the wall-clock rate is the
+# neighbours' as much as ours, the CPU rate is not.
+#
+# Environment: RUNS, REPS, BATCH, KEEP=1 (keep the raw outputs).
+set -euo pipefail
+BENCH=archive
+. "$(dirname "$0")/lib.sh"
+
+RUNS=${RUNS:-100000}
+REPS=${REPS:-3}
+BATCH=${BATCH:-1000}
+work=$(mktemp -d /tmp/fatpipe-bench-archive.XXXXXX)
+pg_dir=
+cleanup() {
+    [ -n "$pg_dir" ] && "$BENCH_ROOT/scripts/pg-test-server.sh" stop "$pg_dir"
+    drop_work
+}
+trap cleanup EXIT
+
+(cd "$BENCH_ROOT" && cargo build --release --quiet -p fatpipe-archive --example archive_bench) ||
+    die "cargo build failed"
+bin="${CARGO_TARGET_DIR:-$BENCH_ROOT/target}/release/examples/archive_bench"
+[ -x "$bin" ] || die "build did not produce $bin"
+
+pg_url=${FATPIPE_TEST_POSTGRES:-}
+if [ -z "$pg_url" ] && [ "$(id -u)" = 0 ]; then
+    # Its own directory: the server's user cannot enter $work (mode 700).
+    pg_dir=$(mktemp -d /tmp/fatpipe-bench-pg.XXXXXX)
+    pg_url=$("$BENCH_ROOT/scripts/pg-test-server.sh" start "$pg_dir" 54331) || pg_url=
+fi
+[ -n "$pg_url" ] || echo "note: no PostgreSQL (set FATPIPE_TEST_POSTGRES or run as root); its column is n/a"
+
+# field FILE KEY: the value of KEY=... in the output lines of FILE.
+field() { { grep -o "$2=[^ ]*" "$1" 2>/dev/null || true; } | cut -d= -f2; }
+
+for rep in $(seq "$REPS"); do
+    echo "run $rep/$REPS: sqlite"
+    "$bin" --archive "$work/bench-$rep.sqlite" --runs "$RUNS" --batch "$BATCH" >>"$work/sqlite.out" ||
+        echo "FAIL" >>"$work/sqlite.out"
+    rm -f "$work/bench-$rep.sqlite"*
+    if [ -n "$pg_url" ]; then
+        echo "run $rep/$REPS: postgres"
+        "$bin" --archive "$pg_url" --runs "$RUNS" --batch "$BATCH" >>"$work/postgres.out" ||
+            echo "FAIL" >>"$work/postgres.out"
+    fi
+done
+
+s_w=$(field "$work/sqlite.out" write_per_s | median %.0f)
+s_c=$(field "$work/sqlite.out" write_per_cpu_s | median %.0f)
+s_r=$(field "$work/sqlite.out" report_s | median %.3f)
+p_w=$(field "$work/postgres.out" write_per_s | median %.0f)
+p_c=$(field "$work/postgres.out" write_per_cpu_s | median %.0f)
+p_r=$(field "$work/postgres.out" report_s | median %.3f)
+
+verdict() { # verdict VALUE OP TARGET
+    is_num "$1" || { echo "$NA"; return; }
+    awk -v v="$1" -v t="$3" -v op="$2" 'BEGIN { ok = (op == ">=") ? v >= t : v <= t; print ok ? "met" : "MISSED" }'
+}
+
+echo
+echo "archive: $RUNS results, batches of $BATCH, medians of $REPS runs"
+printf '%-28s %12s %12s %10s\n' "" sqlite postgres "pg/sqlite"
+printf '%-28s %12s %12s %10s\n' "write, results/s" "$s_w" "$p_w" "$(ratio "$p_w" "$s_w")"
+printf '%-28s %12s %12s %10s\n' "write, results/CPU s" "$s_c" "$p_c" "$(ratio "$p_c" "$s_c")"
+printf '%-28s %12s %12s %10s\n' "report over all, s" "$s_r" "$p_r" "$(ratio "$p_r" "$s_r")"
+echo
+echo "target: SQLite write >= 5000 results/s: $(verdict "$s_w" '>=' 5000)"
+echo "target: report over 100,000 results <= 2 s: sqlite $(verdict "$s_r" '<=' 2), postgres $(verdict "$p_r" '<=' 2)"
+[ "$RUNS" = 100000 ] || echo "note: RUNS=$RUNS, not the 100,000 of the targets"
