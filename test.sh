@@ -39,7 +39,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # Debian's postgresql package would start a default server of its own
+    # while installing; the tests start their own private one, so no
+    # service may start during the install (policy-rc.d exit 101 = deny).
+    policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      policy=/usr/sbin/policy-rc.d
+      printf '#!/bin/sh\nexit 101\n' >"$policy"
+      chmod 755 "$policy"
+    fi
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [ -z "$policy" ] || rm -f "$policy"
   else
     echo "note: not root, cannot install ${missing[*]}; tests that need them will skip"
   fi
