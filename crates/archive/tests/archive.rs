@@ -734,7 +734,7 @@ fn test_report_columns() {
 #[test]
 fn udp_test_report_columns() {
     let mut report = sample_test_report();
-    report.start.protocol = "udp".into();
+    report.start.protocol = fatpipe_schema::test::Protocol::Udp;
     report.intervals.clear();
     for (s, (sent, lost, jitter)) in report
         .end
@@ -846,8 +846,8 @@ fn sample_test_report() -> TestReport {
             timestamp: 1_750_000_000.5,
             server: "dtn2:5301".into(),
             server_addr: "192.0.2.7:5301".into(),
-            protocol: "tcp".into(),
-            direction: "both".into(),
+            protocol: fatpipe_schema::test::Protocol::Tcp,
+            direction: fatpipe_schema::test::TestDirection::Both,
             streams: 1,
             duration_s: 10.0,
             bytes: None,
