@@ -13,6 +13,7 @@ use std::sync::Arc;
 use fatpipe_engine::Server;
 use fatpipe_memtest::TestService;
 use fatpipe_schema::units;
+use fatpipe_transfer::service::CopyService;
 
 use super::test::DEFAULT_PORT;
 
@@ -63,7 +64,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Arc::new(|line| eprintln!("fatpipe server: {line}"))
     };
-    let copy = super::copy::CopyService::new(&args.exports, key.is_some())?;
+    let copy = CopyService::new(&args.exports, key.is_some(), &mut |w| {
+        eprintln!("fatpipe: server: {w}");
+    })
+    .map_err(|e| crate::exit::usage(e.to_string()))?;
     let server = Server::builder()
         .service(TestService)
         .service(fatpipe_probe::ProbeService)
