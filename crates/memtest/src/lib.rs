@@ -11,6 +11,11 @@
 //! from the receiver, window, RTT and retransmits from the sender — into the
 //! schema types the binary prints ([`fatpipe_schema::test`]).
 //!
+//! Auto-tuning a test ([`tuning`]): the pre-flight's settings go into the
+//! parameters, and the in-flight driver of `fatpipe-tune` steers a running
+//! test through the [`Adjust`] callbacks of the session loop, bridged to
+//! its `Steerable` trait by [`tuning::run_client_steered`].
+//!
 //! The exchange (docs/protocol.md, "test service"): `Open("test", params)`
 //! → `Ready` → data connections (tag = stream id) or UDP hellos →
 //! `Attached` → `Start` → `Interval`s and `SendDone`s → `Final` → `Close`.
@@ -20,6 +25,7 @@ pub mod msg;
 pub mod rfc6349;
 #[cfg(test)]
 mod service_tests;
+pub mod tuning;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, UdpSocket};
@@ -117,8 +123,8 @@ pub struct Applied {
 }
 
 /// Steers a running test: sees every merged interval and may ask for a
-/// change (the auto-tuning adjuster of `fatpipe test` implements this; the
-/// engine does not know its rules).
+/// change (`tuning` bridges it to the auto-tuning driver; the session loop
+/// does not know its rules).
 pub trait Adjust {
     /// Called with each interval, merged from both ends, right after it is
     /// reported. Not called while an earlier change is under way.

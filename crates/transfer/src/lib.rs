@@ -17,10 +17,15 @@
 //! * [`session`]: the client's reconnecting driver and the server's handler.
 //! * [`live`]: a session's connections, and the handle an in-flight tuner
 //!   uses to sample them and add streams while data flows.
+//! * [`tuner`]: that handle as what `fatpipe_tune::steer::Driver` steers,
+//!   and one driver kept across a copy's reconnects.
+//! * [`service`]: the copy service on the engine: the server's
+//!   `CopyService`, the client's `EngineLink`, and where auto-tuning's
+//!   socket settings go at each end.
 //!
 //! The transport (authentication, cookies, the engine's sessions) is behind
-//! the small [`session::Link`] trait so everything here is testable over
-//! loopback without the server.
+//! the small [`session::Link`] trait so everything but [`service`] is
+//! testable over loopback without the server.
 
 pub mod beneath;
 pub mod hash;
@@ -30,9 +35,11 @@ pub mod live;
 pub mod manifest;
 pub mod plan;
 pub mod relpath;
+pub mod service;
 pub mod session;
 pub mod sink;
 pub mod source;
+pub mod tuner;
 pub mod wire;
 
 use std::sync::atomic::AtomicU64;

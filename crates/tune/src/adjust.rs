@@ -52,7 +52,7 @@
 
 use std::time::Duration;
 
-use fatpipe_schema::tune::{Action, Decision, PathFacts, Plan};
+use fatpipe_schema::tune::{Action, AutoTune, Decision, PathFacts, Plan};
 use fatpipe_schema::units::{format_duration, format_rate};
 
 use crate::plan::{format_loss, loss_headroom, mss_for, Policy};
@@ -119,6 +119,66 @@ impl AdjustConfig {
             mss: mss_for(path.mtu),
             headroom: Policy::default().headroom,
         }
+    }
+}
+
+/// How an auto-tuned transfer actually started: what
+/// [`AdjustConfig::for_transfer`] needs beyond the pre-flight's record. The
+/// test and the copy differ only in these values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Start {
+    /// Streams it started with (the plan's, a flag's, or copy's floor).
+    pub streams: u32,
+    /// The sender's congestion control; `None` is the plan's.
+    pub congestion: Option<String>,
+    /// The congestion controls the sender may switch to, or `None` when it
+    /// must keep its own (a `-C` fixed it, or its list is not known here).
+    pub switchable: Option<Vec<String>>,
+    /// The receivers hold each window at a set size (planned or `-w`), so a
+    /// clean BBR transfer may cruise on CUBIC.
+    pub held_windows: bool,
+    /// Bytes each stream's window is held at, if it is.
+    pub stream_window: Option<u64>,
+    /// A rate cap (`--bwlimit`): the most the transfer may reach.
+    pub rate_cap: Option<u64>,
+    /// The peer's cap on streams, if it has one.
+    pub peer_max_streams: Option<u32>,
+}
+
+impl AdjustConfig {
+    /// The configuration for an auto-tuned transfer: the pre-flight's
+    /// record `auto` and how the transfer started. A rate the probe only
+    /// bounded from below is not the path's (reaching it would read as
+    /// "at the path rate" and the adjuster would never act); a rate cap
+    /// is the path rate when it is lower, since below it there is no
+    /// shortfall to add streams for. The cap on streams is the policy's
+    /// (or the start's, if higher), within the peer's.
+    pub fn for_transfer(auto: &AutoTune, start: &Start) -> AdjustConfig {
+        let mut facts = auto.facts.clone();
+        if auto.rate_lower_bound {
+            facts.bottleneck_rate = None;
+        }
+        if let Some(cap) = start.rate_cap {
+            facts.bottleneck_rate = Some(facts.bottleneck_rate.map_or(cap, |r| r.min(cap)));
+        }
+        let mut plan = auto.plan.clone();
+        plan.streams = start.streams;
+        if let Some(cc) = &start.congestion {
+            plan.congestion.clone_from(cc);
+        }
+        let max = Policy::default()
+            .max_streams
+            .max(start.streams)
+            .min(start.peer_max_streams.unwrap_or(u32::MAX).max(1));
+        let offered = start.switchable.as_deref().unwrap_or_default();
+        let bbr = offered.iter().any(|c| c == "bbr");
+        let mut cfg = AdjustConfig::for_plan(&plan, &facts, max, bbr);
+        cfg.cruise = start
+            .switchable
+            .as_ref()
+            .and_then(|o| cruise_control(start.held_windows, o));
+        cfg.stream_window = start.stream_window;
+        cfg
     }
 }
 
@@ -885,6 +945,93 @@ mod tests {
         assert_eq!(counts, [8, 16, 32], "{changes:?}");
         // 32 gained nothing over 16: it holds for good.
         assert_eq!(a.streams(), 32);
+    }
+
+    fn record(rate: Option<u64>, lower_bound: bool) -> AutoTune {
+        AutoTune {
+            facts: PathFacts {
+                rtt_secs: 0.093,
+                bottleneck_rate: rate,
+                loss_rate: 0.0,
+                mtu: 1500,
+            },
+            plan: Plan {
+                streams: 4,
+                per_stream_buffer: 4 << 20,
+                set_buffers: true,
+                forced_buffers: false,
+                congestion: "cubic".into(),
+                pacing_rate: None,
+                bdp: None,
+                reason: "auto: test".into(),
+            },
+            streams: 4,
+            buffer: None,
+            forced_buffers: false,
+            congestion: Some("cubic".into()),
+            pacing_rate: None,
+            overridden: vec![],
+            probe_secs: 1.0,
+            rate_lower_bound: lower_bound,
+            adjusting: true,
+            decisions: vec![],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn a_transfer_gets_a_rate_only_when_it_is_the_paths() {
+        let start = Start {
+            streams: 4,
+            ..Start::default()
+        };
+        let rate = |rec: &AutoTune, cap| {
+            let s = Start {
+                rate_cap: cap,
+                ..start.clone()
+            };
+            AdjustConfig::for_transfer(rec, &s).path_rate
+        };
+        assert_eq!(rate(&record(Some(G), false), None), Some(G));
+        // A probe that could not outpace the path only bounds its rate.
+        assert_eq!(rate(&record(Some(G), true), None), None);
+        // A rate cap is the most the transfer may reach.
+        assert_eq!(rate(&record(Some(G), true), Some(G / 10)), Some(G / 10));
+        assert_eq!(
+            rate(&record(Some(G / 20), false), Some(G / 10)),
+            Some(G / 20)
+        );
+    }
+
+    #[test]
+    fn a_transfer_switches_and_cruises_only_on_what_its_sender_offers() {
+        let rec = record(Some(G), false);
+        let offered = vec!["cubic".to_string(), "bbr".to_string()];
+        let start = Start {
+            streams: 6,
+            congestion: Some("bbr".into()),
+            switchable: Some(offered),
+            held_windows: true,
+            stream_window: Some(1 << 20),
+            rate_cap: None,
+            peer_max_streams: Some(40),
+        };
+        let c = AdjustConfig::for_transfer(&rec, &start);
+        assert_eq!((c.streams, c.max_streams), (6, 40));
+        assert_eq!(c.congestion, "bbr");
+        assert!(c.bbr_available);
+        assert_eq!(c.cruise.as_deref(), Some("cubic"));
+        assert_eq!(c.stream_window, Some(1 << 20));
+        // -C given (or the peer sends with a list unknown here): neither.
+        let fixed = Start {
+            switchable: None,
+            congestion: None,
+            peer_max_streams: None,
+            ..start
+        };
+        let c = AdjustConfig::for_transfer(&rec, &fixed);
+        assert!(!c.bbr_available && c.cruise.is_none());
+        assert_eq!((c.congestion.as_str(), c.max_streams), ("cubic", 64));
     }
 
     #[test]

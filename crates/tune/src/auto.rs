@@ -4,7 +4,11 @@
 //! [`preflight`] probes the path briefly (a few RTT echoes and a handful of
 //! packet trains through the server's `probe` service, which also reports
 //! the server's host limits), reads this end's limits and runs [`plan()`].
-//! [`merge`] then lets explicit flags replace parts of the plan. The two
+//! [`merge`] then lets explicit flags replace parts of the plan, and [`run`]
+//! is the whole sequence a command runs (probe, plan, flags, its floor of
+//! streams, start window, record, the `auto:` line), with what differs
+//! between `test` and `copy` given in a [`Request`]; it returns the line to
+//! print rather than printing, so the binary only renders. The two
 //! halves are split so that the flag rules, which users will argue about,
 //! are a pure function tested below without a socket, and so both commands
 //! apply them the same way; only the probe itself does I/O.
@@ -473,6 +477,85 @@ pub fn record(pre: &Preflight, s: &Settings, adjusting: bool) -> AutoTune {
     }
 }
 
+/// What a command asks of the whole pre-flight ([`run`]): where to probe
+/// and who sends, then what the command lays over the plan.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The probe and the planner's bounds.
+    pub preflight: PreflightConfig,
+    /// The user's flags.
+    pub overrides: Overrides,
+    /// Streams the command needs whatever the window needs, if any.
+    pub floor: Option<Floor>,
+    /// A rate cap that paces the sender instead of the plan (`copy
+    /// --bwlimit`): the record then shows the plan's pacing as replaced.
+    pub rate_cap: Option<u64>,
+}
+
+/// A command's own minimum of streams ([`Settings::at_least`]) and why, for
+/// the `auto:` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Floor {
+    /// The minimum.
+    pub streams: u32,
+    /// The command, e.g. "copy".
+    pub who: &'static str,
+    /// Why it needs them.
+    pub why: &'static str,
+}
+
+/// What the pre-flight came to: everything a command needs to start its
+/// transfer tuned, and the lines to print (this crate prints nothing).
+#[derive(Debug, Clone)]
+pub struct Tuned {
+    /// What the probe found and the planner chose.
+    pub preflight: Preflight,
+    /// The plan with the flags (and the floor) laid over it.
+    pub settings: Settings,
+    /// The start-up window the receivers hold, and for how long.
+    pub start_window: Option<(u64, Duration)>,
+    /// The record for the command's JSON (`adjusting` still false).
+    pub record: AutoTune,
+    /// The `auto:` line for stderr; the record's warnings follow it.
+    pub line: String,
+}
+
+/// The whole pre-flight: probe, plan, lay the flags over it, the start
+/// window, the record and the `auto:` line. Only the probe does I/O; the
+/// rest is [`settle`].
+pub fn run(req: &Request) -> Result<Tuned, PreflightError> {
+    Ok(settle(preflight(&req.preflight)?, req))
+}
+
+/// The pre-flight after its probe (pure).
+pub fn settle(pre: Preflight, req: &Request) -> Tuned {
+    let mut settings = merge(&pre.plan, &req.overrides);
+    if let Some(f) = &req.floor {
+        settings.at_least(f.streams);
+    }
+    let mut line = line(&pre.plan, &settings);
+    if let Some(f) = req
+        .floor
+        .as_ref()
+        .filter(|_| settings.streams > pre.plan.streams)
+    {
+        line += &format!("; {} uses {} streams ({})", f.who, settings.streams, f.why);
+    }
+    let start_window = start_window(&pre, &settings, &req.preflight.policy);
+    let mut record = record(&pre, &settings, false);
+    if req.rate_cap.is_some() && settings.pacing_rate.is_some() {
+        record.pacing_rate = None;
+        record.overridden.push("pacing".into());
+    }
+    Tuned {
+        preflight: pre,
+        settings,
+        start_window,
+        record,
+        line,
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use std::time::Duration;
@@ -806,6 +889,50 @@ pub(crate) mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, PreflightError::NoLimits { .. }), "{e}");
+    }
+
+    #[test]
+    fn settle_lays_flags_floor_and_rate_cap_over_the_plan() {
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        let mut pre = from_outcome(
+            &outcome(93, Some(1e9), Ok(l.clone())),
+            Ok(l),
+            Role::Sender,
+            &Policy::default(),
+            true,
+        )
+        .unwrap();
+        pre.plan.streams = 2;
+        pre.plan.pacing_rate = Some(500_000_000);
+        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
+        let mut req = Request {
+            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
+            overrides: Overrides::default(),
+            floor: None,
+            rate_cap: None,
+        };
+        // test: the plan as it is, the line is its reason.
+        let t = settle(pre.clone(), &req);
+        assert_eq!((t.settings.streams, t.record.streams), (2, 2));
+        assert_eq!(t.line, pre.plan.reason);
+        assert_eq!(t.record.pacing_rate, Some(500_000_000));
+        // copy: at least 4 streams, said on the line; --bwlimit replaces
+        // the pacing in the record.
+        req.floor = Some(Floor {
+            streams: 4,
+            who: "copy",
+            why: "they also read",
+        });
+        req.rate_cap = Some(100_000_000);
+        let t = settle(pre.clone(), &req);
+        assert_eq!((t.settings.streams, t.record.streams), (4, 4));
+        assert_eq!(
+            t.line,
+            format!("{}; copy uses 4 streams (they also read)", pre.plan.reason)
+        );
+        assert_eq!(t.record.pacing_rate, None);
+        assert_eq!(t.record.overridden, ["pacing"]);
+        assert_eq!(t.settings.pacing_rate, Some(250_000_000));
     }
 
     #[test]

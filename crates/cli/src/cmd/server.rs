@@ -14,6 +14,7 @@ use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::Server;
 use fatpipe_memtest::TestService;
 use fatpipe_schema::units;
+use fatpipe_transfer::service::CopyService;
 
 /// Arguments of `fatpipe server`.
 #[derive(Debug, clap::Args)]
@@ -62,7 +63,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Arc::new(|line| eprintln!("fatpipe server: {line}"))
     };
-    let copy = super::copy::CopyService::new(&args.exports, key.is_some())?;
+    let copy = CopyService::new(&args.exports, key.is_some(), &mut |w| {
+        eprintln!("fatpipe: server: {w}");
+    })
+    .map_err(|e| crate::exit::usage(e.to_string()))?;
     let server = Server::builder()
         .service(TestService)
         .service(fatpipe_probe::ProbeService)

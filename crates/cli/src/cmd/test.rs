@@ -8,6 +8,11 @@
 //! and hands back schema types; this module only renders them: a line per
 //! interval and a final table for people, one JSON document (`--json`) or
 //! one JSON object per line (`--json-stream`) for machines.
+//!
+//! Auto-tuning is wiring here too: `fatpipe_tune::auto::run` is the
+//! pre-flight, `fatpipe_memtest::tuning` writes its settings into the test
+//! and lets `fatpipe_tune::steer::Driver` steer the running test; this
+//! module prints the `auto:` lines and what the driver reports.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -18,14 +23,16 @@ use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_memtest::msg::{Direction, Protocol, TestParams, MAX_STREAMS};
 use fatpipe_memtest::rfc6349;
-use fatpipe_memtest::{run_client_adjusting, Adjust, Adjustment, Applied, Progress, TestPlan};
+use fatpipe_memtest::tuning::{self, TestTarget};
+use fatpipe_memtest::{run_client, Progress, TestPlan};
 use fatpipe_schema::test::{
     Rfc6349, StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine,
 };
 use fatpipe_schema::tune::{Action, AutoTune, Decision};
 use fatpipe_schema::units;
-use fatpipe_tune::adjust::{AdjustConfig, Adjuster, Sample};
+use fatpipe_tune::adjust::{AdjustConfig, Adjuster};
 use fatpipe_tune::auto;
+use fatpipe_tune::steer::{self, Driver, Event, Step};
 
 /// Arguments of `fatpipe test`.
 #[derive(Debug, clap::Args)]
@@ -139,14 +146,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Output::Text
     };
-    let mut steering = auto
-        .as_mut()
-        .and_then(|a| adjust_config(&args, &plan.params, a))
-        .map(|cfg| Steering::new(cfg, mode));
-    if let (Some(a), true) = (auto.as_mut(), steering.is_some()) {
+    // The in-flight adjuster runs when auto-tuning chose the streams (no
+    // -P) of a TCP test.
+    let adjusting = args.parallel.is_none() && plan.params.protocol == Protocol::Tcp;
+    let config = auto
+        .as_ref()
+        .filter(|_| adjusting)
+        .map(|a| tuning::adjust_config(&plan.params, a, args.congestion.is_some()));
+    if let (Some(a), true) = (auto.as_mut(), config.is_some()) {
         a.adjusting = true;
     }
-    let mut out = std::io::stdout().lock();
+    // Not locked for the whole run: the driver's thread prints its
+    // `--json-stream` lines while the session waits for it.
+    let mut out = std::io::stdout();
     let mut io_err: Option<std::io::Error> = None;
     let mut on_progress = |p: Progress<'_>| {
         if io_err.is_some() {
@@ -169,12 +181,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             io_err = Some(e);
         }
     };
-    let adjust = steering.as_mut().map(|s| s as &mut dyn Adjust);
-    let mut report =
-        run_client_adjusting(&plan, &mut on_progress, adjust).map_err(|e| classify(e, &plan))?;
-    if let (Some(a), Some(s)) = (auto.as_mut(), steering) {
-        a.adjusting = !s.unavailable;
-        a.decisions = s.decisions;
+    let (result, steered) = match config {
+        Some(cfg) => tuning::run_client_steered(&plan, &mut on_progress, |t| steer(t, cfg, mode)),
+        None => (run_client(&plan, &mut on_progress), None),
+    };
+    let mut report = result.map_err(|e| classify(e, &plan))?;
+    if let (Some(a), Some((decisions, unavailable))) = (auto.as_mut(), steered) {
+        a.adjusting = !unavailable;
+        a.decisions = decisions;
     }
     report.start.auto = auto;
     if let (true, Some(b)) = (args.rfc6349, &baseline) {
@@ -232,9 +246,14 @@ fn auto_tune(
         Direction::Down => auto::Role::Receiver,
         Direction::Both => auto::Role::Both,
     };
-    let cfg = auto::PreflightConfig::new(addr, options.clone(), role);
-    let pre = match auto::preflight(&cfg) {
-        Ok(p) => p,
+    let req = auto::Request {
+        preflight: auto::PreflightConfig::new(addr, options.clone(), role),
+        overrides: overrides(a, params),
+        floor: None,
+        rate_cap: None,
+    };
+    let t = match auto::run(&req) {
+        Ok(t) => t,
         Err(e) if e.is_auth() => return Err(crate::exit::usage(format!("{}: {e}", a.host))),
         Err(e) => {
             eprintln!("fatpipe: warning: auto-tuning off: {e}");
@@ -242,16 +261,13 @@ fn auto_tune(
             return Ok(None);
         }
     };
-    *baseline = Some(Ok(rfc6349::Baseline::from_preflight(&pre)));
-    let settings = auto::merge(&pre.plan, &overrides(a, params));
-    apply(&settings, params);
-    params.start_window = auto::start_window(&pre, &settings, &cfg.policy)
-        .map(|(w, d)| (w, u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-    eprintln!("{}", auto::line(&pre.plan, &settings));
-    for w in &pre.warnings {
+    *baseline = Some(Ok(rfc6349::Baseline::from_preflight(&t.preflight)));
+    tuning::tune(params, &t);
+    eprintln!("{}", t.line);
+    for w in &t.record.warnings {
         eprintln!("fatpipe: warning: auto: {w}");
     }
-    Ok(Some(auto::record(&pre, &settings, false)))
+    Ok(Some(t.record))
 }
 
 /// The path probe `--rfc6349` needs when auto-tuning did not run one. A
@@ -271,159 +287,53 @@ fn probe_baseline(
     }
 }
 
-/// The in-flight adjuster's bounds when auto-tuning chose the streams (no
-/// `-P`); `None` leaves the test as planned. A rate the pre-flight found
-/// only a lower bound is treated as unknown.
-fn adjust_config(a: &Args, p: &TestParams, auto: &AutoTune) -> Option<AdjustConfig> {
-    if a.parallel.is_some() || p.protocol != Protocol::Tcp {
-        return None;
-    }
-    let policy = fatpipe_tune::Policy::default();
-    // BBR may be switched to only if no -C fixed the congestion control and
-    // the sender is this host and offers it (the server's list is not known).
-    let offered = fatpipe_audit::host::Host::live()
-        .limits(fatpipe_audit::host::is_privileged())
-        .map(|l| l.congestion)
-        .unwrap_or_default();
-    let switchable = a.congestion.is_none() && p.direction == Direction::Up;
-    let bbr = switchable && offered.iter().any(|c| c == "bbr");
-    let mut cfg = AdjustConfig::for_plan(&auto.plan, &auto.facts, policy.max_streams, bbr);
-    // Receivers hold windows that are set (by the plan or -w), so a clean
-    // BBR test may cruise on CUBIC without over-filling the queue; see
-    // adjust.rs.
-    if switchable {
-        cfg.cruise = fatpipe_tune::adjust::cruise_control(p.window.is_some(), &offered);
-    }
-    cfg.streams = p.streams;
-    // Receivers hold each stream's window at `-w` or the plan's buffer.
-    cfg.stream_window = p.window;
-    cfg.max_streams = policy.max_streams.max(p.streams);
-    if let Some(cc) = &p.congestion {
-        cfg.congestion.clone_from(cc);
-    }
-    if auto.rate_lower_bound {
-        cfg.path_rate = None;
-    }
-    Some(cfg)
-}
-
-/// Feeds each merged interval to the in-flight adjuster, carries out its
-/// changes through the engine, says so on stderr (and in `--json-stream`)
-/// and keeps those carried out for the JSON report.
-struct Steering {
-    adjuster: Adjuster,
-    mode: Output,
-    /// The decision under way.
-    pending: Option<Decision>,
-    decisions: Vec<Decision>,
-    /// An add failed (the adjuster's count no longer matches) or the test
-    /// cannot be adjusted: ask for nothing more.
-    stopped: bool,
-    /// The test cannot be adjusted (the engine said why before it started).
-    unavailable: bool,
-}
-
-impl Steering {
-    fn new(cfg: AdjustConfig, mode: Output) -> Self {
-        Steering {
-            adjuster: Adjuster::new(cfg),
-            mode,
-            pending: None,
-            decisions: Vec::new(),
-            stopped: false,
-            unavailable: false,
+/// Steers the running test with the in-flight driver, printing each change
+/// (stderr, and `--json-stream` lines); returns the changes carried out and
+/// whether the test could not be steered.
+fn steer(t: &mut TestTarget, cfg: AdjustConfig, mode: Output) -> (Vec<Decision>, bool) {
+    let mut driver = Driver::new(Adjuster::new(cfg), steer::Options::default());
+    driver.run(t, &mut |e| {
+        if let Event::Changed(step) = e {
+            print_step(step, mode);
         }
-    }
-}
-
-/// The adjuster's view of an interval: goodput at the receivers,
-/// retransmits at the senders and their mean RTT, over all directions.
-fn sample_of(iv: &TestInterval) -> Option<Sample> {
-    if iv.sums.is_empty() {
-        return None;
-    }
-    let n = iv.sums.len() as u64;
-    let rtt_us: u64 = iv
-        .sums
-        .iter()
-        .map(|s| u64::from(s.rtt_us.unwrap_or(0)))
-        .sum();
-    Some(Sample {
-        now: Duration::try_from_secs_f64(iv.end_s).unwrap_or_default(),
-        throughput: iv.sums.iter().map(|s| s.bits_per_second).sum::<f64>() as u64,
-        retransmits: iv.sums.iter().filter_map(|s| s.retransmits).sum(),
-        rtt: Duration::from_micros(rtt_us / n),
-    })
-}
-
-impl Adjust for Steering {
-    fn on_interval(&mut self, iv: &TestInterval) -> Option<Adjustment> {
-        if self.stopped {
-            return None;
-        }
-        let d = self.adjuster.handle_sample(sample_of(iv)?);
-        let change = match &d.action {
-            Action::Hold => return None,
-            Action::AddStreams { n } => Adjustment::AddStreams(*n),
-            Action::SwitchCongestion { to } => Adjustment::SetCongestion(to.clone()),
-        };
-        self.pending = Some(d);
-        Some(change)
-    }
-
-    fn unavailable(&mut self, why: &str) {
-        self.stopped = true;
-        self.unavailable = true;
+    });
+    if let Some(why) = t.unavailable() {
         eprintln!("fatpipe: warning: auto: no in-flight adjustment: {why}");
     }
-
-    fn on_result(&mut self, change: &Adjustment, result: Result<Applied, String>) {
-        let Some(d) = self.pending.take() else {
-            return;
-        };
-        let what = match &d.action {
-            Action::AddStreams { n } => format!("+{n} streams"),
-            Action::SwitchCongestion { to } => format!("switch to {to}"),
-            Action::Hold => "hold".to_string(),
-        };
-        match result {
-            Ok(applied) => {
-                eprintln!(
-                    "auto: {what} at {:.1} s → {} streams: {}",
-                    d.at_secs, applied.streams, d.reason
-                );
-                for w in &applied.warnings {
-                    eprintln!("fatpipe: warning: auto: {w}");
-                }
-                if let Output::JsonStream = self.mode {
-                    let mut out = std::io::stdout().lock();
-                    let _ = json_line(&mut out, &TestStreamLine::Adjust(d.clone()));
-                }
-                self.decisions.push(d);
-            }
-            Err(why) => {
-                let more = if matches!(change, Adjustment::AddStreams(_)) {
-                    self.stopped = true;
-                    "; no more changes"
-                } else {
-                    ""
-                };
-                eprintln!(
-                    "fatpipe: warning: auto: {what} at {:.1} s not carried out: {why}{more}",
-                    d.at_secs
-                );
-            }
-        }
-    }
+    (driver.decisions().to_vec(), t.unavailable().is_some())
 }
 
-/// Writes merged settings into the test parameters.
-fn apply(s: &auto::Settings, p: &mut TestParams) {
-    p.streams = s.streams.clamp(1, MAX_STREAMS);
-    p.window = s.buffer;
-    p.force_buffers = s.forced_buffers;
-    p.congestion.clone_from(&s.congestion);
-    p.fq_rate = s.pacing_rate;
+/// One change of the in-flight driver: carried out (with what either end
+/// capped), or why not.
+fn print_step(step: &Step, mode: Output) {
+    let d = &step.decision;
+    let what = match &d.action {
+        Action::AddStreams { n } => format!("+{n} streams"),
+        Action::SwitchCongestion { to } => format!("switch to {to}"),
+        Action::Hold => "hold".to_string(),
+    };
+    match &step.outcome {
+        Ok(warnings) => {
+            eprintln!(
+                "auto: {what} at {:.1} s → {} streams: {}",
+                d.at_secs, d.streams, d.reason
+            );
+            for w in warnings {
+                eprintln!("fatpipe: warning: auto: {w}");
+            }
+            if let Output::JsonStream = mode {
+                let mut out = std::io::stdout().lock();
+                let _ = json_line(&mut out, &TestStreamLine::Adjust(d.clone()));
+            }
+        }
+        Err(why) => {
+            let more = if step.last { "; no more changes" } else { "" };
+            eprintln!(
+                "fatpipe: warning: auto: {what} at {:.1} s not carried out: {why}{more}",
+                d.at_secs
+            );
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -961,7 +871,7 @@ mod tests {
     fn merged(argv: &[&str]) -> TestParams {
         let (a, mut p) = parsed(argv);
         assert!(wants_auto(&a, &p), "{argv:?}");
-        apply(&auto::merge(&lab_plan(), &overrides(&a, &p)), &mut p);
+        tuning::apply(&auto::merge(&lab_plan(), &overrides(&a, &p)), &mut p);
         p
     }
 
@@ -992,7 +902,7 @@ mod tests {
         forced.forced_buffers = true;
         for (argv, force) in [(&["h"][..], true), (&["h", "-w", "8M"], false)] {
             let (a, mut p) = parsed(argv);
-            apply(&auto::merge(&forced, &overrides(&a, &p)), &mut p);
+            tuning::apply(&auto::merge(&forced, &overrides(&a, &p)), &mut p);
             assert_eq!(p.force_buffers, force, "{argv:?}");
         }
         // -P 1 is a choice, not the default: it still wins.

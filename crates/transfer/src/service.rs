@@ -1,0 +1,424 @@
+//! The copy service on the engine: the server's [`CopyService`], the
+//! client's engine-backed [`EngineLink`], and what auto-tuning sets on a
+//! copy's sockets at either end.
+//!
+//! [`crate::session`] speaks over plain streams so its tests need no
+//! server; this module is the one adapter between it and the engine
+//! (authentication, cookies, the service registry), so that the copy
+//! service's messages, client and server sides all live in this crate and
+//! the binary only wires them. The pre-flight's settings are split here
+//! between the two ends of each stream: this end's sockets ([`DataOpts`],
+//! applied as the engine hands out each data connection) and the server's
+//! ([`remote_tuning`], carried in the request).
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use fatpipe_engine::{
+    ClientOptions, ClientSession, EngineError, ServerSession, Service, ServiceResult,
+};
+use fatpipe_schema::tune::AutoTune;
+use fatpipe_tune::auto;
+
+use crate::session::{self, Conn, CopyError, Export, Link, ServerConfig};
+use crate::wire::SocketTuning;
+
+/// Streams an auto-tuned copy keeps at least: they also read, hash and
+/// write in parallel, which a short path's single window would leave to
+/// one thread.
+pub const MIN_TUNED_STREAMS: u32 = 4;
+
+/// Test hook: start an auto-tuned copy with this many streams instead of
+/// the plan's (the adjuster then starts from there).
+pub const TEST_STREAMS_ENV: &str = "FATPIPE_TEST_COPY_STREAMS";
+
+/// Why `--export` values were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The value does not read as `NAME=DIR[:ro][:public]`.
+    #[error("{0}")]
+    Syntax(String),
+    /// The directory does not exist or is not one.
+    #[error("--export {spec}: {} is not a directory", path.display())]
+    NotADirectory {
+        /// The value as given.
+        spec: String,
+        /// Its directory.
+        path: std::path::PathBuf,
+    },
+    /// Two exports share a name.
+    #[error("--export {spec}: the name '{name}' is used twice")]
+    Duplicate {
+        /// The value as given.
+        spec: String,
+        /// The name.
+        name: String,
+    },
+}
+
+/// The server's `copy` service.
+pub struct CopyService {
+    cfg: ServerConfig,
+}
+
+impl CopyService {
+    /// Builds the service from `--export NAME=DIR[:ro][:public]` values.
+    /// `keyed` is true when the server requires the pre-shared key; an
+    /// export that needs the key on a server without one is served to
+    /// nobody, which `warn` is told.
+    pub fn new(
+        exports: &[String],
+        keyed: bool,
+        warn: &mut dyn FnMut(&str),
+    ) -> Result<CopyService, ExportError> {
+        let mut parsed: Vec<Export> = Vec::new();
+        for e in exports {
+            let ex: Export = e.parse().map_err(ExportError::Syntax)?;
+            if !ex.path.is_dir() {
+                return Err(ExportError::NotADirectory {
+                    spec: e.clone(),
+                    path: ex.path,
+                });
+            }
+            if parsed.iter().any(|p| p.name == ex.name) {
+                return Err(ExportError::Duplicate {
+                    spec: e.clone(),
+                    name: ex.name,
+                });
+            }
+            if !ex.public && !keyed {
+                warn(&format!(
+                    "export '{}' needs the key but the server has none: \
+                     add --key-file, or mark it :public",
+                    ex.name
+                ));
+            }
+            parsed.push(ex);
+        }
+        Ok(CopyService {
+            cfg: ServerConfig {
+                exports: parsed,
+                keyed,
+                sendfile: true,
+            },
+        })
+    }
+}
+
+impl Service for CopyService {
+    fn name(&self) -> &'static str {
+        "copy"
+    }
+
+    fn serve(&self, session: ServerSession) -> ServiceResult {
+        let accept = |t: Duration| -> Result<TcpStream, String> {
+            session
+                .accept_data(t)
+                .map(|d| d.stream)
+                .map_err(|e| e.to_string())
+        };
+        session::serve(&self.cfg, &accept)
+            .map(|_| ())
+            .map_err(|e| e.into())
+    }
+}
+
+/// The client's sessions through the engine.
+pub struct EngineLink {
+    addr: SocketAddr,
+    key: Option<fatpipe_proto::Key>,
+    /// Set once the plan is known (before any data connection is dialled).
+    data: Arc<OnceLock<DataOpts>>,
+}
+
+impl EngineLink {
+    /// Sessions with the server at `addr`, authenticated with `key`.
+    pub fn new(addr: SocketAddr, key: Option<fatpipe_proto::Key>) -> EngineLink {
+        EngineLink {
+            addr,
+            key,
+            data: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Sets this end's data socket settings, once: before the first data
+    /// connection (later calls change nothing).
+    pub fn set_data(&self, opts: DataOpts) {
+        let _ = self.data.set(opts);
+    }
+}
+
+struct EngineConn(ClientSession, Arc<OnceLock<DataOpts>>);
+
+impl Link for EngineLink {
+    fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
+        match fatpipe_engine::connect(self.addr, self.key.as_ref(), "copy", &[]) {
+            Ok(s) => Ok(Box::new(EngineConn(s, Arc::clone(&self.data)))),
+            Err(e) => Err(classify(e)),
+        }
+    }
+}
+
+impl EngineConn {
+    /// Applies this end's data socket settings (not to copy-control, tag 0).
+    fn tuned(&self, tag: u32, s: TcpStream) -> TcpStream {
+        if let (true, Some(opts)) = (tag > 0, self.1.get()) {
+            opts.apply(&s);
+        }
+        s
+    }
+}
+
+impl Conn for EngineConn {
+    fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
+        let s = self.0.open_data(tag).map_err(classify)?;
+        Ok(self.tuned(tag, s))
+    }
+
+    fn open_early(&self, tag: u32) -> Result<TcpStream, CopyError> {
+        let s = self.0.open_data_early(tag).map_err(classify)?;
+        Ok(self.tuned(tag, s))
+    }
+}
+
+/// What auto-tuning sets on this end's data sockets; the server's share
+/// travels in the request ([`remote_tuning`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataOpts {
+    /// This end sends (push): the buffer is SO_SNDBUF, and congestion
+    /// control and pacing apply; otherwise SO_RCVBUF only.
+    pub sends: bool,
+    /// Socket buffer per stream.
+    pub buffer: Option<u64>,
+    /// Force the buffer past the host's caps.
+    pub forced: bool,
+    /// Congestion control (sending only).
+    pub congestion: Option<String>,
+    /// Pacing cap per stream, bit/s (sending only).
+    pub pacing_rate: Option<u64>,
+}
+
+impl DataOpts {
+    /// From merged settings; `--bwlimit` replaces the plan's pacing.
+    pub fn new(s: &auto::Settings, sends: bool, bwlimit: Option<u64>) -> DataOpts {
+        DataOpts {
+            sends,
+            buffer: s.buffer,
+            forced: s.forced_buffers,
+            congestion: if sends { s.congestion.clone() } else { None },
+            pacing_rate: if sends && bwlimit.is_none() {
+                s.pacing_rate
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Best effort: a refused option leaves the kernel's default, which
+    /// still copies correctly, so failures are not errors.
+    fn apply(&self, s: &TcpStream) {
+        if let Some(b) = self.buffer {
+            let _ = if self.sends {
+                fatpipe_sys::set_send_buffer(s, b, self.forced)
+            } else {
+                fatpipe_sys::set_recv_buffer(s, b, self.forced)
+            };
+        }
+        if let Some(cc) = &self.congestion {
+            let _ = fatpipe_sys::set_congestion(s, cc);
+        }
+        if let Some(r) = self.pacing_rate {
+            let _ = fatpipe_sys::set_max_pacing_rate(s, r / 8);
+        }
+    }
+}
+
+/// What the server sets on its data sockets: the same buffer at the other
+/// end of each stream (so the planned window holds there too, instead of
+/// kernel autotuning's), and for a pull, where the server sends, the
+/// congestion control and pacing (`--bwlimit` replaces the pacing; the
+/// server applies it from the request).
+pub fn remote_tuning(s: &auto::Settings, push: bool, bwlimit: Option<u64>) -> SocketTuning {
+    SocketTuning {
+        buffer: s.buffer.unwrap_or(0),
+        force: s.forced_buffers,
+        congestion: if push {
+            String::new()
+        } else {
+            s.congestion.clone().unwrap_or_default()
+        },
+        pacing: if push || bwlimit.is_some() {
+            0
+        } else {
+            s.pacing_rate.unwrap_or(0)
+        },
+        start_window: 0,
+        start_ms: 0,
+    }
+}
+
+/// The pre-flight a copy runs ([`auto::run`]): the server sends on a pull,
+/// no flags to lay over the plan (`-P` turns auto-tuning off), at least
+/// [`MIN_TUNED_STREAMS`], and `--bwlimit` paces instead of the plan.
+pub fn preflight_request(
+    addr: SocketAddr,
+    options: ClientOptions,
+    push: bool,
+    bwlimit: Option<u64>,
+) -> auto::Request {
+    let role = if push {
+        auto::Role::Sender
+    } else {
+        auto::Role::Receiver
+    };
+    auto::Request {
+        preflight: auto::PreflightConfig::new(addr, options, role),
+        overrides: auto::Overrides::default(),
+        floor: Some(auto::Floor {
+            streams: MIN_TUNED_STREAMS,
+            who: "copy",
+            why: "they also read, hash and write in parallel",
+        }),
+        rate_cap: bwlimit,
+    }
+}
+
+/// An auto-tuned copy's start: the streams, this end's and the server's
+/// socket settings and the record of what auto-tuning did.
+#[derive(Debug, Clone)]
+pub struct CopyTuning {
+    /// Data streams to start with.
+    pub streams: u16,
+    /// This end's data sockets.
+    pub data: DataOpts,
+    /// The server's data sockets (sent in the request).
+    pub server: SocketTuning,
+    /// For the JSON (`adjusting`: the in-flight adjuster always runs).
+    pub record: AutoTune,
+}
+
+impl CopyTuning {
+    /// Splits the pre-flight's outcome between the ends.
+    pub fn new(t: auto::Tuned, push: bool, bwlimit: Option<u64>) -> CopyTuning {
+        let mut streams = u16::try_from(t.settings.streams)
+            .unwrap_or(session::MAX_STREAMS)
+            .clamp(1, session::MAX_STREAMS);
+        let data = DataOpts::new(&t.settings, push, bwlimit);
+        let mut server = remote_tuning(&t.settings, push, bwlimit);
+        if let Some((window, hold)) = t.start_window {
+            server.start_window = window;
+            server.start_ms = u32::try_from(hold.as_millis()).unwrap_or(u32::MAX);
+        }
+        let mut record = t.record;
+        if let Some(n) = test_streams_hook() {
+            streams = u16::try_from(n).unwrap_or(1).clamp(1, session::MAX_STREAMS);
+            record.warnings.push(format!(
+                "{TEST_STREAMS_ENV}: started with {streams} streams"
+            ));
+        }
+        record.streams = u32::from(streams);
+        record.adjusting = true;
+        CopyTuning {
+            streams,
+            data,
+            server,
+            record,
+        }
+    }
+}
+
+/// The test hook [`TEST_STREAMS_ENV`], if set (only in builds with the
+/// `test-hooks` feature; others ignore the variable).
+#[cfg(feature = "test-hooks")]
+fn test_streams_hook() -> Option<u32> {
+    std::env::var(TEST_STREAMS_ENV).ok()?.trim().parse().ok()
+}
+
+/// Without the `test-hooks` feature the streams are never forced.
+#[cfg(not(feature = "test-hooks"))]
+fn test_streams_hook() -> Option<u32> {
+    None
+}
+
+fn classify(e: EngineError) -> CopyError {
+    if e.is_auth() {
+        return CopyError::Usage(format!("{e} (check --key-file)"));
+    }
+    match e {
+        EngineError::Io { .. } | EngineError::Timeout(_) => CopyError::Network(e.to_string()),
+        other => CopyError::Failed(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_settings_go_to_the_sending_end_and_bwlimit_replaces_pacing() {
+        let s = auto::Settings {
+            streams: 5,
+            buffer: Some(3 << 20),
+            forced_buffers: false,
+            congestion: Some("cubic".into()),
+            pacing_rate: Some(200_000_000),
+            overridden: vec![],
+        };
+        let push = DataOpts::new(&s, true, None);
+        assert_eq!(push.buffer, Some(3 << 20));
+        assert_eq!(push.congestion.as_deref(), Some("cubic"));
+        assert_eq!(push.pacing_rate, Some(200_000_000));
+        // Pulling, this end receives: only its receive buffer is set.
+        let pull = DataOpts::new(&s, false, None);
+        assert_eq!(
+            (pull.buffer, pull.congestion, pull.pacing_rate),
+            (Some(3 << 20), None, None)
+        );
+        assert_eq!(DataOpts::new(&s, true, Some(1_000_000)).pacing_rate, None);
+        // The server's end: on a push it receives (buffer only); on a pull
+        // it sends with the plan's congestion control and pacing, unless
+        // --bwlimit paces it instead.
+        let to_server = |push, bwlimit| {
+            let t = remote_tuning(&s, push, bwlimit);
+            (t.buffer, t.force, t.congestion, t.pacing)
+        };
+        assert_eq!(to_server(true, None), (3 << 20, false, String::new(), 0));
+        assert_eq!(
+            to_server(false, None),
+            (3 << 20, false, "cubic".to_string(), 200_000_000)
+        );
+        assert_eq!(to_server(false, Some(1_000_000)).3, 0);
+    }
+
+    #[test]
+    fn exports_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let mut warned = Vec::new();
+        let mut warn = |w: &str| warned.push(w.to_string());
+        assert!(CopyService::new(
+            &[format!("data={d}"), format!("pub={d}:ro:public")],
+            true,
+            &mut warn
+        )
+        .is_ok());
+        assert!(CopyService::new(&[format!("data={d}")], false, &mut warn).is_ok());
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].starts_with("export 'data' needs the key"));
+        for bad in [
+            format!("data={d}/missing"),
+            "nodir".to_string(),
+            format!("a b={d}"),
+        ] {
+            assert!(
+                CopyService::new(std::slice::from_ref(&bad), true, &mut |_| {}).is_err(),
+                "{bad}"
+            );
+        }
+        let e = CopyService::new(&[format!("x={d}"), format!("x={d}")], true, &mut |_| {})
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("twice"));
+    }
+}
