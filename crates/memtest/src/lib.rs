@@ -23,8 +23,6 @@
 pub(crate) mod data;
 pub mod msg;
 pub mod rfc6349;
-#[cfg(test)]
-mod service_tests;
 pub mod tuning;
 
 use std::collections::{BTreeMap, HashMap};
@@ -1881,6 +1879,9 @@ fn merge_final(
         rfc6349: None,
     }
 }
+
+#[cfg(test)]
+mod service_tests;
 
 #[cfg(test)]
 mod tests {
