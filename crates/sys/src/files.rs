@@ -1,6 +1,5 @@
 //! File helpers for the copy engine: opens that cannot escape an export
-//! root, preallocation, direct I/O, access-pattern advice, in-kernel copies
-//! and free space.
+//! root, preallocation and access-pattern advice.
 //!
 //! The safety-critical piece is [`open_beneath`]. A server exporting
 //! `/srv/data` must never open `/srv/data/../../etc/passwd` or follow a
@@ -23,7 +22,7 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
-use crate::{platform, IoPath, Transfer};
+use crate::platform;
 
 /// Access-pattern advice for [`fadvise`] (`posix_fadvise`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,29 +51,6 @@ pub enum Preallocation {
     SizeOnly,
 }
 
-/// Alignment rules for `O_DIRECT` I/O on a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirectAlignment {
-    /// Buffer addresses must be multiples of this.
-    pub memory: usize,
-    /// File offsets and lengths must be multiples of this.
-    pub offset: usize,
-    /// Whether the kernel reported these (`statx` `STATX_DIOALIGN`, Linux
-    /// 6.1+) or they are the safe default of 4096.
-    pub reported: bool,
-}
-
-/// Space on the file system holding a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FsSpace {
-    /// Bytes an unprivileged process may still write.
-    pub available: u64,
-    /// Free bytes including those reserved for root.
-    pub free: u64,
-    /// Size of the file system in bytes.
-    pub total: u64,
-}
-
 /// Opens `path` relative to the directory `dirfd`, refusing to resolve
 /// outside it: absolute paths, any `..` component, and symlinks that lead
 /// out (magic links like `/proc/self/fd/*` too) fail with an error for
@@ -98,73 +74,11 @@ pub fn open_beneath(
     }
 }
 
-/// Creates the directory `path` beneath `dirfd` (its parent must exist),
-/// with the same refusal rules as [`open_beneath`]. An existing entry gives
-/// `AlreadyExists`.
-pub fn create_dir_beneath(
-    dirfd: impl AsFd,
-    path: impl AsRef<Path>,
-    mode: libc::mode_t,
-) -> io::Result<()> {
-    let path = path.as_ref();
-    let parts = checked_components(path)?;
-    let Some((last, parents)) = parts.split_last() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty path"));
-    };
-    let name = cstring(last)?;
-    let parent_fd;
-    let parent = if parents.is_empty() {
-        dirfd.as_fd()
-    } else {
-        let p: std::path::PathBuf = parents.iter().collect();
-        parent_fd = open_beneath(&dirfd, &p, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-        parent_fd.as_fd()
-    };
-    // SAFETY: `name` is NUL-terminated and `parent` is a live descriptor.
-    platform::cvt(unsafe { libc::mkdirat(platform::raw(&parent), name.as_ptr(), mode) }).map(drop)
-}
-
-/// Whether an error from [`open_beneath`] or [`create_dir_beneath`] means
+/// Whether an error from [`open_beneath`] means
 /// "the path tried to leave the directory" (`EXDEV`) or "went through a
 /// refused symlink" (`ELOOP`).
 pub fn is_escape(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::EXDEV) | Some(libc::ELOOP))
-}
-
-/// Opens `path` beneath `dirfd` for direct I/O (`O_DIRECT`, bypassing the
-/// page cache). When the file system refuses `O_DIRECT` (tmpfs, some
-/// network file systems) the file is opened buffered instead; the returned
-/// path says which: [`IoPath::Direct`] or [`IoPath::Copy`] (buffered).
-pub fn open_direct_beneath(
-    dirfd: impl AsFd,
-    path: impl AsRef<Path>,
-    flags: libc::c_int,
-    mode: libc::mode_t,
-) -> io::Result<(File, IoPath)> {
-    if platform::O_DIRECT_FLAG != 0 {
-        match open_beneath(&dirfd, &path, flags | platform::O_DIRECT_FLAG, mode) {
-            Ok(f) => return Ok((f, IoPath::Direct)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    open_beneath(dirfd, path, flags, mode).map(|f| (f, IoPath::Copy))
-}
-
-/// The alignment `O_DIRECT` I/O on this file needs.
-pub fn direct_io_alignment(file: impl AsFd) -> DirectAlignment {
-    match platform::dio_alignment(&file) {
-        Ok(Some((mem, off))) => DirectAlignment {
-            memory: mem.max(1) as usize,
-            offset: off.max(1) as usize,
-            reported: true,
-        },
-        _ => DirectAlignment {
-            memory: 4096,
-            offset: 4096,
-            reported: false,
-        },
-    }
 }
 
 /// Makes `file` `len` bytes long with its blocks reserved (`fallocate`),
@@ -203,59 +117,6 @@ pub fn fadvise(fd: impl AsFd, offset: u64, len: u64, advice: Advice) -> io::Resu
         Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
         other => other,
     }
-}
-
-/// Copies up to `len` bytes from `input` at `*in_off` to `output` at
-/// `*out_off` in one call, advancing both offsets; `bytes == 0` at end of
-/// input. Uses `copy_file_range` (in-kernel, may share extents on
-/// reflinking file systems); falls back to `pread`/`pwrite` through a
-/// buffer when refused (e.g. across file systems on older kernels).
-pub fn copy_file_range(
-    input: impl AsFd,
-    in_off: &mut u64,
-    output: impl AsFd,
-    out_off: &mut u64,
-    len: usize,
-) -> io::Result<Transfer> {
-    match platform::copy_file_range(&input, in_off, &output, out_off, len) {
-        Ok(n) => Ok(Transfer::new(n, IoPath::CopyFileRange)),
-        Err(e) if platform::is_refusal(&e) => {
-            let mut buf = vec![0u8; len.min(1 << 20)];
-            let n = platform::pread(&input, &mut buf, *in_off)?;
-            let mut done = 0;
-            while done < n {
-                let w = platform::pwrite(&output, &buf[done..n], *out_off + done as u64)?;
-                if w == 0 {
-                    return Err(io::Error::new(io::ErrorKind::WriteZero, "pwrite wrote 0"));
-                }
-                done += w;
-            }
-            *in_off += n as u64;
-            *out_off += n as u64;
-            Ok(Transfer::new(n, IoPath::Copy))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Space on the file system holding `fd` (`fstatvfs`).
-#[allow(clippy::useless_conversion)] // the statvfs field types differ by target
-pub fn free_space(fd: impl AsFd) -> io::Result<FsSpace> {
-    // SAFETY: statvfs is plain data; all-zero is a valid value to overwrite.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: the descriptor is live and `s` is valid for writes.
-    platform::cvt(unsafe { libc::fstatvfs(platform::raw(&fd), &mut s) })?;
-    let frag = u64::from(s.f_frsize).max(1);
-    let (avail, free, blocks) = (
-        u64::from(s.f_bavail),
-        u64::from(s.f_bfree),
-        u64::from(s.f_blocks),
-    );
-    Ok(FsSpace {
-        available: avail.saturating_mul(frag),
-        free: free.saturating_mul(frag),
-        total: blocks.saturating_mul(frag),
-    })
 }
 
 /// Splits `path` into normal components, refusing empty and absolute
@@ -363,7 +224,7 @@ fn escape() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
+    use std::io::Read;
     use std::os::unix::fs::symlink;
 
     fn linux() -> bool {
@@ -454,35 +315,7 @@ mod tests {
     }
 
     #[test]
-    fn create_write_and_mkdir_beneath() {
-        let (t, dir) = tree();
-        create_dir_beneath(&dir, "new", 0o755).unwrap();
-        create_dir_beneath(&dir, "new/deeper", 0o755).unwrap();
-        assert_eq!(
-            create_dir_beneath(&dir, "new", 0o755).unwrap_err().kind(),
-            io::ErrorKind::AlreadyExists
-        );
-        assert!(is_escape(
-            &create_dir_beneath(&dir, "../evil", 0o755).unwrap_err()
-        ));
-        assert!(is_escape(
-            &create_dir_beneath(&dir, "out/x", 0o755).unwrap_err()
-        ));
-        let mut f = open_beneath(
-            &dir,
-            "new/deeper/file",
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-            0o600,
-        )
-        .unwrap();
-        f.write_all(b"written").unwrap();
-        let p = t.path().join("root/new/deeper/file");
-        assert_eq!(std::fs::read(&p).unwrap(), b"written");
-        assert!(!t.path().join("evil").exists());
-    }
-
-    #[test]
-    fn preallocate_fadvise_space_and_direct() {
+    fn preallocate_and_fadvise() {
         let t = tempfile::tempdir().unwrap();
         let dir = File::open(t.path()).unwrap();
         let f = open_beneath(&dir, "big", libc::O_RDWR | libc::O_CREAT, 0o600).unwrap();
@@ -493,57 +326,5 @@ mod tests {
         }
         fadvise(&f, 0, 0, Advice::Sequential).unwrap();
         fadvise(&f, 0, 4096, Advice::DontNeed).unwrap();
-        let space = free_space(&f).unwrap();
-        assert!(space.total > 0 && space.available <= space.free && space.free <= space.total);
-        let (d, path) = open_direct_beneath(&dir, "big", libc::O_RDONLY, 0).unwrap();
-        let a = direct_io_alignment(&d);
-        eprintln!("preallocate: {p:?}, open_direct: {path:?}, alignment: {a:?}");
-        assert!(
-            a.memory.is_power_of_two() && a.offset.is_power_of_two(),
-            "{a:?}"
-        );
-        if path == IoPath::Direct {
-            // Honour the alignment and read one block directly.
-            let layout =
-                std::alloc::Layout::from_size_align(a.offset.max(4096), a.memory.max(a.offset))
-                    .unwrap();
-            // SAFETY: layout has non-zero size; freed below with the same layout.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            assert!(!ptr.is_null());
-            // SAFETY: `ptr` points at layout.size() writable bytes we own.
-            let buf = unsafe { std::slice::from_raw_parts_mut(ptr, layout.size()) };
-            let n = platform::pread(&d, buf, 0);
-            // SAFETY: allocated above with this layout, not freed before.
-            unsafe { std::alloc::dealloc(ptr, layout) };
-            assert_eq!(n.unwrap(), layout.size());
-        } else {
-            assert_eq!(path, IoPath::Copy);
-        }
-    }
-
-    #[test]
-    fn copy_file_range_copies() {
-        let t = tempfile::tempdir().unwrap();
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-        std::fs::write(t.path().join("a"), &data).unwrap();
-        let a = File::open(t.path().join("a")).unwrap();
-        let b = File::create(t.path().join("b")).unwrap();
-        let (mut i, mut o) = (1000u64, 0u64);
-        let mut path = None;
-        loop {
-            let tr = copy_file_range(&a, &mut i, &b, &mut o, 100_000).unwrap();
-            if tr.bytes == 0 {
-                break;
-            }
-            path = Some(tr.path);
-        }
-        assert_eq!((i, o), (300_000, 299_000));
-        assert_eq!(std::fs::read(t.path().join("b")).unwrap(), &data[1000..]);
-        let want = if linux() {
-            IoPath::CopyFileRange
-        } else {
-            IoPath::Copy
-        };
-        assert_eq!(path, Some(want));
     }
 }

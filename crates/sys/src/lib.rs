@@ -30,9 +30,7 @@
 //! | `TCP_CONGESTION` | yes | `Unsupported` |
 //! | `SO_MAX_PACING_RATE` | yes | `Unsupported` |
 //! | `TCP_INFO` | yes, length-checked | `Unsupported` |
-//! | host limits (`/proc/sys`) | yes | every field unavailable, with reason |
 //! | `sendfile` | yes | `pread` + `write` copy |
-//! | `splice` through a pipe | yes, pipe sized by `F_SETPIPE_SZ` | read/write copy |
 //! | `MSG_ZEROCOPY` | yes (`SO_ZEROCOPY`, error-queue completions) | plain `send` |
 //! | `MSG_TRUNC` discard on TCP | yes (verified on first use) | scratch-buffer read |
 //! | `memfd_create` | yes | unlinked temporary file |
@@ -41,9 +39,8 @@
 //! | path probe: DF probing, route MTU, `SO_TIMESTAMPNS` | yes | `Unsupported`; receive without a timestamp |
 //! | NIC offloads and rings (`SIOCETHTOOL`) | yes | `Unsupported` |
 //! | `openat2(RESOLVE_BENEATH)` | yes, walk on `ENOSYS` | component walk with `O_NOFOLLOW` |
-//! | `fallocate`, `posix_fadvise`, `O_DIRECT`, `copy_file_range` | yes | size-only / no-op / buffered / copy |
-//! | `getrusage`, monotonic clock, `fstatvfs` | yes | yes |
-//! | CPU count | `sched_getaffinity` | `sysconf(_SC_NPROCESSORS_ONLN)` |
+//! | `fallocate`, `posix_fadvise` | yes | size-only / no-op |
+//! | `getrusage`, monotonic clock | yes | yes |
 //!
 //! Building with `RUSTFLAGS="--cfg fatpipe_sys_fallback"` selects the
 //! fallback platform on Linux too, so its paths compile and its tests run
@@ -56,35 +53,25 @@ pub mod cpu;
 pub mod discard;
 pub mod ethtool;
 pub mod files;
-pub mod host;
 pub mod probe;
 pub mod send;
-pub mod splice;
 pub mod tcp;
 pub mod udp;
 pub mod zerocopy;
 
 pub use buffers::{
-    get_recv_buffer, get_send_buffer, get_window_clamp, set_recv_buffer, set_send_buffer,
-    BufferGrant, WindowHold,
+    get_recv_buffer, get_send_buffer, set_recv_buffer, set_send_buffer, BufferGrant, WindowHold,
 };
-pub use cpu::{num_cpus, CpuSample, CpuUsage};
-pub use discard::{recv_discard, Discarder};
-pub use files::{
-    copy_file_range, create_dir_beneath, direct_io_alignment, fadvise, free_space, is_escape,
-    open_beneath, open_direct_beneath, preallocate, Advice, DirectAlignment, FsSpace,
-    Preallocation,
-};
-pub use host::{host_limits, HostLimits, Unavailable};
+pub use cpu::{CpuSample, CpuUsage};
+pub use discard::Discarder;
+pub use files::{fadvise, is_escape, open_beneath, preallocate, Advice, Preallocation};
 pub use send::{pattern_byte, pattern_memfd, sendfile, sendfile_all, PATTERN_PERIOD};
-pub use splice::{SplicePipe, DEFAULT_PIPE_SIZE};
 pub use tcp::{
     get_congestion, get_mss, set_congestion, set_max_pacing_rate, set_mss, set_nodelay, tcp_info,
     TcpInfo,
 };
 pub use udp::{
-    gro_supported, gso_supported, send_gso, set_gro, Batch, RecvBatch, SendBatch,
-    UDP_MAX_GSO_SEGMENTS,
+    gso_supported, send_gso, set_gro, Batch, RecvBatch, SendBatch, UDP_MAX_GSO_SEGMENTS,
 };
 pub use zerocopy::{ZeroCopySender, ZeroCopyStats};
 
@@ -98,8 +85,6 @@ pub enum IoPath {
     Copy,
     /// `sendfile(2)`: page-cache pages handed to the socket without a user copy.
     Sendfile,
-    /// `splice(2)` through a pipe pair.
-    Splice,
     /// `send(MSG_ZEROCOPY)`: user pages pinned and sent, completions reaped
     /// from the error queue.
     MsgZerocopy,
@@ -110,10 +95,6 @@ pub enum IoPath {
     /// UDP generic segmentation offload (`UDP_SEGMENT`) on send, or generic
     /// receive offload (`UDP_GRO`) coalescing on receive.
     Gso,
-    /// `copy_file_range(2)`: in-kernel file-to-file copy (may reflink).
-    CopyFileRange,
-    /// File opened with `O_DIRECT`, bypassing the page cache.
-    Direct,
 }
 
 impl IoPath {
@@ -122,13 +103,10 @@ impl IoPath {
         match self {
             IoPath::Copy => "copy",
             IoPath::Sendfile => "sendfile",
-            IoPath::Splice => "splice",
             IoPath::MsgZerocopy => "msg_zerocopy",
             IoPath::RecvTrunc => "recv_trunc",
             IoPath::Mmsg => "mmsg",
             IoPath::Gso => "gso",
-            IoPath::CopyFileRange => "copy_file_range",
-            IoPath::Direct => "direct",
         }
     }
 }
@@ -163,13 +141,10 @@ mod tests {
         let all = [
             IoPath::Copy,
             IoPath::Sendfile,
-            IoPath::Splice,
             IoPath::MsgZerocopy,
             IoPath::RecvTrunc,
             IoPath::Mmsg,
             IoPath::Gso,
-            IoPath::CopyFileRange,
-            IoPath::Direct,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|p| p.name()).collect();
         assert_eq!(names.len(), all.len());

@@ -11,7 +11,6 @@ use std::io;
 use std::mem;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
 
 use super::{cvt, cvt_retry, getsockopt_bytes, getsockopt_int, raw, setsockopt, setsockopt_bytes};
 use crate::files::Advice;
@@ -24,9 +23,6 @@ pub(crate) const BUFFER_SCALE: u64 = 2;
 
 /// The `send` flag for `MSG_ZEROCOPY`.
 pub(crate) const MSG_ZEROCOPY_FLAG: libc::c_int = libc::MSG_ZEROCOPY;
-
-/// The `open` flag for `O_DIRECT`.
-pub(crate) const O_DIRECT_FLAG: libc::c_int = libc::O_DIRECT;
 
 const SO_SNDBUFFORCE: libc::c_int = 32;
 const SO_RCVBUFFORCE: libc::c_int = 33;
@@ -52,6 +48,7 @@ pub(crate) fn set_window_clamp(fd: &impl AsFd, bytes: libc::c_int) -> io::Result
 }
 
 /// Reads `TCP_WINDOW_CLAMP`.
+#[cfg(test)]
 pub(crate) fn get_window_clamp(fd: &impl AsFd) -> io::Result<libc::c_int> {
     getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP)
 }
@@ -87,11 +84,6 @@ pub(crate) fn tcp_info_raw(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> 
     getsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_INFO, buf)
 }
 
-/// Where the host's tunables live.
-pub(crate) fn proc_sys_root() -> Option<PathBuf> {
-    Some(PathBuf::from("/proc/sys"))
-}
-
 /// One `sendfile(2)` call from `input` at `*offset`; advances `*offset`.
 pub(crate) fn sendfile(
     out: &impl AsFd,
@@ -106,64 +98,6 @@ pub(crate) fn sendfile(
     let n = cvt_retry(|| unsafe { libc::sendfile64(raw(out), raw(input), &mut off, len) })?;
     *offset = off as u64;
     Ok(n as usize)
-}
-
-/// One `splice(2)` call; `None` offsets mean "the descriptor's position"
-/// (required for pipes and sockets).
-pub(crate) fn splice(
-    input: &impl AsFd,
-    in_off: Option<&mut u64>,
-    out: &impl AsFd,
-    out_off: Option<&mut u64>,
-    len: usize,
-    more: bool,
-) -> io::Result<usize> {
-    let to_loff = |o: &Option<&mut u64>| -> io::Result<Option<libc::loff_t>> {
-        o.as_ref()
-            .map(|v| {
-                libc::loff_t::try_from(**v)
-                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))
-            })
-            .transpose()
-    };
-    let mut a = to_loff(&in_off)?;
-    let mut b = to_loff(&out_off)?;
-    let flags = libc::SPLICE_F_MOVE | if more { libc::SPLICE_F_MORE } else { 0 };
-    let pa = a.as_mut().map_or(std::ptr::null_mut(), |v| v as *mut _);
-    let pb = b.as_mut().map_or(std::ptr::null_mut(), |v| v as *mut _);
-    // SAFETY: descriptors are borrowed for the call; each offset pointer is
-    // either null or points at a live local the kernel may update.
-    let n = cvt_retry(|| unsafe { libc::splice(raw(input), pa, raw(out), pb, len, flags) })?;
-    if let (Some(o), Some(v)) = (in_off, a) {
-        *o = v as u64;
-    }
-    if let (Some(o), Some(v)) = (out_off, b) {
-        *o = v as u64;
-    }
-    Ok(n as usize)
-}
-
-/// Creates a pipe pair `(read end, write end)` with `O_CLOEXEC`.
-pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by us.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Asks for a pipe capacity of `size` bytes; returns the capacity the
-/// kernel set (it rounds up to a power-of-two number of pages).
-pub(crate) fn set_pipe_size(fd: &impl AsFd, size: usize) -> io::Result<usize> {
-    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
-    // SAFETY: F_SETPIPE_SZ takes an int argument and touches no memory of ours.
-    cvt(unsafe { libc::fcntl(raw(fd), libc::F_SETPIPE_SZ, size) }).map(|n| n as usize)
-}
-
-/// Reads a pipe's current capacity.
-pub(crate) fn pipe_size(fd: &impl AsFd) -> io::Result<usize> {
-    // SAFETY: F_GETPIPE_SZ takes no argument and touches no memory of ours.
-    cvt(unsafe { libc::fcntl(raw(fd), libc::F_GETPIPE_SZ) }).map(|n| n as usize)
 }
 
 /// An anonymous memory-backed file (`memfd_create`).
@@ -422,6 +356,7 @@ pub(crate) fn set_gro(fd: &impl AsFd, on: bool) -> io::Result<()> {
 }
 
 /// Whether `UDP_GRO` is on for this socket.
+#[cfg(test)]
 pub(crate) fn gro_enabled(fd: &impl AsFd) -> io::Result<bool> {
     super::getsockopt_int(fd, libc::SOL_UDP, UDP_GRO).map(|v| v != 0)
 }
@@ -473,28 +408,6 @@ pub(crate) fn fallocate(fd: &impl AsFd, offset: u64, len: u64, keep_size: bool) 
     cvt_retry(|| unsafe { libc::fallocate64(raw(fd), mode, off, len) }).map(drop)
 }
 
-/// Direct-I/O alignment `(memory, file offset)` from `statx(STATX_DIOALIGN)`,
-/// `None` when the file system does not report it (or does not do O_DIRECT).
-pub(crate) fn dio_alignment(fd: &impl AsFd) -> io::Result<Option<(u32, u32)>> {
-    // SAFETY: statx is plain data; all-zero is a valid value to overwrite.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: the empty path with AT_EMPTY_PATH names `fd` itself; `stx` is
-    // valid for writes.
-    cvt(unsafe {
-        libc::statx(
-            raw(fd),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    })?;
-    if stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
-        return Ok(None);
-    }
-    Ok(Some((stx.stx_dio_mem_align, stx.stx_dio_offset_align)))
-}
-
 /// `posix_fadvise(2)`.
 pub(crate) fn fadvise(fd: &impl AsFd, offset: u64, len: u64, advice: Advice) -> io::Result<()> {
     let advice = match advice {
@@ -515,39 +428,6 @@ pub(crate) fn fadvise(fd: &impl AsFd, offset: u64, len: u64, advice: Advice) -> 
     } else {
         Err(io::Error::from_raw_os_error(ret))
     }
-}
-
-/// One `copy_file_range(2)` call between explicit offsets.
-pub(crate) fn copy_file_range(
-    input: &impl AsFd,
-    in_off: &mut u64,
-    out: &impl AsFd,
-    out_off: &mut u64,
-    len: usize,
-) -> io::Result<usize> {
-    let mut a = libc::loff_t::try_from(*in_off)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-    let mut b = libc::loff_t::try_from(*out_off)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-    // SAFETY: descriptors are borrowed for the call, the offsets are live
-    // locals the kernel may update.
-    let n = cvt_retry(|| unsafe {
-        libc::copy_file_range(raw(input), &mut a, raw(out), &mut b, len, 0)
-    })?;
-    *in_off = a as u64;
-    *out_off = b as u64;
-    Ok(n as usize)
-}
-
-/// CPUs this process may run on (`sched_getaffinity`).
-pub(crate) fn affinity_cpus() -> io::Result<usize> {
-    // SAFETY: cpu_set_t is a plain bit set; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is valid for writes of exactly the size passed.
-    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
-    // SAFETY: `set` was initialised above.
-    let n = unsafe { libc::CPU_COUNT(&set) };
-    Ok(n.max(1) as usize)
 }
 
 /// Don't Fragment on every datagram, ignoring the cached path MTU
