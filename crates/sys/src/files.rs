@@ -16,12 +16,16 @@
 //! recognises the errors.
 
 use std::ffi::{CString, OsStr};
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path};
 
+use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
+
+use crate::dir::mode_bits;
 use crate::platform;
 
 /// Access-pattern advice for [`fadvise`] (`posix_fadvise`).
@@ -59,12 +63,13 @@ pub enum Preallocation {
 pub fn open_beneath(
     dirfd: impl AsFd,
     path: impl AsRef<Path>,
-    flags: libc::c_int,
-    mode: libc::mode_t,
+    flags: OFlags,
+    mode: u32,
 ) -> io::Result<File> {
     let path = path.as_ref();
     let parts = checked_components(path)?;
     let cpath = cstring(path.as_os_str())?;
+    let mode = mode_bits(mode);
     match platform::openat2_beneath(&dirfd, &cpath, flags, mode) {
         Ok(fd) => Ok(File::from(fd)),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
@@ -92,16 +97,15 @@ pub fn preallocate(file: impl AsFd, len: u64) -> io::Result<Preallocation> {
     match platform::fallocate(&file, 0, len, false) {
         Ok(()) => Ok(Preallocation::Reserved),
         Err(e) if platform::is_refusal(&e) => {
-            let fd = platform::raw(&file);
-            // SAFETY: stat is plain data and `st` is valid for writes.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: `fd` is live for the call and `st` is valid for writes.
-            platform::cvt(unsafe { libc::fstat(fd, &mut st) })?;
-            let len = libc::off_t::try_from(len)
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
-            if st.st_size < len {
-                // SAFETY: ftruncate takes only integers.
-                platform::cvt_retry(|| unsafe { libc::ftruncate(fd, len) })?;
+            let size = crate::dir::stat(&file)?.size;
+            if i64::try_from(len).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "length too large",
+                ));
+            }
+            if size < len {
+                retry(|| rustix::fs::ftruncate(&file, len))?;
             }
             Ok(Preallocation::SizeOnly)
         }
@@ -117,6 +121,53 @@ pub fn fadvise(fd: impl AsFd, offset: u64, len: u64, advice: Advice) -> io::Resu
         Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
         other => other,
     }
+}
+
+/// Makes `[offset, offset + len)` of `file` read as zeros and frees its
+/// blocks, leaving the size alone (`FALLOC_FL_PUNCH_HOLE`). `Unsupported`
+/// where the platform cannot; the kernel's error where the file system
+/// cannot. The caller decides whether writing zeros instead will do.
+pub fn punch_hole(file: impl AsFd, offset: u64, len: u64) -> io::Result<()> {
+    platform::punch_hole(&file, offset, len)
+}
+
+/// The offset of the next byte of data at or after `offset`, or `None` if
+/// the rest of the file is a hole (`lseek(SEEK_DATA)`).
+pub fn next_data(file: impl AsFd, offset: u64) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(&file, rustix::fs::SeekFrom::Data(offset)) {
+        Ok(at) => Ok(Some(at)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Takes an exclusive advisory lock on the whole file (`flock`), released
+/// when its last descriptor closes. With `wait` false a lock held
+/// elsewhere fails at once with `WouldBlock`.
+pub fn lock_exclusive(file: impl AsFd, wait: bool) -> io::Result<()> {
+    let op = if wait {
+        FlockOperation::LockExclusive
+    } else {
+        FlockOperation::NonBlockingLockExclusive
+    };
+    Ok(rustix::fs::flock(file, op)?)
+}
+
+/// Opens `path` with `options` plus `O_DIRECT` (bypassing the page cache);
+/// where the platform or the file system refuses direct I/O (tmpfs, some
+/// FUSE and network file systems answer `EINVAL`) it opens with `options`
+/// alone. The flag says which it got.
+pub fn open_direct(options: &OpenOptions, path: &Path) -> io::Result<(File, bool)> {
+    if platform::O_DIRECT_FLAG != 0 {
+        let mut direct = options.clone();
+        direct.custom_flags(platform::O_DIRECT_FLAG);
+        match direct.open(path) {
+            Ok(f) => return Ok((f, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    options.open(path).map(|f| (f, false))
 }
 
 /// Splits `path` into normal components, refusing empty and absolute
@@ -141,8 +192,8 @@ fn checked_components(path: &Path) -> io::Result<Vec<&OsStr>> {
 fn walk_beneath(
     dirfd: BorrowedFd<'_>,
     parts: &[&OsStr],
-    flags: libc::c_int,
-    mode: libc::mode_t,
+    flags: OFlags,
+    mode: Mode,
 ) -> io::Result<OwnedFd> {
     let Some((last, dirs)) = parts.split_last() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty path"));
@@ -150,8 +201,8 @@ fn walk_beneath(
     let mut held: Option<OwnedFd> = None;
     for d in dirs {
         let at = held.as_ref().map_or(dirfd, |f| f.as_fd());
-        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-        let fd = match openat(at, d, dir_flags, 0) {
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+        let fd = match openat(at, d, dir_flags, Mode::empty()) {
             Ok(fd) => fd,
             // O_DIRECTORY|O_NOFOLLOW on a symlink says ENOTDIR; report it as
             // the refused symlink it is, as openat2 would.
@@ -163,7 +214,7 @@ fn walk_beneath(
         held = Some(fd);
     }
     let at = held.as_ref().map_or(dirfd, |f| f.as_fd());
-    match openat(at, last, flags | libc::O_NOFOLLOW, mode) {
+    match openat(at, last, flags | OFlags::NOFOLLOW, mode) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) && is_symlink(at, last) => {
             Err(io::Error::from_raw_os_error(libc::ELOOP))
         }
@@ -171,43 +222,27 @@ fn walk_beneath(
     }
 }
 
-fn openat(
-    at: BorrowedFd<'_>,
-    name: &OsStr,
-    flags: libc::c_int,
-    mode: libc::mode_t,
-) -> io::Result<OwnedFd> {
+fn openat(at: BorrowedFd<'_>, name: &OsStr, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
     let c = cstring(name)?;
-    // SAFETY: `c` is NUL-terminated and `at` is a live descriptor; the mode
-    // is passed as the variadic unsigned int open(2) expects.
-    let fd = platform::cvt_retry(|| unsafe {
-        libc::openat(
-            platform::raw(&at),
-            c.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            libc::c_uint::from(mode),
-        )
-    })?;
-    // SAFETY: openat returned a new descriptor that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    retry(|| rustix::fs::openat(at, c.as_c_str(), flags | OFlags::CLOEXEC, mode))
 }
 
 fn is_symlink(at: BorrowedFd<'_>, name: &OsStr) -> bool {
     let Ok(c) = cstring(name) else {
         return false;
     };
-    // SAFETY: stat is plain data; all-zero is a valid value to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated, `at` is live and `st` valid for writes.
-    let ret = unsafe {
-        libc::fstatat(
-            platform::raw(&at),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    ret == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFLNK
+    rustix::fs::statat(at, c.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode as _) == FileType::Symlink)
+}
+
+/// Runs a rustix call again while it is interrupted by a signal.
+fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => return Ok(other?),
+        }
+    }
 }
 
 fn cstring(s: &OsStr) -> io::Result<CString> {
@@ -257,11 +292,11 @@ mod tests {
     fn opens_inside_and_refuses_escapes() {
         let (_t, dir) = tree();
         assert_eq!(
-            read(open_beneath(&dir, "sub/f", libc::O_RDONLY, 0).unwrap()),
+            read(open_beneath(&dir, "sub/f", OFlags::RDONLY, 0).unwrap()),
             "inside"
         );
         assert_eq!(
-            read(open_beneath(&dir, "./sub/./f", libc::O_RDONLY, 0).unwrap()),
+            read(open_beneath(&dir, "./sub/./f", OFlags::RDONLY, 0).unwrap()),
             "inside"
         );
         for bad in [
@@ -272,27 +307,27 @@ mod tests {
             "abs",
             "sub/up/../secret",
         ] {
-            let e = open_beneath(&dir, bad, libc::O_RDONLY, 0).unwrap_err();
+            let e = open_beneath(&dir, bad, OFlags::RDONLY, 0).unwrap_err();
             assert!(is_escape(&e), "{bad}: {e}");
         }
         // sub/up -> .. resolves to root itself: inside, but a symlink.
-        let e = open_beneath(&dir, "sub/up/sub/f", libc::O_RDONLY, 0);
+        let e = open_beneath(&dir, "sub/up/sub/f", OFlags::RDONLY, 0);
         // openat2 (Linux 5.6+) follows links that stay inside; the
         // fallback walk refuses every link.
-        let openat2 = platform::openat2_beneath(&dir, c".", libc::O_RDONLY, 0).is_ok();
+        let openat2 = platform::openat2_beneath(&dir, c".", OFlags::RDONLY, Mode::empty()).is_ok();
         if openat2 {
             assert_eq!(read(e.unwrap()), "inside");
         } else {
             assert!(is_escape(&e.unwrap_err()));
         }
         assert_eq!(
-            open_beneath(&dir, "", libc::O_RDONLY, 0)
+            open_beneath(&dir, "", OFlags::RDONLY, 0)
                 .unwrap_err()
                 .kind(),
             io::ErrorKind::InvalidInput
         );
         assert_eq!(
-            open_beneath(&dir, "nope", libc::O_RDONLY, 0)
+            open_beneath(&dir, "nope", OFlags::RDONLY, 0)
                 .unwrap_err()
                 .kind(),
             io::ErrorKind::NotFound
@@ -303,10 +338,11 @@ mod tests {
     fn fallback_walk_refuses_every_symlink() {
         let (_t, dir) = tree();
         let parts = |p: &'static str| -> Vec<&'static OsStr> { Path::new(p).iter().collect() };
-        let f = walk_beneath(dir.as_fd(), &parts("sub/f"), libc::O_RDONLY, 0).unwrap();
+        let f = walk_beneath(dir.as_fd(), &parts("sub/f"), OFlags::RDONLY, Mode::empty()).unwrap();
         assert_eq!(read(File::from(f)), "inside");
         for link in ["in", "out", "abs", "sub/up/sub/f"] {
-            let e = walk_beneath(dir.as_fd(), &parts(link), libc::O_RDONLY, 0).unwrap_err();
+            let e =
+                walk_beneath(dir.as_fd(), &parts(link), OFlags::RDONLY, Mode::empty()).unwrap_err();
             assert!(
                 is_escape(&e) || e.raw_os_error() == Some(libc::ENOTDIR),
                 "{link}: {e}"
@@ -318,7 +354,7 @@ mod tests {
     fn preallocate_and_fadvise() {
         let t = tempfile::tempdir().unwrap();
         let dir = File::open(t.path()).unwrap();
-        let f = open_beneath(&dir, "big", libc::O_RDWR | libc::O_CREAT, 0o600).unwrap();
+        let f = open_beneath(&dir, "big", OFlags::RDWR | OFlags::CREATE, 0o600).unwrap();
         let p = preallocate(&f, 10 << 20).unwrap();
         assert_eq!(f.metadata().unwrap().len(), 10 << 20);
         if !linux() {

@@ -1,9 +1,10 @@
 //! fatpipe-sys: the one place where fatpipe talks to the kernel.
 //!
-//! Everything above this crate (engine, transfer, lab, tune) is plain safe
-//! Rust over blocking sockets and files; everything that needs `libc`, an
-//! `unsafe` block or a platform `#[cfg]` lives here. The crate is shaped by
-//! three rules:
+//! Everything above this crate (engine, transfer, lab, tune, the binary) is
+//! plain safe Rust over blocking sockets and files and forbids `unsafe`;
+//! everything that needs `libc`, an `unsafe` block or a platform `#[cfg]`
+//! lives here. Where rustix already wraps a call safely, it is used instead
+//! of hand-written `libc`. The crate is shaped by three rules:
 //!
 //! 1. **Every fast path says which path it took.** Zero-copy calls return a
 //!    [`Transfer`] carrying an [`IoPath`], so the engine can print
@@ -39,7 +40,16 @@
 //! | path probe: DF probing, route MTU, `SO_TIMESTAMPNS` | yes | `Unsupported`; receive without a timestamp |
 //! | NIC offloads and rings (`SIOCETHTOOL`) | yes | `Unsupported` |
 //! | `openat2(RESOLVE_BENEATH)` | yes, walk on `ENOSYS` | component walk with `O_NOFOLLOW` |
-//! | `fallocate`, `posix_fadvise` | yes | size-only / no-op |
+//! | `openat`/`statat`/`mkdirat`/`renameat`/... on one name (`dir`) | yes | yes |
+//! | `O_TMPFILE` and naming it through `/proc/self/fd` | yes | `Unsupported` (caller uses a temporary name) |
+//! | `fallocate`, `posix_fadvise`, hole punching | yes | size-only / no-op / `Unsupported` |
+//! | `O_DIRECT` (`open_direct`) | yes, buffered on `EINVAL` | buffered |
+//! | `SEEK_DATA`, `flock`, `fsync` | yes | yes (where the system has `SEEK_DATA`) |
+//! | keepalive timers, `SO_RCVLOWAT` | yes | yes |
+//! | `TCP_NOTSENT_LOWAT` | yes | `Unsupported` |
+//! | euid, `RLIMIT_NOFILE`, `kill`, nanosecond `ppoll` | yes | yes |
+//! | pidfd wait, `SCHED_FIFO`, timer slack | yes | `Unsupported` / `Unsupported` / no-op |
+//! | TUN devices, `setns` (the lab) | yes | `Unsupported` |
 //! | `getrusage`, monotonic clock | yes | yes |
 //!
 //! Building with `RUSTFLAGS="--cfg fatpipe_sys_fallback"` selects the
@@ -50,12 +60,17 @@ mod platform;
 
 pub mod buffers;
 pub mod cpu;
+pub mod dir;
 pub mod discard;
 pub mod ethtool;
 pub mod files;
+pub mod netns;
+pub mod poll;
 pub mod probe;
+pub mod process;
 pub mod send;
 pub mod tcp;
+pub mod tun;
 pub mod udp;
 pub mod zerocopy;
 
@@ -64,11 +79,16 @@ pub use buffers::{
 };
 pub use cpu::{CpuSample, CpuUsage};
 pub use discard::Discarder;
-pub use files::{fadvise, is_escape, open_beneath, preallocate, Advice, Preallocation};
+pub use files::{
+    fadvise, is_escape, lock_exclusive, next_data, open_beneath, open_direct, preallocate,
+    punch_hole, Advice, Preallocation,
+};
+/// `open(2)` flags, as [`open_beneath`] and [`dir::open_at`] take them.
+pub use rustix::fs::OFlags;
 pub use send::{pattern_byte, pattern_memfd, sendfile, sendfile_all, PATTERN_PERIOD};
 pub use tcp::{
-    get_congestion, get_mss, set_congestion, set_max_pacing_rate, set_mss, set_nodelay, tcp_info,
-    TcpInfo,
+    get_congestion, get_mss, set_congestion, set_keepalive, set_max_pacing_rate, set_mss,
+    set_nodelay, set_notsent_lowat, set_recv_lowat, tcp_info, TcpInfo,
 };
 pub use udp::{
     gso_supported, send_gso, set_gro, Batch, RecvBatch, SendBatch, UDP_MAX_GSO_SEGMENTS,

@@ -130,6 +130,12 @@ pub fn set_gro(fd: impl AsFd, on: bool) -> io::Result<()> {
     platform::set_gro(&fd, on)
 }
 
+/// Whether a send failed because the interface queue was full (`ENOBUFS`):
+/// the datagrams were dropped locally and a later send may succeed.
+pub fn is_no_buffer_space(err: &io::Error) -> bool {
+    err.raw_os_error() == Some(libc::ENOBUFS)
+}
+
 /// Preallocated receive buffers for `recvmmsg`, reused across calls.
 pub struct RecvBatch {
     storage: Vec<u8>,

@@ -12,6 +12,8 @@ use std::mem;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
+use rustix::fs::{AtFlags, FallocateFlags, Mode, OFlags, ResolveFlags};
+
 use super::{cvt, cvt_retry, getsockopt_bytes, getsockopt_int, raw, setsockopt, setsockopt_bytes};
 use crate::files::Advice;
 use crate::IoPath;
@@ -23,6 +25,9 @@ pub(crate) const BUFFER_SCALE: u64 = 2;
 
 /// The `send` flag for `MSG_ZEROCOPY`.
 pub(crate) const MSG_ZEROCOPY_FLAG: libc::c_int = libc::MSG_ZEROCOPY;
+
+/// The `open` flag for `O_DIRECT`.
+pub(crate) const O_DIRECT_FLAG: libc::c_int = libc::O_DIRECT;
 
 const SO_SNDBUFFORCE: libc::c_int = 32;
 const SO_RCVBUFFORCE: libc::c_int = 33;
@@ -77,6 +82,11 @@ pub(crate) fn set_max_pacing_rate(fd: &impl AsFd, bytes_per_sec: u64) -> io::Res
         }
         other => other,
     }
+}
+
+/// Sets `TCP_NOTSENT_LOWAT`.
+pub(crate) fn set_notsent_lowat(fd: &impl AsFd, bytes: libc::c_int) -> io::Result<()> {
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, bytes)
 }
 
 /// Reads `TCP_INFO` into `buf`; returns the length the kernel filled.
@@ -365,32 +375,47 @@ pub(crate) fn gro_enabled(fd: &impl AsFd) -> io::Result<bool> {
 pub(crate) fn openat2_beneath(
     dirfd: &impl AsFd,
     path: &CStr,
-    flags: libc::c_int,
-    mode: libc::mode_t,
+    flags: OFlags,
+    mode: Mode,
 ) -> io::Result<OwnedFd> {
-    // SAFETY: open_how is plain data; all-zero is valid and required for
-    // fields we do not set.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
-        u64::from(mode)
+    // The kernel refuses a mode unless the call may create a file.
+    let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
+        mode
     } else {
-        0
+        Mode::empty()
     };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: `path` is NUL-terminated, `how` is a live open_how and its
-    // exact size is passed; the kernel only reads both.
-    let fd = cvt_retry(|| unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            raw(dirfd),
-            path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    })?;
-    // SAFETY: openat2 returned a new descriptor that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    loop {
+        match rustix::fs::openat2(dirfd, path, flags | OFlags::CLOEXEC, mode, resolve) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => return Ok(other?),
+        }
+    }
+}
+
+/// A new file without a name in `dir` (`O_TMPFILE`), open for writing.
+pub(crate) fn open_tmpfile(dir: &impl AsFd, mode: Mode) -> io::Result<OwnedFd> {
+    let flags = OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC;
+    Ok(rustix::fs::openat(dir, c".", flags, mode)?)
+}
+
+/// Names an `O_TMPFILE` file. Goes through `/proc/self/fd`, which needs no
+/// privilege (`AT_EMPTY_PATH` would need CAP_DAC_READ_SEARCH).
+pub(crate) fn link_tmpfile(file: &impl AsFd, dir: &impl AsFd, name: &CStr) -> io::Result<()> {
+    let src = format!("/proc/self/fd/{}", raw(file));
+    Ok(rustix::fs::linkat(
+        rustix::fs::CWD,
+        src.as_str(),
+        dir,
+        name,
+        AtFlags::SYMLINK_FOLLOW,
+    )?)
+}
+
+/// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
+pub(crate) fn punch_hole(fd: &impl AsFd, offset: u64, len: u64) -> io::Result<()> {
+    let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    Ok(rustix::fs::fallocate(fd, mode, offset, len)?)
 }
 
 /// `fallocate(2)`; `keep_size` leaves the file size alone.
@@ -624,4 +649,86 @@ fn ethtool_ioctl(ifname: &str, data: *mut libc::c_void) -> io::Result<()> {
         return Err(err);
     }
     Ok(())
+}
+
+// The lab's calls: namespaces, TUN devices, scheduling, pidfds.
+
+const TUN_F_TSO4: libc::c_uint = 0x02;
+const TUN_F_TSO6: libc::c_uint = 0x04;
+const TUN_F_TSO_ECN: libc::c_uint = 0x08;
+
+/// `struct ifreq` as TUNSETIFF reads it: a name and the flags, padded to
+/// the kernel's 40 bytes.
+#[repr(C)]
+struct TunReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// `setns(CLONE_NEWNET)` for the calling thread.
+pub(crate) fn enter_netns(ns: &impl AsFd) -> io::Result<()> {
+    use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
+    Ok(move_into_link_name_space(
+        ns.as_fd(),
+        Some(LinkNameSpaceType::Network),
+    )?)
+}
+
+/// Opens `/dev/net/tun` as device `name` with `IFF_TUN | IFF_NO_PI |
+/// IFF_VNET_HDR`, checksum and TSO offloads, non-blocking.
+pub(crate) fn open_tun(name: &str) -> io::Result<OwnedFd> {
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::other("device name too long"));
+    }
+    let fd = rustix::fs::open(
+        c"/dev/net/tun",
+        OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut req = TunReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
+        _pad: [0; 22],
+    };
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: TUNSETIFF reads (and may update) a `struct ifreq`, which
+    // `TunReq` lays out at its full size; `req` outlives the call.
+    if unsafe { libc::ioctl(raw(&fd), libc::TUNSETIFF, &mut req as *mut TunReq) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let offload = libc::TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
+    // SAFETY: TUNSETOFFLOAD takes the flags by value and touches no memory.
+    if unsafe { libc::ioctl(raw(&fd), libc::TUNSETOFFLOAD, offload as libc::c_ulong) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = rustix::fs::fcntl_getfl(&fd)?;
+    rustix::fs::fcntl_setfl(&fd, flags | OFlags::NONBLOCK)?;
+    Ok(fd)
+}
+
+/// `sched_setscheduler(SCHED_FIFO)` for the calling thread.
+pub(crate) fn set_fifo_priority(priority: i32) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 means the calling thread; `param` is a valid struct
+    // that outlives the call and is only read.
+    cvt(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) }).map(drop)
+}
+
+/// `PR_SET_TIMERSLACK` for the calling thread; errors are ignored (the
+/// default slack only makes timers later).
+pub(crate) fn set_timer_slack_ns(ns: u64) {
+    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(ns));
+}
+
+/// A pidfd for `pid`, or `None` if it has already gone (`ESRCH`).
+pub(crate) fn pidfd_open(pid: rustix::process::Pid) -> io::Result<Option<OwnedFd>> {
+    match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::SRCH) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -9,16 +9,19 @@
 //! - `BUFFER_SCALE`, `set_buffer_force`: socket-buffer accounting and the
 //!   privileged override;
 //! - `set_congestion`, `get_congestion`, `set_max_pacing_rate`,
-//!   `tcp_info_raw`: TCP controls and statistics;
+//!   `set_notsent_lowat`, `tcp_info_raw`: TCP controls and statistics;
 //! - `sendfile`, `memfd`: stream fast paths;
 //! - `enable_zerocopy`, `MSG_ZEROCOPY_FLAG`, `read_zerocopy_completion`,
 //!   `recv_trunc`: `MSG_ZEROCOPY` and `MSG_TRUNC`;
 //! - `send_batch`, `recv_batch`, `send_gso`, `set_gro`:
 //!   UDP batching and offloads;
-//! - `openat2_beneath`, `fallocate`, `fadvise`: file helpers;
+//! - `openat2_beneath`, `open_tmpfile`, `link_tmpfile`, `fallocate`,
+//!   `punch_hole`, `O_DIRECT_FLAG`, `fadvise`: file helpers;
 //! - `set_df_probe`, `route_mtu`, `enable_rx_timestamps`,
 //!   `recv_timestamped`: the path probe's UDP calls;
-//! - `ethtool_value`, `ethtool_rings`: NIC offloads and ring sizes.
+//! - `ethtool_value`, `ethtool_rings`: NIC offloads and ring sizes;
+//! - `enter_netns`, `open_tun`, `set_fifo_priority`, `set_timer_slack_ns`,
+//!   `pidfd_open`: the lab's namespaces, devices and scheduling.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};

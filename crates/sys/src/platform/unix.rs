@@ -9,6 +9,8 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
+use rustix::fs::{Mode, OFlags};
+
 use super::unsupported;
 use crate::files::Advice;
 use crate::IoPath;
@@ -18,6 +20,9 @@ pub(crate) const BUFFER_SCALE: u64 = 1;
 
 /// No zero-copy send flag: sends through the fallback are plain sends.
 pub(crate) const MSG_ZEROCOPY_FLAG: libc::c_int = 0;
+
+/// No `O_DIRECT`: files are opened buffered.
+pub(crate) const O_DIRECT_FLAG: libc::c_int = 0;
 
 /// Forced socket buffers are Linux-only.
 pub(crate) fn set_buffer_force(_: &impl AsFd, _: bool, _: libc::c_int) -> io::Result<()> {
@@ -48,6 +53,11 @@ pub(crate) fn get_congestion(_: &impl AsFd) -> io::Result<String> {
 /// Socket pacing is Linux-only.
 pub(crate) fn set_max_pacing_rate(_: &impl AsFd, _: u64) -> io::Result<()> {
     Err(unsupported("SO_MAX_PACING_RATE"))
+}
+
+/// `TCP_NOTSENT_LOWAT` is not portable.
+pub(crate) fn set_notsent_lowat(_: &impl AsFd, _: libc::c_int) -> io::Result<()> {
+    Err(unsupported("TCP_NOTSENT_LOWAT"))
 }
 
 /// The Linux `tcp_info` layout is Linux-only.
@@ -160,13 +170,24 @@ pub(crate) fn gro_enabled(_: &impl AsFd) -> io::Result<bool> {
 }
 
 /// `openat2` is Linux-only; the caller walks components instead.
-pub(crate) fn openat2_beneath(
-    _: &impl AsFd,
-    _: &CStr,
-    _: libc::c_int,
-    _: libc::mode_t,
-) -> io::Result<OwnedFd> {
+pub(crate) fn openat2_beneath(_: &impl AsFd, _: &CStr, _: OFlags, _: Mode) -> io::Result<OwnedFd> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// Files without a name (`O_TMPFILE`) are Linux's; the caller writes
+/// under a temporary name instead.
+pub(crate) fn open_tmpfile(_: &impl AsFd, _: Mode) -> io::Result<OwnedFd> {
+    Err(unsupported("O_TMPFILE"))
+}
+
+/// Never reached: [`open_tmpfile`] gives no file to name here.
+pub(crate) fn link_tmpfile(_: &impl AsFd, _: &impl AsFd, _: &CStr) -> io::Result<()> {
+    Err(unsupported("O_TMPFILE"))
+}
+
+/// Hole punching has no portable call; the caller writes zeros.
+pub(crate) fn punch_hole(_: &impl AsFd, _: u64, _: u64) -> io::Result<()> {
+    Err(unsupported("FALLOC_FL_PUNCH_HOLE"))
 }
 
 /// No portable `fallocate` that reserves blocks without writing them.
@@ -211,4 +232,27 @@ pub(crate) fn ethtool_value(_: &str, _: u32) -> io::Result<u32> {
 /// `SIOCETHTOOL` is Linux's.
 pub(crate) fn ethtool_rings(_: &str) -> io::Result<[u32; 4]> {
     Err(unsupported("SIOCETHTOOL"))
+}
+
+/// Network namespaces are Linux's.
+pub(crate) fn enter_netns(_: &impl AsFd) -> io::Result<()> {
+    Err(unsupported("setns"))
+}
+
+/// The lab's TUN devices (virtio headers, TSO offloads) are Linux's.
+pub(crate) fn open_tun(_: &str) -> io::Result<OwnedFd> {
+    Err(unsupported("TUN devices"))
+}
+
+/// Real-time scheduling classes are left to Linux here.
+pub(crate) fn set_fifo_priority(_: i32) -> io::Result<()> {
+    Err(unsupported("SCHED_FIFO"))
+}
+
+/// No timer slack to tighten.
+pub(crate) fn set_timer_slack_ns(_: u64) {}
+
+/// No pidfds.
+pub(crate) fn pidfd_open(_: rustix::process::Pid) -> io::Result<Option<OwnedFd>> {
+    Err(unsupported("pidfd_open"))
 }
