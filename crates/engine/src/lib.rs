@@ -43,9 +43,11 @@
 //! client. docs/protocol.md describes the wire protocol and the test
 //! service's messages.
 //!
-//! Two small system helpers live here until `fatpipe-sys` grows them:
-//! [`raise_fd_limit`] and the `SO_RCVLOWAT`/`TCP_NOTSENT_LOWAT` setters in
-//! `memtest::data`.
+//! The system calls behind it (socket options, the open-file limit that
+//! [`raise_fd_limit`] raises) are `fatpipe-sys`'s; the engine holds no
+//! `unsafe`.
+
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod control;

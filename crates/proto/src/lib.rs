@@ -24,6 +24,8 @@
 //!
 //! Every decoder here reads untrusted bytes and has a fuzz target in `fuzz/`.
 
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod coding;
 pub mod conn;

@@ -215,8 +215,7 @@ mod tests {
     }
 
     fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions and touches no memory.
-        unsafe { libc::geteuid() == 0 }
+        crate::process::is_root()
     }
 
     #[test]

@@ -56,6 +56,8 @@
 //! fallback platform on Linux too, so its paths compile and its tests run
 //! on a Linux machine.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 mod platform;
 
 pub mod buffers;

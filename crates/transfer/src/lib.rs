@@ -22,6 +22,8 @@
 //! the small [`session::Link`] trait so everything here is testable over
 //! loopback without the server.
 
+#![forbid(unsafe_code)]
+
 pub mod beneath;
 pub mod hash;
 pub mod io;
