@@ -13,8 +13,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -97,21 +95,13 @@ fn open(path: &Path, write: bool) -> io::Result<(File, bool)> {
     } else {
         o.read(true);
     }
-    let mut direct = o.clone();
-    direct.custom_flags(libc::O_DIRECT);
-    match direct.open(path) {
-        Ok(f) => Ok((f, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => o.open(path).map(|f| (f, false)),
-        Err(e) => Err(e),
-    }
+    fatpipe_sys::open_direct(&o, path)
 }
 
 fn drop_cache(file: &File) {
-    // SAFETY: advisory call on a descriptor we own; errors only mean the
-    // cache stays, which the `direct_io: false` flag already admits.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-    }
+    // Errors only mean the cache stays, which the `direct_io: false` flag
+    // already admits.
+    let _ = fatpipe_sys::fadvise(file, 0, 0, fatpipe_sys::Advice::DontNeed);
 }
 
 /// xorshift64*: cheap incompressible bytes, no dependency.

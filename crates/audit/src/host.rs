@@ -469,8 +469,7 @@ impl Host {
 /// any loaded congestion control. Root is the test: CAP_NET_ADMIN alone is
 /// rare on DTNs, and a false "no" only costs a smaller plan.
 pub fn is_privileged() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    fatpipe_sys::process::is_root()
 }
 
 /// Collapses runs of whitespace (tabs in `tcp_rmem`) to single spaces.

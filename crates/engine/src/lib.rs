@@ -44,8 +44,9 @@
 //! `fatpipe-transfer` (copy). This crate knows none of them; the binary
 //! registers them. docs/protocol.md describes the wire protocol.
 //!
-//! One small system helper lives here until `fatpipe-sys` grows it:
-//! [`raise_fd_limit`].
+//! The system calls behind it (socket options, the open-file limit that
+//! [`raise_fd_limit`] raises) are `fatpipe-sys`'s, the one crate allowed
+//! raw system calls.
 
 pub mod client;
 pub mod control;
@@ -75,20 +76,8 @@ pub fn load_key(path: &std::path::Path) -> Result<fatpipe_proto::Key> {
 /// Raises this process's open-file limit to its hard limit: a test with
 /// 1024 streams needs a descriptor per stream at each end, beyond the usual
 /// soft limit of 1024. Best effort; failure leaves the limit as it was.
-///
-/// (A private helper until the system-call crate offers one.)
 pub fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit for the duration of both calls.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    fatpipe_sys::process::raise_fd_limit();
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@
 //! spec and bumps a generation counter that each loop checks with one
 //! relaxed load; counters go the other way every few milliseconds.
 
-use std::os::fd::RawFd;
+use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::control::LabStats;
@@ -117,14 +117,14 @@ impl Shared {
 
 /// One direction a forwarding thread serves: frames from `input` go
 /// through direction `dir` of the link to `output`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Lane {
     /// Which way through the link.
     pub dir: Dir,
     /// The TUN device frames are read from.
-    pub input: RawFd,
+    pub input: Arc<File>,
     /// The TUN device frames are written to.
-    pub output: RawFd,
+    pub output: Arc<File>,
 }
 
 /// Forwards frames on every lane (one or both directions), forever.
@@ -140,12 +140,12 @@ pub fn forward(lanes: &[Lane], shared: &Shared) -> std::io::Error {
         .iter()
         .map(|l| Pipe::new(&shared.dir_config(l.dir)))
         .collect();
-    let inputs: Vec<RawFd> = lanes.iter().map(|l| l.input).collect();
+    let inputs: Vec<&File> = lanes.iter().map(|l| &*l.input).collect();
     let mut published = 0;
     loop {
         let mut now = 0;
         for (pipe, lane) in pipes.iter_mut().zip(lanes) {
-            now = deliver_due(pipe, lane.output, shared);
+            now = deliver_due(pipe, &lane.output, shared);
         }
         let g = shared.generation.load(Ordering::Acquire);
         if g != generation {
@@ -166,12 +166,12 @@ pub fn forward(lanes: &[Lane], shared: &Shared) -> std::io::Error {
         let mut got_any = false;
         for (pipe, lane) in pipes.iter_mut().zip(lanes) {
             for _ in 0..READ_BATCH {
-                match read_one(pipe, lane.input, shared) {
+                match read_one(pipe, &lane.input, shared) {
                     Ok(true) => got_any = true,
                     Ok(false) => break,
                     Err(e) => return e,
                 }
-                now = deliver_due(pipe, lane.output, shared);
+                now = deliver_due(pipe, &lane.output, shared);
             }
         }
         if got_any {
@@ -189,7 +189,7 @@ pub fn forward(lanes: &[Lane], shared: &Shared) -> std::io::Error {
 }
 
 /// Reads one frame into the pipe if one is waiting.
-fn read_one(pipe: &mut Pipe, input: RawFd, shared: &Shared) -> std::io::Result<bool> {
+fn read_one(pipe: &mut Pipe, input: &File, shared: &Shared) -> std::io::Result<bool> {
     match pipe.slot() {
         Some(slot) => match sys::read(input, slot)? {
             Some(n) => {
@@ -223,7 +223,7 @@ fn sleep_for(pipe: &Pipe, now: Nanos) -> Duration {
 }
 
 /// Writes every frame that is due; returns the time of the last look.
-fn deliver_due(pipe: &mut Pipe, output: RawFd, shared: &Shared) -> Nanos {
+fn deliver_due(pipe: &mut Pipe, output: &File, shared: &Shared) -> Nanos {
     loop {
         let now = shared.now();
         match pipe.front() {

@@ -405,17 +405,16 @@ pub fn run_link(name: &str) -> Result<(), Error> {
             })
             .map_err(|e| Error::io("start the owner watch", e))?;
     }
-    use std::os::fd::AsRawFd;
-    let (a, b) = (tun_a.as_raw_fd(), tun_b.as_raw_fd());
+    let (a, b) = (Arc::new(tun_a), Arc::new(tun_b));
     let ab = Lane {
         dir: Dir::AtoB,
-        input: a,
-        output: b,
+        input: Arc::clone(&a),
+        output: Arc::clone(&b),
     };
     let ba = Lane {
         dir: Dir::BtoA,
-        input: b,
-        output: a,
+        input: Arc::clone(&b),
+        output: Arc::clone(&a),
     };
     // A thread per direction, so writing a burst one way never delays a
     // due frame the other way. FATPIPE_LAB_THREADS=1 serves both from one
@@ -436,7 +435,7 @@ pub fn run_link(name: &str) -> Result<(), Error> {
         forward::forward(&[ab, ba], &shared).to_string()
     };
     // The descriptors must outlive the forwarding.
-    drop((tun_a, tun_b));
+    drop((a, b));
     Err(Error::Forwarder(format!("device failed: {err}")))
 }
 
@@ -461,7 +460,7 @@ pub(crate) fn teardown(name: &str, me: Option<u32>) -> Result<(), Error> {
             .filter(|&p| Some(p) != me)
             .collect();
         for &p in &pids {
-            sys::kill(p, libc::SIGKILL);
+            sys::kill(p, sys::Signal::Kill);
         }
         wait_gone(&pids, Duration::from_secs(3));
         if let Err(e) = ip(&["netns", "del", &ns]) {
@@ -479,9 +478,9 @@ pub(crate) fn teardown(name: &str, me: Option<u32>) -> Result<(), Error> {
 
 /// Ends a forwarder: SIGTERM, then SIGKILL if it lingers.
 fn stop(pid: u32) {
-    sys::kill(pid, libc::SIGTERM);
+    sys::kill(pid, sys::Signal::Term);
     if !wait_gone(&[pid], Duration::from_secs(2)) {
-        sys::kill(pid, libc::SIGKILL);
+        sys::kill(pid, sys::Signal::Kill);
         wait_gone(&[pid], Duration::from_secs(2));
     }
 }

@@ -13,7 +13,6 @@
 use std::fs;
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -158,12 +157,9 @@ pub fn create(name: &str, spec: &LinkSpec, owner: Option<u32>) -> Result<LabReco
         .write(true)
         .open(&lock_path)
         .map_err(|e| Error::io(format!("open {}", lock_path.display()), e))?;
-    // SAFETY: flock on a descriptor we hold open; released when it closes.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(Error::io(
-            "lock the lab directory",
-            std::io::Error::last_os_error(),
-        ));
+    // Released when `lock` closes.
+    if let Err(e) = fatpipe_sys::lock_exclusive(&lock, true) {
+        return Err(Error::io("lock the lab directory", e));
     }
     let d = dir(name);
     if d.exists() {

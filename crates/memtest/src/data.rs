@@ -239,7 +239,7 @@ fn tcp_send(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     // the global TCP memory limit and starves whole streams.
     let per_stream = NOTSENT_TOTAL / u64::from(sh.params.total_streams());
     let notsent = per_stream.clamp(128 * 1024, 1 << 20);
-    let _ = set_int_opt(s, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, notsent);
+    let _ = fatpipe_sys::set_notsent_lowat(s, notsent);
     let len = sh.params.length as usize;
     let result = if sh.params.zerocopy {
         tcp_send_file(s, c, sh, len)
@@ -405,7 +405,7 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
             // datagrams' time, not the test.
             Err(e)
                 if is_retry(&e)
-                    || e.raw_os_error() == Some(libc::ENOBUFS)
+                    || fatpipe_sys::udp::is_no_buffer_space(&e)
                     || e.kind() == io::ErrorKind::ConnectionRefused =>
             {
                 sh.give_back(n * len);
@@ -495,31 +495,9 @@ impl UdpRx {
     }
 }
 
-/// Sets `SO_RCVLOWAT`. A private helper until the system-call crate has it.
+/// Sets `SO_RCVLOWAT`.
 fn set_rcvlowat(s: &TcpStream, bytes: u64) -> io::Result<()> {
-    set_int_opt(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes)
-}
-
-/// Sets an integer socket option.
-fn set_int_opt(s: &TcpStream, level: libc::c_int, name: libc::c_int, value: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
-    // SAFETY: the descriptor is open for the duration of the call and `v`
-    // is a c_int that outlives it, with its size passed alongside.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            level,
-            name,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    fatpipe_sys::set_recv_lowat(s, bytes)
 }
 
 fn is_retry(e: &io::Error) -> bool {

@@ -643,7 +643,7 @@ fn send_mtu_probe(io: &Udp, seq: u32, size: u32, overhead: u32) -> Result<bool, 
     let payload = size.saturating_sub(overhead) as usize;
     match io.send(Packet::Mtu { seq, size }, payload) {
         Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Ok(false),
+        Err(e) if sock::is_too_big(&e) => Ok(false),
         Err(e) => Err(ProbeError::io(format!("send MTU probe of {size} B"), e)),
     }
 }

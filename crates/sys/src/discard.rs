@@ -62,26 +62,6 @@ impl Discarder {
         let n = platform::recv(&fd, &mut self.scratch[..want], 0)?;
         Ok(Transfer::new(n, IoPath::Copy))
     }
-
-    /// Whether `MSG_TRUNC` was found to work (`None` before the first call).
-    pub fn uses_trunc(&self) -> Option<bool> {
-        self.trunc
-    }
-}
-
-/// One-shot form of [`Discarder::recv`]: tries `MSG_TRUNC`, falls back to a
-/// read into a 64 KiB stack buffer. Prefer a [`Discarder`] in loops.
-pub fn recv_discard(fd: impl AsFd, len: usize) -> io::Result<Transfer> {
-    match platform::recv_trunc(&fd, len) {
-        Ok(n) => Ok(Transfer::new(n, IoPath::RecvTrunc)),
-        Err(e) if refused(&e) => {
-            let mut buf = [0u8; 64 * 1024];
-            let want = len.min(buf.len());
-            let n = platform::recv(&fd, &mut buf[..want], 0)?;
-            Ok(Transfer::new(n, IoPath::Copy))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 fn refused(e: &io::Error) -> bool {
@@ -127,7 +107,7 @@ mod tests {
             got += t.bytes;
         }
         assert_eq!(got, total, "discarded exactly what was asked");
-        assert_eq!(d.uses_trunc(), Some(linux()));
+        assert_eq!(d.trunc, Some(linux()));
         w.join().unwrap();
         let mut end = [0u8; 3];
         let mut n = 0;
@@ -157,8 +137,5 @@ mod tests {
             assert!(t.path == IoPath::Copy || t.path == IoPath::RecvTrunc);
         }
         assert_eq!(got, 1000);
-        let (mut a, b) = UnixStream::pair().unwrap();
-        a.write_all(b"xyz").unwrap();
-        assert_eq!(recv_discard(&b, 10).unwrap().bytes, 3);
     }
 }

@@ -1,9 +1,10 @@
 //! fatpipe-sys: the one place where fatpipe talks to the kernel.
 //!
-//! Everything above this crate (engine, transfer, lab, tune) is plain safe
-//! Rust over blocking sockets and files; everything that needs `libc`, an
-//! `unsafe` block or a platform `#[cfg]` lives here. The crate is shaped by
-//! three rules:
+//! Everything above this crate (engine, transfer, lab, tune, the binary) is
+//! plain safe Rust over blocking sockets and files and forbids `unsafe`;
+//! everything that needs `libc`, an `unsafe` block or a platform `#[cfg]`
+//! lives here. Where rustix already wraps a call safely, it is used instead
+//! of hand-written `libc`. The crate is shaped by three rules:
 //!
 //! 1. **Every fast path says which path it took.** Zero-copy calls return a
 //!    [`Transfer`] carrying an [`IoPath`], so the engine can print
@@ -30,9 +31,7 @@
 //! | `TCP_CONGESTION` | yes | `Unsupported` |
 //! | `SO_MAX_PACING_RATE` | yes | `Unsupported` |
 //! | `TCP_INFO` | yes, length-checked | `Unsupported` |
-//! | host limits (`/proc/sys`) | yes | every field unavailable, with reason |
 //! | `sendfile` | yes | `pread` + `write` copy |
-//! | `splice` through a pipe | yes, pipe sized by `F_SETPIPE_SZ` | read/write copy |
 //! | `MSG_ZEROCOPY` | yes (`SO_ZEROCOPY`, error-queue completions) | plain `send` |
 //! | `MSG_TRUNC` discard on TCP | yes (verified on first use) | scratch-buffer read |
 //! | `memfd_create` | yes | unlinked temporary file |
@@ -41,50 +40,60 @@
 //! | path probe: DF probing, route MTU, `SO_TIMESTAMPNS` | yes | `Unsupported`; receive without a timestamp |
 //! | NIC offloads and rings (`SIOCETHTOOL`) | yes | `Unsupported` |
 //! | `openat2(RESOLVE_BENEATH)` | yes, walk on `ENOSYS` | component walk with `O_NOFOLLOW` |
-//! | `fallocate`, `posix_fadvise`, `O_DIRECT`, `copy_file_range` | yes | size-only / no-op / buffered / copy |
-//! | `getrusage`, monotonic clock, `fstatvfs` | yes | yes |
-//! | CPU count | `sched_getaffinity` | `sysconf(_SC_NPROCESSORS_ONLN)` |
+//! | `openat`/`statat`/`mkdirat`/`renameat`/... on one name (`dir`) | yes | yes |
+//! | `O_TMPFILE` and naming it through `/proc/self/fd` | yes | `Unsupported` (caller uses a temporary name) |
+//! | `fallocate`, `posix_fadvise`, hole punching | yes | size-only / no-op / `Unsupported` |
+//! | `O_DIRECT` (`open_direct`) | yes, buffered on `EINVAL` | buffered |
+//! | `SEEK_DATA`, `flock`, `fsync` | yes | yes (where the system has `SEEK_DATA`) |
+//! | keepalive timers, `SO_RCVLOWAT` | yes | yes |
+//! | `TCP_NOTSENT_LOWAT` | yes | `Unsupported` |
+//! | euid, `RLIMIT_NOFILE`, `kill`, nanosecond `ppoll` | yes | yes |
+//! | pidfd wait, `SCHED_FIFO`, timer slack | yes | `Unsupported` / `Unsupported` / no-op |
+//! | TUN devices, `setns` (the lab) | yes | `Unsupported` |
+//! | `getrusage`, monotonic clock | yes | yes |
 //!
 //! Building with `RUSTFLAGS="--cfg fatpipe_sys_fallback"` selects the
 //! fallback platform on Linux too, so its paths compile and its tests run
 //! on a Linux machine.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 mod platform;
 
 pub mod buffers;
 pub mod cpu;
+pub mod dir;
 pub mod discard;
 pub mod ethtool;
 pub mod files;
-pub mod host;
+pub mod netns;
+pub mod poll;
 pub mod probe;
+pub mod process;
 pub mod send;
-pub mod splice;
 pub mod tcp;
+pub mod tun;
 pub mod udp;
 pub mod zerocopy;
 
 pub use buffers::{
-    get_recv_buffer, get_send_buffer, get_window_clamp, set_recv_buffer, set_send_buffer,
-    BufferGrant, WindowHold,
+    get_recv_buffer, get_send_buffer, set_recv_buffer, set_send_buffer, BufferGrant, WindowHold,
 };
-pub use cpu::{num_cpus, CpuSample, CpuUsage};
-pub use discard::{recv_discard, Discarder};
+pub use cpu::{CpuSample, CpuUsage};
+pub use discard::Discarder;
 pub use files::{
-    copy_file_range, create_dir_beneath, direct_io_alignment, fadvise, free_space, is_escape,
-    open_beneath, open_direct_beneath, preallocate, Advice, DirectAlignment, FsSpace,
-    Preallocation,
+    fadvise, is_escape, lock_exclusive, next_data, open_beneath, open_direct, preallocate,
+    punch_hole, Advice, Preallocation,
 };
-pub use host::{host_limits, HostLimits, Unavailable};
+/// `open(2)` flags, as [`open_beneath`] and [`dir::open_at`] take them.
+pub use rustix::fs::OFlags;
 pub use send::{pattern_byte, pattern_memfd, sendfile, sendfile_all, PATTERN_PERIOD};
-pub use splice::{SplicePipe, DEFAULT_PIPE_SIZE};
 pub use tcp::{
-    get_congestion, get_mss, set_congestion, set_max_pacing_rate, set_mss, set_nodelay, tcp_info,
-    TcpInfo,
+    get_congestion, get_mss, set_congestion, set_keepalive, set_max_pacing_rate, set_mss,
+    set_nodelay, set_notsent_lowat, set_recv_lowat, tcp_info, TcpInfo,
 };
 pub use udp::{
-    gro_supported, gso_supported, send_gso, set_gro, Batch, RecvBatch, SendBatch,
-    UDP_MAX_GSO_SEGMENTS,
+    gso_supported, send_gso, set_gro, Batch, RecvBatch, SendBatch, UDP_MAX_GSO_SEGMENTS,
 };
 pub use zerocopy::{ZeroCopySender, ZeroCopyStats};
 
@@ -98,8 +107,6 @@ pub enum IoPath {
     Copy,
     /// `sendfile(2)`: page-cache pages handed to the socket without a user copy.
     Sendfile,
-    /// `splice(2)` through a pipe pair.
-    Splice,
     /// `send(MSG_ZEROCOPY)`: user pages pinned and sent, completions reaped
     /// from the error queue.
     MsgZerocopy,
@@ -110,10 +117,6 @@ pub enum IoPath {
     /// UDP generic segmentation offload (`UDP_SEGMENT`) on send, or generic
     /// receive offload (`UDP_GRO`) coalescing on receive.
     Gso,
-    /// `copy_file_range(2)`: in-kernel file-to-file copy (may reflink).
-    CopyFileRange,
-    /// File opened with `O_DIRECT`, bypassing the page cache.
-    Direct,
 }
 
 impl IoPath {
@@ -122,13 +125,10 @@ impl IoPath {
         match self {
             IoPath::Copy => "copy",
             IoPath::Sendfile => "sendfile",
-            IoPath::Splice => "splice",
             IoPath::MsgZerocopy => "msg_zerocopy",
             IoPath::RecvTrunc => "recv_trunc",
             IoPath::Mmsg => "mmsg",
             IoPath::Gso => "gso",
-            IoPath::CopyFileRange => "copy_file_range",
-            IoPath::Direct => "direct",
         }
     }
 }
@@ -163,13 +163,10 @@ mod tests {
         let all = [
             IoPath::Copy,
             IoPath::Sendfile,
-            IoPath::Splice,
             IoPath::MsgZerocopy,
             IoPath::RecvTrunc,
             IoPath::Mmsg,
             IoPath::Gso,
-            IoPath::CopyFileRange,
-            IoPath::Direct,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|p| p.name()).collect();
         assert_eq!(names.len(), all.len());

@@ -24,6 +24,12 @@ pub fn set_df_probe(sock: &UdpSocket, v6: bool) -> io::Result<()> {
     platform::set_df_probe(sock, v6)
 }
 
+/// Whether a send failed because the datagram is larger than the local
+/// device (or the route) allows with Don't Fragment set (`EMSGSIZE`).
+pub fn is_too_big(err: &io::Error) -> bool {
+    err.raw_os_error() == Some(libc::EMSGSIZE)
+}
+
 /// The MTU of the route to the connected peer (the local device's MTU or a
 /// smaller cached path MTU).
 pub fn route_mtu(sock: &UdpSocket, v6: bool) -> io::Result<u32> {

@@ -246,13 +246,12 @@ mod tests {
 
     #[test]
     fn refused_sendfile_falls_back_to_copy() {
-        // A pipe is not a valid sendfile source: the kernel says EINVAL and
-        // we must copy instead, with the same result.
-        let (rx, tx) = platform::pipe().unwrap();
-        let mut tx = File::from(tx);
-        tx.write_all(b"hello pipe").unwrap();
+        // A socket is not a valid sendfile source: the kernel says EINVAL
+        // and we must copy instead, with the same result.
+        let (rx, mut tx) = UnixStream::pair().unwrap();
+        tx.write_all(b"hello socket").unwrap();
         drop(tx);
-        // pread on a pipe fails (ESPIPE), so the copy path reports that
+        // pread on a socket fails (ESPIPE), so the copy path reports that
         // error rather than silently losing data.
         let (a, _b) = UnixStream::pair().unwrap();
         let mut off = 0;

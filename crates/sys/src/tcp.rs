@@ -63,6 +63,46 @@ pub fn set_max_pacing_rate(fd: impl AsFd, bytes_per_sec: u64) -> io::Result<()> 
     platform::set_max_pacing_rate(&fd, bytes_per_sec)
 }
 
+/// Turns keepalive on with probes after `idle` without traffic, then every
+/// `interval`, giving up after `count` unanswered probes, so a peer that
+/// vanished without a reset is noticed even by a side that only waits.
+/// Every option is attempted; the first refusal is returned.
+pub fn set_keepalive(
+    fd: impl AsFd,
+    idle: std::time::Duration,
+    interval: std::time::Duration,
+    count: u32,
+) -> io::Result<()> {
+    use rustix::net::sockopt;
+    let results = [
+        sockopt::set_socket_keepalive(&fd, true),
+        sockopt::set_tcp_keepidle(&fd, idle),
+        sockopt::set_tcp_keepintvl(&fd, interval),
+        sockopt::set_tcp_keepcnt(&fd, count),
+    ];
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+/// Limits the unsent data the kernel queues for this socket
+/// (`TCP_NOTSENT_LOWAT`); values past `c_int` are capped. `Unsupported`
+/// off Linux.
+pub fn set_notsent_lowat(fd: impl AsFd, bytes: u64) -> io::Result<()> {
+    platform::set_notsent_lowat(
+        &fd,
+        libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX),
+    )
+}
+
+/// Makes a read wait until `bytes` are queued (`SO_RCVLOWAT`); values past
+/// `c_int` are capped.
+pub fn set_recv_lowat(fd: impl AsFd, bytes: u64) -> io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    platform::setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, v)
+}
+
 /// A decoded `TCP_INFO` snapshot. Fields the running kernel did not return
 /// are `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

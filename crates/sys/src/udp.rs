@@ -130,9 +130,10 @@ pub fn set_gro(fd: impl AsFd, on: bool) -> io::Result<()> {
     platform::set_gro(&fd, on)
 }
 
-/// Whether UDP GRO is on for this socket (false where unsupported).
-pub fn gro_supported(fd: impl AsFd) -> bool {
-    platform::gro_enabled(&fd).unwrap_or(false)
+/// Whether a send failed because the interface queue was full (`ENOBUFS`):
+/// the datagrams were dropped locally and a later send may succeed.
+pub fn is_no_buffer_space(err: &io::Error) -> bool {
+    err.raw_os_error() == Some(libc::ENOBUFS)
 }
 
 /// Preallocated receive buffers for `recvmmsg`, reused across calls.
@@ -219,7 +220,7 @@ impl RecvBatch {
     }
 
     /// The GRO segment size of the `i`th buffer, if the kernel coalesced.
-    pub fn segment_size(&self, i: usize) -> Option<usize> {
+    fn segment_size(&self, i: usize) -> Option<usize> {
         self.segs.get(i).copied().flatten()
     }
 
@@ -348,7 +349,7 @@ mod tests {
     #[test]
     fn gro_receive_reports_segment_size() {
         let (a, b) = pair();
-        let gro = set_gro(&b, true).is_ok() && gro_supported(&b);
+        let gro = set_gro(&b, true).is_ok() && platform::gro_enabled(&b).unwrap_or(false);
         // GRO needs Linux 5.0+; elsewhere it must be reported as off.
         if !linux() {
             assert!(!gro);

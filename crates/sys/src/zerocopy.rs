@@ -174,7 +174,7 @@ impl ZeroCopySender {
     }
 
     /// Zero-copy sends not yet completed.
-    pub fn outstanding(&self) -> u64 {
+    fn outstanding(&self) -> u64 {
         self.stats
             .zerocopy_sends
             .saturating_sub(self.stats.completed)

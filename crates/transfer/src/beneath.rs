@@ -9,15 +9,14 @@
 //! on older kernels (stricter, never looser). A trailing symlink is never
 //! followed. Single-name operations (`mkdirat`, `renameat`, `symlinkat`,
 //! `readdir`, ...) take a name already validated to contain no `/`, relative
-//! to a directory resolved this way; the system-call crate has no
-//! descriptor-relative versions of those, so they live here.
+//! to a directory resolved this way, through `fatpipe_sys::dir`.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+
+use fatpipe_sys::{dir, OFlags};
 
 use crate::relpath::RelPath;
 
@@ -45,35 +44,7 @@ impl ResolveError {
     }
 }
 
-/// What kind of object a name refers to (symlinks are never followed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link.
-    Symlink,
-    /// A device, FIFO or socket: not copied.
-    Other,
-}
-
-/// The metadata a copy cares about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Meta {
-    /// Object kind.
-    pub kind: Kind,
-    /// Permission bits (`0o7777`).
-    pub mode: u32,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, seconds since the epoch.
-    pub mtime_s: i64,
-    /// Modification time, nanoseconds.
-    pub mtime_ns: u32,
-    /// Allocated 512-byte blocks (detects sparse files).
-    pub blocks: u64,
-}
+pub use fatpipe_sys::dir::{Kind, Meta};
 
 /// An open directory; all operations are relative to it.
 #[derive(Debug)]
@@ -84,20 +55,9 @@ pub struct Dir {
 impl Dir {
     /// Opens a directory by ordinary path (a user's own argument).
     pub fn open(path: &Path) -> io::Result<Dir> {
-        let c = cpath(path.as_os_str().as_bytes())?;
-        // SAFETY: valid C string; the returned fd is checked.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        Ok(Dir { fd: owned(fd)? })
-    }
-
-    /// The raw descriptor.
-    pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        Ok(Dir {
+            fd: dir::open_dir(path)?,
+        })
     }
 
     /// A second handle on the same directory.
@@ -112,7 +72,7 @@ impl Dir {
         match rel {
             None => Ok(self.try_clone()?),
             Some(rel) => {
-                let fd = self.open_beneath(rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                let fd = self.open_beneath(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
                 Ok(Dir { fd })
             }
         }
@@ -123,24 +83,24 @@ impl Dir {
     pub fn open_beneath(
         &self,
         rel: &RelPath,
-        flags: i32,
+        flags: OFlags,
         mode: u32,
     ) -> Result<OwnedFd, ResolveError> {
-        let flags = flags | libc::O_NOFOLLOW;
-        match fatpipe_sys::open_beneath(&self.fd, rel.as_path(), flags, mode as libc::mode_t) {
+        let flags = flags | OFlags::NOFOLLOW;
+        match fatpipe_sys::open_beneath(&self.fd, rel.as_path(), flags, mode) {
             Ok(f) => Ok(f.into()),
             Err(e) if fatpipe_sys::is_escape(&e) => Err(ResolveError::Escapes),
-            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            Err(e) if e.kind() == io::ErrorKind::NotADirectory => {
                 // O_DIRECTORY on a trailing symlink says ENOTDIR: tell "a
                 // link we refuse to follow" from "a plain file".
                 let probe = fatpipe_sys::open_beneath(
                     &self.fd,
                     rel.as_path(),
-                    libc::O_PATH | libc::O_NOFOLLOW,
+                    OFlags::PATH | OFlags::NOFOLLOW,
                     0,
                 );
                 if let Ok(f) = probe {
-                    if matches!(fstat(f.as_raw_fd()), Ok(m) if m.kind == Kind::Symlink) {
+                    if matches!(fstat(&f), Ok(m) if m.kind == Kind::Symlink) {
                         return Err(ResolveError::Escapes);
                     }
                 }
@@ -151,58 +111,32 @@ impl Dir {
     }
 
     /// Opens a single name in this directory, never following a symlink.
-    pub fn open_at(&self, name: &[u8], flags: i32, mode: u32) -> io::Result<File> {
-        let c = cpath(name)?;
-        // SAFETY: valid C string and directory fd; the returned fd is checked.
-        let fd = unsafe {
-            libc::openat(
-                self.raw(),
-                c.as_ptr(),
-                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                mode as libc::c_uint,
-            )
-        };
-        Ok(File::from(owned(fd)?))
+    pub fn open_at(&self, name: &[u8], flags: OFlags, mode: u32) -> io::Result<File> {
+        dir::open_at(&self.fd, name, flags, mode)
     }
 
     /// Opens a subdirectory by single name, never following a symlink.
     pub fn subdir(&self, name: &[u8]) -> io::Result<Dir> {
-        let f = self.open_at(name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let f = self.open_at(name, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
         Ok(Dir { fd: f.into() })
     }
 
     /// Metadata of `name` (not following symlinks); `None` if it does not exist.
     pub fn stat_at(&self, name: &[u8]) -> io::Result<Option<Meta>> {
-        let c = cpath(name)?;
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-        // SAFETY: valid fd, C string and out-pointer.
-        let rc =
-            unsafe { libc::fstatat64(self.raw(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::NotFound {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        Ok(Some(meta(&st)))
+        dir::stat_at(&self.fd, name)
     }
 
     /// Metadata of this directory itself.
     pub fn stat_self(&self) -> io::Result<Meta> {
-        fstat(self.raw())
+        fstat(&self.fd)
     }
 
     /// Creates a directory; an existing directory is fine.
     pub fn mkdir_at(&self, name: &[u8], mode: u32) -> io::Result<()> {
-        let c = cpath(name)?;
-        // SAFETY: valid fd and C string.
-        let rc = unsafe { libc::mkdirat(self.raw(), c.as_ptr(), mode as libc::mode_t) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
+        let e = match dir::mkdir_at(&self.fd, name, mode) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
         if e.kind() == io::ErrorKind::AlreadyExists {
             match self.stat_at(name)? {
                 Some(m) if m.kind == Kind::Dir => return Ok(()),
@@ -219,157 +153,78 @@ impl Dir {
 
     /// Creates a symlink `name` -> `target`.
     pub fn symlink_at(&self, target: &[u8], name: &[u8]) -> io::Result<()> {
-        let t = cpath(target)?;
-        let c = cpath(name)?;
-        // SAFETY: valid fd and C strings.
-        check(unsafe { libc::symlinkat(t.as_ptr(), self.raw(), c.as_ptr()) })
+        dir::symlink_at(&self.fd, target, name)
     }
 
     /// Reads the target of symlink `name`.
     pub fn readlink_at(&self, name: &[u8]) -> io::Result<Vec<u8>> {
-        let c = cpath(name)?;
-        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-        // SAFETY: buffer valid for its length.
-        let n =
-            unsafe { libc::readlinkat(self.raw(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.truncate(n as usize);
-        Ok(buf)
+        dir::readlink_at(&self.fd, name)
     }
 
     /// Atomically renames `from` to `to` within this directory.
     pub fn rename_at(&self, from: &[u8], to: &[u8]) -> io::Result<()> {
-        let f = cpath(from)?;
-        let t = cpath(to)?;
-        // SAFETY: valid fds and C strings.
-        check(unsafe { libc::renameat(self.raw(), f.as_ptr(), self.raw(), t.as_ptr()) })
+        dir::rename_at(&self.fd, from, to)
     }
 
-    /// Gives the unnamed (`O_TMPFILE`) file `fd` the name `name` in this
-    /// directory; fails with `AlreadyExists` if the name is taken. Goes
-    /// through `/proc/self/fd`, which needs no privilege (`AT_EMPTY_PATH`
-    /// would need CAP_DAC_READ_SEARCH).
-    pub fn link_fd_at(&self, fd: RawFd, name: &[u8]) -> io::Result<()> {
-        let src = cpath(format!("/proc/self/fd/{fd}").as_bytes())?;
-        let c = cpath(name)?;
-        // SAFETY: valid C strings and directory fd.
-        check(unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                src.as_ptr(),
-                self.raw(),
-                c.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
-        })
+    /// Opens a new file without a name in this directory for writing
+    /// (`O_TMPFILE`, Linux), to be named by [`Dir::link_fd_at`].
+    pub fn open_unnamed(&self, mode: u32) -> io::Result<File> {
+        dir::open_unnamed(&self.fd, mode)
+    }
+
+    /// Gives the unnamed (`O_TMPFILE`) file `file` the name `name` in this
+    /// directory; fails with `AlreadyExists` if the name is taken.
+    pub fn link_fd_at(&self, file: &File, name: &[u8]) -> io::Result<()> {
+        dir::link_unnamed(file, &self.fd, name)
     }
 
     /// Removes the file (not directory) `name`; a missing name is fine.
     pub fn unlink_at(&self, name: &[u8]) -> io::Result<()> {
-        let c = cpath(name)?;
-        // SAFETY: valid fd and C string.
-        let rc = unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::NotFound {
-                return Err(e);
-            }
+        match dir::unlink_at(&self.fd, name) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Sets the modification time of `name` (the link itself for symlinks).
     pub fn set_mtime_at(&self, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
-        let c = cpath(name)?;
-        let ts = times(sec, nsec);
-        // SAFETY: valid fd, C string and a two-element timespec array.
-        check(unsafe {
-            libc::utimensat(
-                self.raw(),
-                c.as_ptr(),
-                ts.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })
+        dir::set_mtime_at(&self.fd, name, sec, nsec)
     }
 
     /// Sets the permission bits of this directory.
     pub fn chmod_self(&self, mode: u32) -> io::Result<()> {
-        // SAFETY: valid fd.
-        check(unsafe { libc::fchmod(self.raw(), mode as libc::mode_t) })
+        dir::set_mode(&self.fd, mode)
     }
 
     /// Sets this directory's modification time.
     pub fn set_mtime_self(&self, sec: i64, nsec: u32) -> io::Result<()> {
-        set_file_mtime(self.raw(), sec, nsec)
+        set_file_mtime(&self.fd, sec, nsec)
     }
 
     /// Flushes the directory (makes renames inside it durable).
     pub fn sync(&self) -> io::Result<()> {
-        // SAFETY: valid fd.
-        check(unsafe { libc::fsync(self.raw()) })
+        dir::sync(&self.fd)
     }
 
     /// The names in this directory (without `.` and `..`), unsorted.
     pub fn read_dir(&self) -> io::Result<Vec<Vec<u8>>> {
-        // A fresh open file description, so the listing position is our own.
-        let fresh = self.open_at(b".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-        let fd: OwnedFd = fresh.into();
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-        // SAFETY: raw is an open directory fd whose ownership passes to the DIR.
-        let dirp = unsafe { libc::fdopendir(raw) };
-        if dirp.is_null() {
-            let e = io::Error::last_os_error();
-            // SAFETY: fdopendir failed, so we still own raw.
-            unsafe { libc::close(raw) };
-            return Err(e);
-        }
-        let mut names = Vec::new();
-        loop {
-            // SAFETY: dirp is a valid DIR*; errno is reset to tell end from error.
-            unsafe { *libc::__errno_location() = 0 };
-            // SAFETY: as above.
-            let ent = unsafe { libc::readdir64(dirp) };
-            if ent.is_null() {
-                let e = io::Error::last_os_error();
-                // SAFETY: dirp valid; closes raw too.
-                unsafe { libc::closedir(dirp) };
-                if e.raw_os_error().unwrap_or(0) != 0 {
-                    return Err(e);
-                }
-                return Ok(names);
-            }
-            // SAFETY: d_name is a NUL-terminated array inside the entry.
-            let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_bytes();
-            if name != b"." && name != b".." {
-                names.push(name.to_vec());
-            }
-        }
+        dir::read_dir(&self.fd)
     }
 }
 
 /// Metadata of an open file.
-pub fn fstat(fd: RawFd) -> io::Result<Meta> {
-    // SAFETY: zeroed stat is a valid out-parameter.
-    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    check(unsafe { libc::fstat64(fd, &mut st) })?;
-    Ok(meta(&st))
+pub fn fstat(fd: impl AsFd) -> io::Result<Meta> {
+    dir::stat(fd)
 }
 
 /// Sets an open file's modification time.
-pub fn set_file_mtime(fd: RawFd, sec: i64, nsec: u32) -> io::Result<()> {
-    let ts = times(sec, nsec);
-    // SAFETY: valid fd and two-element timespec array.
-    check(unsafe { libc::futimens(fd, ts.as_ptr()) })
+pub fn set_file_mtime(fd: impl AsFd, sec: i64, nsec: u32) -> io::Result<()> {
+    dir::set_mtime(fd, sec, nsec)
 }
 
 /// Sets an open file's permission bits.
-pub fn set_file_mode(fd: RawFd, mode: u32) -> io::Result<()> {
-    // SAFETY: valid fd.
-    check(unsafe { libc::fchmod(fd, mode as libc::mode_t) })
+pub fn set_file_mode(fd: impl AsFd, mode: u32) -> io::Result<()> {
+    dir::set_mode(fd, mode)
 }
 
 /// Reserves `len` bytes for a file about to be written (`fallocate` via
@@ -380,73 +235,14 @@ pub fn preallocate(file: &std::fs::File, len: u64) -> io::Result<()> {
 }
 
 /// Sets a file's length (holes where nothing was written).
-pub fn set_len(fd: RawFd, len: u64) -> io::Result<()> {
-    // SAFETY: valid fd.
-    check(unsafe { libc::ftruncate64(fd, len as libc::off64_t) })
+pub fn set_len(file: &File, len: u64) -> io::Result<()> {
+    file.set_len(len)
 }
 
 /// The offset of the next byte of data at or after `off`, or `None` if the
 /// rest of the file is a hole (`SEEK_DATA`).
-pub fn next_data(fd: RawFd, off: u64) -> io::Result<Option<u64>> {
-    // SAFETY: valid fd.
-    let r = unsafe { libc::lseek64(fd, off as libc::off64_t, libc::SEEK_DATA) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENXIO) {
-            return Ok(None);
-        }
-        return Err(e);
-    }
-    Ok(Some(r as u64))
-}
-
-fn owned(fd: i32) -> io::Result<OwnedFd> {
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a freshly opened descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn check(rc: i32) -> io::Result<()> {
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn cpath(bytes: &[u8]) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
-}
-
-fn times(sec: i64, nsec: u32) -> [libc::timespec; 2] {
-    [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: sec as libc::time_t,
-            tv_nsec: nsec as libc::c_long,
-        },
-    ]
-}
-
-fn meta(st: &libc::stat64) -> Meta {
-    let kind = match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG => Kind::File,
-        libc::S_IFDIR => Kind::Dir,
-        libc::S_IFLNK => Kind::Symlink,
-        _ => Kind::Other,
-    };
-    Meta {
-        kind,
-        mode: st.st_mode & 0o7777,
-        size: st.st_size as u64,
-        mtime_s: st.st_mtime,
-        mtime_ns: st.st_mtime_nsec as u32,
-        blocks: st.st_blocks as u64,
-    }
+pub fn next_data(fd: impl AsFd, off: u64) -> io::Result<Option<u64>> {
+    fatpipe_sys::next_data(fd, off)
 }
 
 #[cfg(test)]
@@ -468,9 +264,9 @@ mod tests {
         symlink(outside.path(), root.path().join("out")).unwrap();
         symlink("/etc/passwd", root.path().join("abs")).unwrap();
         let dir = Dir::open(root.path()).unwrap();
-        assert!(dir.open_beneath(&rel("d/f"), libc::O_RDONLY, 0).is_ok());
+        assert!(dir.open_beneath(&rel("d/f"), OFlags::RDONLY, 0).is_ok());
         for bad in ["out/secret", "abs"] {
-            match dir.open_beneath(&rel(bad), libc::O_RDONLY, 0) {
+            match dir.open_beneath(&rel(bad), OFlags::RDONLY, 0) {
                 Err(ResolveError::Escapes) => {}
                 other => panic!("{bad}: expected Escapes, got {other:?}"),
             }
@@ -492,11 +288,15 @@ mod tests {
         assert_eq!(dir.stat_at(b"link").unwrap().unwrap().kind, Kind::Symlink);
         assert!(dir.stat_at(b"missing").unwrap().is_none());
         // open_at never follows the link.
-        assert!(dir.open_at(b"link", libc::O_RDONLY, 0).is_err());
+        assert!(dir.open_at(b"link", OFlags::RDONLY, 0).is_err());
         let f = dir
-            .open_at(b"tmp", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)
+            .open_at(
+                b"tmp",
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+                0o600,
+            )
             .unwrap();
-        set_file_mtime(f.as_raw_fd(), 1_000_000, 5).unwrap();
+        set_file_mtime(&f, 1_000_000, 5).unwrap();
         dir.rename_at(b"tmp", b"final").unwrap();
         let m = dir.stat_at(b"final").unwrap().unwrap();
         assert_eq!((m.kind, m.mtime_s, m.mtime_ns), (Kind::File, 1_000_000, 5));

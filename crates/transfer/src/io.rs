@@ -1,13 +1,13 @@
 //! Small I/O helpers shared by the sender and the receiver: an aligned
 //! buffer (O_DIRECT needs 4 KiB alignment), positioned reads that report a
 //! shrinking file, hole punching, flushing, TCP keepalive, and a shared rate
-//! limiter for `--bwlimit`. (`sendfile`, `openat2` and `fallocate` come
-//! from `fatpipe-sys`; these few it does not offer.)
+//! limiter for `--bwlimit`. (The system calls, hole punching and keepalive
+//! among them, are `fatpipe-sys`'s; what is here is the policy around them:
+//! zeros where no hole can be punched, the keepalive timers.)
 
-use std::alloc::{self, Layout};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,28 +15,21 @@ use std::time::{Duration, Instant};
 /// Alignment that satisfies O_DIRECT on every common file system.
 pub const ALIGN: usize = 4096;
 
-/// A zeroed heap buffer aligned to [`ALIGN`].
+/// A zeroed heap buffer aligned to [`ALIGN`]: a plain vector one page
+/// longer than asked, used from its first aligned byte on.
 pub struct AlignedBuf {
-    ptr: *mut u8,
+    mem: Vec<u8>,
+    start: usize,
     len: usize,
 }
-
-// SAFETY: the buffer is uniquely owned heap memory.
-unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
     /// Allocates `len` bytes (rounded up to the alignment, at least one page).
     pub fn new(len: usize) -> AlignedBuf {
         let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
-        let Ok(layout) = Layout::from_size_align(len, ALIGN) else {
-            alloc::handle_alloc_error(Layout::new::<u8>())
-        };
-        // SAFETY: layout has non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            alloc::handle_alloc_error(layout);
-        }
-        AlignedBuf { ptr, len }
+        let mem = vec![0u8; len + ALIGN];
+        let start = (ALIGN - mem.as_ptr() as usize % ALIGN) % ALIGN;
+        AlignedBuf { mem, start, len }
     }
 
     /// Capacity in bytes.
@@ -51,23 +44,13 @@ impl AlignedBuf {
 
     /// The whole buffer.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for len bytes and uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        &mut self.mem[self.start..self.start + self.len]
     }
 
     /// Grows to at least `len` bytes (contents are not kept).
     pub fn ensure(&mut self, len: usize) {
         if len > self.len {
             *self = AlignedBuf::new(len);
-        }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        if let Ok(layout) = Layout::from_size_align(self.len, ALIGN) {
-            // SAFETY: allocated in new() with this layout.
-            unsafe { alloc::dealloc(self.ptr, layout) };
         }
     }
 }
@@ -95,16 +78,7 @@ pub fn pread_exact(file: &File, buf: &mut [u8], off: u64) -> io::Result<()> {
 /// Makes `[off, off+len)` read as zeros without allocating (a hole); file
 /// systems that cannot punch holes get zeros written.
 pub fn punch_hole(file: &File, off: u64, len: u64) -> io::Result<()> {
-    // SAFETY: valid fd.
-    let rc = unsafe {
-        libc::fallocate64(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off as libc::off64_t,
-            len as libc::off64_t,
-        )
-    };
-    if rc == 0 {
+    if fatpipe_sys::punch_hole(file, off, len).is_ok() {
         return Ok(());
     }
     let zeros = vec![0u8; 1 << 20];
@@ -119,33 +93,14 @@ pub fn punch_hole(file: &File, off: u64, len: u64) -> io::Result<()> {
 
 /// `fdatasync(2)`.
 pub fn datasync(file: &File) -> io::Result<()> {
-    // SAFETY: valid fd.
-    if unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    file.sync_data()
 }
 
 /// Enables TCP keepalive with short timers, so a peer that vanished without
 /// a reset (power loss, cable) is noticed in about half a minute even when
 /// this side is only waiting.
-pub fn keepalive(sock: RawFd) {
-    let set = |level, opt, v: libc::c_int| {
-        // SAFETY: valid fd and an int option value.
-        unsafe {
-            libc::setsockopt(
-                sock,
-                level,
-                opt,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 5);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4);
+pub fn keepalive(sock: impl AsFd) {
+    let _ = fatpipe_sys::set_keepalive(sock, Duration::from_secs(10), Duration::from_secs(5), 4);
 }
 
 /// A rate cap shared by all streams: each asks for bytes before sending and

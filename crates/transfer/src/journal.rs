@@ -20,7 +20,8 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+
+use fatpipe_sys::OFlags;
 
 use crate::beneath::Dir;
 use crate::hash::{Algo, Digest};
@@ -65,7 +66,7 @@ impl Journal {
     pub fn create(dir: &Dir, name: &[u8], id: &Identity) -> io::Result<Journal> {
         let mut file = dir.open_at(
             name,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::APPEND,
             0o600,
         )?;
         file.write_all(&encode_header(id))?;
@@ -74,13 +75,13 @@ impl Journal {
 
     /// Reopens an existing journal for appending.
     pub fn reopen(dir: &Dir, name: &[u8]) -> io::Result<Journal> {
-        let file = dir.open_at(name, libc::O_WRONLY | libc::O_APPEND, 0)?;
+        let file = dir.open_at(name, OFlags::WRONLY | OFlags::APPEND, 0)?;
         Ok(Journal { file })
     }
 
     /// Reads the chunks recorded in `name`, if it exists and matches `id`.
     pub fn load(dir: &Dir, name: &[u8], id: &Identity) -> io::Result<Option<Vec<(u32, Digest)>>> {
-        let mut file = match dir.open_at(name, libc::O_RDONLY, 0) {
+        let mut file = match dir.open_at(name, OFlags::RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
@@ -123,11 +124,7 @@ impl Journal {
 
     /// Flushes the journal to stable storage.
     pub fn sync(&self) -> io::Result<()> {
-        // SAFETY: valid fd.
-        if unsafe { libc::fdatasync(self.file.as_raw_fd()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        self.file.sync_data()
     }
 }
 

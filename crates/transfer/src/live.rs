@@ -367,8 +367,7 @@ impl Live {
 /// Congestion controls this host lets a socket select: every loaded one
 /// for root, else the allowed list.
 pub fn congestion_allowed() -> Vec<String> {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = fatpipe_sys::process::is_root();
     let file = if root {
         "/proc/sys/net/ipv4/tcp_available_congestion_control"
     } else {

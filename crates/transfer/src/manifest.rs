@@ -301,7 +301,9 @@ impl Manifest {
 
 /// Opens a file named by an [`Origin`] for reading.
 pub fn open_origin(o: &Origin) -> Result<std::fs::File, ResolveError> {
-    let fd = o.root.open_beneath(&o.rel, libc::O_RDONLY, 0)?;
+    let fd = o
+        .root
+        .open_beneath(&o.rel, fatpipe_sys::OFlags::RDONLY, 0)?;
     Ok(std::fs::File::from(fd))
 }
 

@@ -528,7 +528,7 @@ pub fn run_source(
         .into_iter()
         .map(|s| spawn_sender(&src, &pool, s))
         .collect();
-    keepalive(std::os::fd::AsRawFd::as_raw_fd(&ctrl));
+    keepalive(&ctrl);
     // A sending server reports its counters so the client can tune.
     let stats_stop = Arc::new(AtomicBool::new(false));
     let stats = matches!(grow, Grow::Server { .. }).then(|| {
@@ -615,7 +615,7 @@ fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry]) -> Result<(), CopyErro
 }
 
 fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<io::Result<()>> {
-    keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
+    keepalive(&s);
     let (src, pool) = (Arc::clone(src), Arc::clone(pool));
     std::thread::spawn(move || {
         let r = src.send(s);
@@ -628,7 +628,7 @@ fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle
 }
 
 fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<()> {
-    keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
+    keepalive(&s);
     let (sk, pool) = (Arc::clone(sink), Arc::clone(pool));
     std::thread::spawn(move || {
         if let Err(e) = sk.receive(s) {
@@ -818,7 +818,7 @@ pub fn run_sink(
         .into_iter()
         .map(|s| spawn_receiver(&sink, &pool, s))
         .collect();
-    keepalive(std::os::fd::AsRawFd::as_raw_fd(&ctrl));
+    keepalive(&ctrl);
     let (tx, rx) = mpsc::channel();
     let reader = {
         let sk = Arc::clone(&sink);
@@ -1141,7 +1141,11 @@ fn map_beneath(
             )))
         }
         Err(ResolveError::Io(e))
-            if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
+            if e.raw_os_error().is_some()
+                && matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) => {}
         Err(ResolveError::Io(e)) => return Err(CopyError::Failed(format!("{shown}: {e}"))),
     }
     let (parent, name) = d.split_last();
@@ -2171,8 +2175,7 @@ mod tests {
 
     #[test]
     fn a_full_disk_fails_that_file_alone_and_a_rerun_completes() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !fatpipe_sys::process::is_root() {
             eprintln!("skipping: mounting a small tmpfs needs root");
             return;
         }

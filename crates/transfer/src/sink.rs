@@ -30,10 +30,11 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+
+use fatpipe_sys::OFlags;
 
 use crate::beneath::{self, Dir, Kind, ResolveError};
 use crate::hash::{Algo, Digest};
@@ -465,14 +466,13 @@ impl Sink {
         let Ok((parent, name)) = self.parent_of(&e.path) else {
             return false;
         };
-        let Ok(file) = parent.open_at(b".", libc::O_TMPFILE | libc::O_WRONLY, 0o600) else {
+        let Ok(file) = parent.open_unnamed(0o600) else {
             return false;
         };
-        let fd = file.as_raw_fd();
         let written = file
             .write_all_at(data, 0)
-            .and_then(|()| beneath::set_file_mode(fd, e.mode))
-            .and_then(|()| beneath::set_file_mtime(fd, e.mtime_s, e.mtime_ns))
+            .and_then(|()| beneath::set_file_mode(&file, e.mode))
+            .and_then(|()| beneath::set_file_mtime(&file, e.mtime_s, e.mtime_ns))
             .and_then(|()| {
                 if self.opts.sync {
                     file.sync_all()
@@ -484,7 +484,7 @@ impl Sink {
             self.fail(idx, slot, self.describe(err), true);
             return true;
         }
-        if parent.link_fd_at(fd, &name).is_err() {
+        if parent.link_fd_at(&file, &name).is_err() {
             return false;
         }
         let mut st = lock(&slot.st);
@@ -628,12 +628,16 @@ impl Sink {
     }
 
     fn describe(&self, e: io::Error) -> String {
-        match e.raw_os_error() {
-            Some(libc::ENOSPC) => {
+        // Only the kernel's errors: ENOSPC, EDQUOT and EACCES/EPERM.
+        let os = e.raw_os_error().is_some();
+        match e.kind() {
+            io::ErrorKind::StorageFull if os => {
                 "no space left on device (journal kept: free space and re-run to resume)".into()
             }
-            Some(libc::EDQUOT) => "disk quota exceeded (journal kept: re-run to resume)".into(),
-            Some(libc::EACCES) | Some(libc::EPERM) => format!("permission denied ({e})"),
+            io::ErrorKind::QuotaExceeded if os => {
+                "disk quota exceeded (journal kept: re-run to resume)".into()
+            }
+            io::ErrorKind::PermissionDenied if os => format!("permission denied ({e})"),
             _ => e.to_string(),
         }
     }
@@ -759,13 +763,13 @@ impl Sink {
         let Some(records) = Journal::load(parent, &jn, &id)? else {
             return Ok(None);
         };
-        let file = match parent.open_at(&part_name(name), libc::O_RDWR, 0) {
+        let file = match parent.open_at(&part_name(name), OFlags::RDWR, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         lock_part(&file)?;
-        if beneath::fstat(file.as_raw_fd())?.size != slot.size {
+        if beneath::fstat(&file)?.size != slot.size {
             return Ok(None);
         }
         let mut buf = AlignedBuf::new(self.opts.chunk_size as usize);
@@ -808,11 +812,11 @@ impl Sink {
         let pn = part_name(&name);
         // Lock before truncating: another session (an interrupted one still
         // winding down, or a second client) may be writing this part.
-        let file = parent.open_at(&pn, libc::O_RDWR | libc::O_CREAT, 0o600)?;
+        let file = parent.open_at(&pn, OFlags::RDWR | OFlags::CREATE, 0o600)?;
         lock_part(&file)?;
-        beneath::set_len(file.as_raw_fd(), 0)?;
+        beneath::set_len(&file, 0)?;
         if slot.sparse {
-            beneath::set_len(file.as_raw_fd(), slot.size)?;
+            beneath::set_len(&file, slot.size)?;
         } else if slot.size > u64::from(self.opts.chunk_size).min(1 << 20) {
             // Worth a system call only for files of some size.
             beneath::preallocate(&file, slot.size)?;
@@ -837,7 +841,7 @@ impl Sink {
             return None;
         }
         parent
-            .open_at(&part_name(name), libc::O_WRONLY | libc::O_DIRECT, 0)
+            .open_at(&part_name(name), OFlags::WRONLY | OFlags::DIRECT, 0)
             .ok()
             .map(Arc::new)
     }
@@ -847,9 +851,8 @@ impl Sink {
         let e = &self.entries[idx as usize];
         let (parent, name) = self.parent_of(&e.path)?;
         if let Some(open) = open {
-            let fd = open.file.as_raw_fd();
-            beneath::set_file_mode(fd, e.mode)?;
-            beneath::set_file_mtime(fd, e.mtime_s, e.mtime_ns)?;
+            beneath::set_file_mode(&*open.file, e.mode)?;
+            beneath::set_file_mtime(&*open.file, e.mtime_s, e.mtime_ns)?;
             if self.opts.sync {
                 open.file.sync_all()?;
             }
@@ -893,11 +896,9 @@ impl Sink {
 fn lock_part(file: &File) -> io::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        // SAFETY: valid fd.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        let Err(e) = fatpipe_sys::lock_exclusive(file, false) else {
             return Ok(());
-        }
-        let e = io::Error::last_os_error();
+        };
         if e.kind() != io::ErrorKind::WouldBlock {
             return Err(e);
         }
@@ -949,13 +950,13 @@ mod tests {
             .write(true)
             .open(base.join("d/done"))
             .unwrap();
-        beneath::set_file_mtime(f.as_raw_fd(), 1000, 0).unwrap();
+        beneath::set_file_mtime(&f, 1000, 0).unwrap();
         // "half": 3 chunks, an earlier run verified chunks 0 and 2 (chunk 2
         // then got damaged on disk, so only chunk 0 still counts).
         let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
         let dir = Dir::open(&base.join("d")).unwrap();
         let part = dir
-            .open_at(&part_name(b"half"), libc::O_RDWR | libc::O_CREAT, 0o600)
+            .open_at(&part_name(b"half"), OFlags::RDWR | OFlags::CREATE, 0o600)
             .unwrap();
         part.write_all_at(&data, 0).unwrap();
         part.write_all_at(b"X", 9000).unwrap();

@@ -22,7 +22,6 @@
 use std::collections::HashSet;
 use std::io::{self, BufWriter, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -290,7 +289,7 @@ impl Source {
             return Err(SendError::File(format!("no chunk {}", c.chunk)));
         };
         let file = open_origin(origin).map_err(|e| SendError::File(describe_open(e)))?;
-        let now = beneath::fstat(file.as_raw_fd()).map_err(|e| SendError::File(e.to_string()))?;
+        let now = beneath::fstat(&file).map_err(|e| SendError::File(e.to_string()))?;
         if now.size != size || now.mtime_s != entry.mtime_s || now.mtime_ns != entry.mtime_ns {
             return Err(SendError::File(
                 "changed while being copied (re-run to copy the new version)".into(),
@@ -298,8 +297,8 @@ impl Source {
         }
         let net = SendError::Net;
         if sparse {
-            let next = beneath::next_data(file.as_raw_fd(), off)
-                .map_err(|e| SendError::File(e.to_string()))?;
+            let next =
+                beneath::next_data(&file, off).map_err(|e| SendError::File(e.to_string()))?;
             if next.is_none_or(|d| d >= off + u64::from(len)) {
                 let h = ChunkHeader {
                     kind: ChunkKind::Hole,

@@ -428,15 +428,7 @@ fn tempdir() -> anyhow::Result<PathBuf> {
 }
 
 fn is_root() -> bool {
-    // /proc/self/status's Uid line avoids an unsafe geteuid call here.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
+    fatpipe_sys::process::is_root()
 }
 
 fn say(msg: &str) {

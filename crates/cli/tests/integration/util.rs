@@ -122,8 +122,7 @@ pub fn lab_with_server(
 /// root skips with a message; in CI (CI=true) missing root is a failure,
 /// because lab tests must run there.
 pub fn need_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc_geteuid() } == 0;
+    let root = fatpipe_sys::process::is_root();
     if root {
         return true;
     }
@@ -132,11 +131,6 @@ pub fn need_root(test: &str) -> bool {
     }
     eprintln!("skipping {test}: needs root for network namespaces and TUN devices");
     false
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
 }
 
 /// Creates `p` and its parents; returns it.

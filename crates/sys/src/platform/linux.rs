@@ -11,7 +11,8 @@ use std::io;
 use std::mem;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+
+use rustix::fs::{AtFlags, FallocateFlags, Mode, OFlags, ResolveFlags};
 
 use super::{cvt, cvt_retry, getsockopt_bytes, getsockopt_int, raw, setsockopt, setsockopt_bytes};
 use crate::files::Advice;
@@ -52,6 +53,7 @@ pub(crate) fn set_window_clamp(fd: &impl AsFd, bytes: libc::c_int) -> io::Result
 }
 
 /// Reads `TCP_WINDOW_CLAMP`.
+#[cfg(test)]
 pub(crate) fn get_window_clamp(fd: &impl AsFd) -> io::Result<libc::c_int> {
     getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP)
 }
@@ -82,14 +84,14 @@ pub(crate) fn set_max_pacing_rate(fd: &impl AsFd, bytes_per_sec: u64) -> io::Res
     }
 }
 
+/// Sets `TCP_NOTSENT_LOWAT`.
+pub(crate) fn set_notsent_lowat(fd: &impl AsFd, bytes: libc::c_int) -> io::Result<()> {
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, bytes)
+}
+
 /// Reads `TCP_INFO` into `buf`; returns the length the kernel filled.
 pub(crate) fn tcp_info_raw(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
     getsockopt_bytes(fd, libc::IPPROTO_TCP, libc::TCP_INFO, buf)
-}
-
-/// Where the host's tunables live.
-pub(crate) fn proc_sys_root() -> Option<PathBuf> {
-    Some(PathBuf::from("/proc/sys"))
 }
 
 /// One `sendfile(2)` call from `input` at `*offset`; advances `*offset`.
@@ -106,64 +108,6 @@ pub(crate) fn sendfile(
     let n = cvt_retry(|| unsafe { libc::sendfile64(raw(out), raw(input), &mut off, len) })?;
     *offset = off as u64;
     Ok(n as usize)
-}
-
-/// One `splice(2)` call; `None` offsets mean "the descriptor's position"
-/// (required for pipes and sockets).
-pub(crate) fn splice(
-    input: &impl AsFd,
-    in_off: Option<&mut u64>,
-    out: &impl AsFd,
-    out_off: Option<&mut u64>,
-    len: usize,
-    more: bool,
-) -> io::Result<usize> {
-    let to_loff = |o: &Option<&mut u64>| -> io::Result<Option<libc::loff_t>> {
-        o.as_ref()
-            .map(|v| {
-                libc::loff_t::try_from(**v)
-                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))
-            })
-            .transpose()
-    };
-    let mut a = to_loff(&in_off)?;
-    let mut b = to_loff(&out_off)?;
-    let flags = libc::SPLICE_F_MOVE | if more { libc::SPLICE_F_MORE } else { 0 };
-    let pa = a.as_mut().map_or(std::ptr::null_mut(), |v| v as *mut _);
-    let pb = b.as_mut().map_or(std::ptr::null_mut(), |v| v as *mut _);
-    // SAFETY: descriptors are borrowed for the call; each offset pointer is
-    // either null or points at a live local the kernel may update.
-    let n = cvt_retry(|| unsafe { libc::splice(raw(input), pa, raw(out), pb, len, flags) })?;
-    if let (Some(o), Some(v)) = (in_off, a) {
-        *o = v as u64;
-    }
-    if let (Some(o), Some(v)) = (out_off, b) {
-        *o = v as u64;
-    }
-    Ok(n as usize)
-}
-
-/// Creates a pipe pair `(read end, write end)` with `O_CLOEXEC`.
-pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by us.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Asks for a pipe capacity of `size` bytes; returns the capacity the
-/// kernel set (it rounds up to a power-of-two number of pages).
-pub(crate) fn set_pipe_size(fd: &impl AsFd, size: usize) -> io::Result<usize> {
-    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
-    // SAFETY: F_SETPIPE_SZ takes an int argument and touches no memory of ours.
-    cvt(unsafe { libc::fcntl(raw(fd), libc::F_SETPIPE_SZ, size) }).map(|n| n as usize)
-}
-
-/// Reads a pipe's current capacity.
-pub(crate) fn pipe_size(fd: &impl AsFd) -> io::Result<usize> {
-    // SAFETY: F_GETPIPE_SZ takes no argument and touches no memory of ours.
-    cvt(unsafe { libc::fcntl(raw(fd), libc::F_GETPIPE_SZ) }).map(|n| n as usize)
 }
 
 /// An anonymous memory-backed file (`memfd_create`).
@@ -422,6 +366,7 @@ pub(crate) fn set_gro(fd: &impl AsFd, on: bool) -> io::Result<()> {
 }
 
 /// Whether `UDP_GRO` is on for this socket.
+#[cfg(test)]
 pub(crate) fn gro_enabled(fd: &impl AsFd) -> io::Result<bool> {
     super::getsockopt_int(fd, libc::SOL_UDP, UDP_GRO).map(|v| v != 0)
 }
@@ -430,32 +375,47 @@ pub(crate) fn gro_enabled(fd: &impl AsFd) -> io::Result<bool> {
 pub(crate) fn openat2_beneath(
     dirfd: &impl AsFd,
     path: &CStr,
-    flags: libc::c_int,
-    mode: libc::mode_t,
+    flags: OFlags,
+    mode: Mode,
 ) -> io::Result<OwnedFd> {
-    // SAFETY: open_how is plain data; all-zero is valid and required for
-    // fields we do not set.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
-        u64::from(mode)
+    // The kernel refuses a mode unless the call may create a file.
+    let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
+        mode
     } else {
-        0
+        Mode::empty()
     };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: `path` is NUL-terminated, `how` is a live open_how and its
-    // exact size is passed; the kernel only reads both.
-    let fd = cvt_retry(|| unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            raw(dirfd),
-            path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    })?;
-    // SAFETY: openat2 returned a new descriptor that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    loop {
+        match rustix::fs::openat2(dirfd, path, flags | OFlags::CLOEXEC, mode, resolve) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => return Ok(other?),
+        }
+    }
+}
+
+/// A new file without a name in `dir` (`O_TMPFILE`), open for writing.
+pub(crate) fn open_tmpfile(dir: &impl AsFd, mode: Mode) -> io::Result<OwnedFd> {
+    let flags = OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC;
+    Ok(rustix::fs::openat(dir, c".", flags, mode)?)
+}
+
+/// Names an `O_TMPFILE` file. Goes through `/proc/self/fd`, which needs no
+/// privilege (`AT_EMPTY_PATH` would need CAP_DAC_READ_SEARCH).
+pub(crate) fn link_tmpfile(file: &impl AsFd, dir: &impl AsFd, name: &CStr) -> io::Result<()> {
+    let src = format!("/proc/self/fd/{}", raw(file));
+    Ok(rustix::fs::linkat(
+        rustix::fs::CWD,
+        src.as_str(),
+        dir,
+        name,
+        AtFlags::SYMLINK_FOLLOW,
+    )?)
+}
+
+/// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
+pub(crate) fn punch_hole(fd: &impl AsFd, offset: u64, len: u64) -> io::Result<()> {
+    let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    Ok(rustix::fs::fallocate(fd, mode, offset, len)?)
 }
 
 /// `fallocate(2)`; `keep_size` leaves the file size alone.
@@ -471,28 +431,6 @@ pub(crate) fn fallocate(fd: &impl AsFd, offset: u64, len: u64, keep_size: bool) 
     };
     // SAFETY: fallocate takes only integers and touches no memory of ours.
     cvt_retry(|| unsafe { libc::fallocate64(raw(fd), mode, off, len) }).map(drop)
-}
-
-/// Direct-I/O alignment `(memory, file offset)` from `statx(STATX_DIOALIGN)`,
-/// `None` when the file system does not report it (or does not do O_DIRECT).
-pub(crate) fn dio_alignment(fd: &impl AsFd) -> io::Result<Option<(u32, u32)>> {
-    // SAFETY: statx is plain data; all-zero is a valid value to overwrite.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: the empty path with AT_EMPTY_PATH names `fd` itself; `stx` is
-    // valid for writes.
-    cvt(unsafe {
-        libc::statx(
-            raw(fd),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    })?;
-    if stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
-        return Ok(None);
-    }
-    Ok(Some((stx.stx_dio_mem_align, stx.stx_dio_offset_align)))
 }
 
 /// `posix_fadvise(2)`.
@@ -515,39 +453,6 @@ pub(crate) fn fadvise(fd: &impl AsFd, offset: u64, len: u64, advice: Advice) -> 
     } else {
         Err(io::Error::from_raw_os_error(ret))
     }
-}
-
-/// One `copy_file_range(2)` call between explicit offsets.
-pub(crate) fn copy_file_range(
-    input: &impl AsFd,
-    in_off: &mut u64,
-    out: &impl AsFd,
-    out_off: &mut u64,
-    len: usize,
-) -> io::Result<usize> {
-    let mut a = libc::loff_t::try_from(*in_off)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-    let mut b = libc::loff_t::try_from(*out_off)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-    // SAFETY: descriptors are borrowed for the call, the offsets are live
-    // locals the kernel may update.
-    let n = cvt_retry(|| unsafe {
-        libc::copy_file_range(raw(input), &mut a, raw(out), &mut b, len, 0)
-    })?;
-    *in_off = a as u64;
-    *out_off = b as u64;
-    Ok(n as usize)
-}
-
-/// CPUs this process may run on (`sched_getaffinity`).
-pub(crate) fn affinity_cpus() -> io::Result<usize> {
-    // SAFETY: cpu_set_t is a plain bit set; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is valid for writes of exactly the size passed.
-    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
-    // SAFETY: `set` was initialised above.
-    let n = unsafe { libc::CPU_COUNT(&set) };
-    Ok(n.max(1) as usize)
 }
 
 /// Don't Fragment on every datagram, ignoring the cached path MTU
@@ -744,4 +649,86 @@ fn ethtool_ioctl(ifname: &str, data: *mut libc::c_void) -> io::Result<()> {
         return Err(err);
     }
     Ok(())
+}
+
+// The lab's calls: namespaces, TUN devices, scheduling, pidfds.
+
+const TUN_F_TSO4: libc::c_uint = 0x02;
+const TUN_F_TSO6: libc::c_uint = 0x04;
+const TUN_F_TSO_ECN: libc::c_uint = 0x08;
+
+/// `struct ifreq` as TUNSETIFF reads it: a name and the flags, padded to
+/// the kernel's 40 bytes.
+#[repr(C)]
+struct TunReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// `setns(CLONE_NEWNET)` for the calling thread.
+pub(crate) fn enter_netns(ns: &impl AsFd) -> io::Result<()> {
+    use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
+    Ok(move_into_link_name_space(
+        ns.as_fd(),
+        Some(LinkNameSpaceType::Network),
+    )?)
+}
+
+/// Opens `/dev/net/tun` as device `name` with `IFF_TUN | IFF_NO_PI |
+/// IFF_VNET_HDR`, checksum and TSO offloads, non-blocking.
+pub(crate) fn open_tun(name: &str) -> io::Result<OwnedFd> {
+    let bytes = name.as_bytes();
+    if bytes.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::other("device name too long"));
+    }
+    let fd = rustix::fs::open(
+        c"/dev/net/tun",
+        OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut req = TunReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
+        _pad: [0; 22],
+    };
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: TUNSETIFF reads (and may update) a `struct ifreq`, which
+    // `TunReq` lays out at its full size; `req` outlives the call.
+    if unsafe { libc::ioctl(raw(&fd), libc::TUNSETIFF, &mut req as *mut TunReq) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let offload = libc::TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
+    // SAFETY: TUNSETOFFLOAD takes the flags by value and touches no memory.
+    if unsafe { libc::ioctl(raw(&fd), libc::TUNSETOFFLOAD, offload as libc::c_ulong) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = rustix::fs::fcntl_getfl(&fd)?;
+    rustix::fs::fcntl_setfl(&fd, flags | OFlags::NONBLOCK)?;
+    Ok(fd)
+}
+
+/// `sched_setscheduler(SCHED_FIFO)` for the calling thread.
+pub(crate) fn set_fifo_priority(priority: i32) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 means the calling thread; `param` is a valid struct
+    // that outlives the call and is only read.
+    cvt(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) }).map(drop)
+}
+
+/// `PR_SET_TIMERSLACK` for the calling thread; errors are ignored (the
+/// default slack only makes timers later).
+pub(crate) fn set_timer_slack_ns(ns: u64) {
+    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(ns));
+}
+
+/// A pidfd for `pid`, or `None` if it has already gone (`ESRCH`).
+pub(crate) fn pidfd_open(pid: rustix::process::Pid) -> io::Result<Option<OwnedFd>> {
+    match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::SRCH) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -9,19 +9,19 @@
 //! - `BUFFER_SCALE`, `set_buffer_force`: socket-buffer accounting and the
 //!   privileged override;
 //! - `set_congestion`, `get_congestion`, `set_max_pacing_rate`,
-//!   `tcp_info_raw`: TCP controls and statistics;
-//! - `proc_sys_root`: where host limits are read (`None` if nowhere);
-//! - `sendfile`, `splice`, `set_pipe_size`, `memfd`: stream fast paths;
+//!   `set_notsent_lowat`, `tcp_info_raw`: TCP controls and statistics;
+//! - `sendfile`, `memfd`: stream fast paths;
 //! - `enable_zerocopy`, `MSG_ZEROCOPY_FLAG`, `read_zerocopy_completion`,
 //!   `recv_trunc`: `MSG_ZEROCOPY` and `MSG_TRUNC`;
-//! - `send_batch`, `recv_batch`, `send_gso`, `set_gro`, `gro_enabled`:
+//! - `send_batch`, `recv_batch`, `send_gso`, `set_gro`:
 //!   UDP batching and offloads;
-//! - `openat2_beneath`, `fallocate`, `O_DIRECT_FLAG`, `dio_alignment`,
-//!   `fadvise`, `copy_file_range`: file helpers;
-//! - `affinity_cpus`: CPUs this process may run on;
+//! - `openat2_beneath`, `open_tmpfile`, `link_tmpfile`, `fallocate`,
+//!   `punch_hole`, `O_DIRECT_FLAG`, `fadvise`: file helpers;
 //! - `set_df_probe`, `route_mtu`, `enable_rx_timestamps`,
 //!   `recv_timestamped`: the path probe's UDP calls;
-//! - `ethtool_value`, `ethtool_rings`: NIC offloads and ring sizes.
+//! - `ethtool_value`, `ethtool_rings`: NIC offloads and ring sizes;
+//! - `enter_netns`, `open_tun`, `set_fifo_priority`, `set_timer_slack_ns`,
+//!   `pidfd_open`: the lab's namespaces, devices and scheduling.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -178,13 +178,6 @@ pub(crate) fn pwrite(fd: &impl AsFd, buf: &[u8], offset: u64) -> io::Result<usiz
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
     // SAFETY: the pointer and length describe `buf`, valid for reads.
     cvt_retry(|| unsafe { libc::pwrite(raw(fd), buf.as_ptr().cast(), buf.len(), offset) })
-        .map(|n| n as usize)
-}
-
-/// One `read`, retrying on `EINTR`.
-pub(crate) fn read(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: the pointer and length describe `buf`, valid for writes.
-    cvt_retry(|| unsafe { libc::read(raw(fd), buf.as_mut_ptr().cast(), buf.len()) })
         .map(|n| n as usize)
 }
 

@@ -7,10 +7,11 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::{AsFd, OwnedFd};
 
-use super::{cvt, raw, unsupported};
+use rustix::fs::{Mode, OFlags};
+
+use super::unsupported;
 use crate::files::Advice;
 use crate::IoPath;
 
@@ -34,6 +35,7 @@ pub(crate) fn set_window_clamp(_: &impl AsFd, _: libc::c_int) -> io::Result<()> 
 }
 
 /// `TCP_WINDOW_CLAMP` is Linux-only.
+#[cfg(test)]
 pub(crate) fn get_window_clamp(_: &impl AsFd) -> io::Result<libc::c_int> {
     Err(unsupported("TCP_WINDOW_CLAMP"))
 }
@@ -53,55 +55,19 @@ pub(crate) fn set_max_pacing_rate(_: &impl AsFd, _: u64) -> io::Result<()> {
     Err(unsupported("SO_MAX_PACING_RATE"))
 }
 
+/// `TCP_NOTSENT_LOWAT` is not portable.
+pub(crate) fn set_notsent_lowat(_: &impl AsFd, _: libc::c_int) -> io::Result<()> {
+    Err(unsupported("TCP_NOTSENT_LOWAT"))
+}
+
 /// The Linux `tcp_info` layout is Linux-only.
 pub(crate) fn tcp_info_raw(_: &impl AsFd, _: &mut [u8]) -> io::Result<usize> {
     Err(unsupported("TCP_INFO"))
 }
 
-/// No `/proc/sys`.
-pub(crate) fn proc_sys_root() -> Option<PathBuf> {
-    None
-}
-
 /// `sendfile` signatures differ across BSDs; the caller copies instead.
 pub(crate) fn sendfile(_: &impl AsFd, _: &impl AsFd, _: &mut u64, _: usize) -> io::Result<usize> {
     Err(unsupported("sendfile"))
-}
-
-/// `splice` is Linux-only.
-pub(crate) fn splice(
-    _: &impl AsFd,
-    _: Option<&mut u64>,
-    _: &impl AsFd,
-    _: Option<&mut u64>,
-    _: usize,
-    _: bool,
-) -> io::Result<usize> {
-    Err(unsupported("splice"))
-}
-
-/// A plain pipe pair `(read end, write end)` with close-on-exec.
-pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe writes.
-    cvt(unsafe { libc::pipe(fds.as_mut_ptr()) })?;
-    // SAFETY: pipe succeeded, so both descriptors are open and owned by us.
-    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    for fd in [&pair.0, &pair.1] {
-        // SAFETY: F_SETFD with FD_CLOEXEC touches no memory of ours.
-        cvt(unsafe { libc::fcntl(raw(fd), libc::F_SETFD, libc::FD_CLOEXEC) })?;
-    }
-    Ok(pair)
-}
-
-/// Pipe sizes are fixed here.
-pub(crate) fn set_pipe_size(_: &impl AsFd, _: usize) -> io::Result<usize> {
-    Err(unsupported("F_SETPIPE_SZ"))
-}
-
-/// Pipe sizes are not queryable here.
-pub(crate) fn pipe_size(_: &impl AsFd) -> io::Result<usize> {
-    Err(unsupported("F_GETPIPE_SZ"))
 }
 
 /// No `memfd_create`; the caller uses an unlinked temporary file.
@@ -198,18 +164,30 @@ pub(crate) fn set_gro(_: &impl AsFd, _: bool) -> io::Result<()> {
 }
 
 /// UDP GRO is Linux-only.
+#[cfg(test)]
 pub(crate) fn gro_enabled(_: &impl AsFd) -> io::Result<bool> {
     Ok(false)
 }
 
 /// `openat2` is Linux-only; the caller walks components instead.
-pub(crate) fn openat2_beneath(
-    _: &impl AsFd,
-    _: &CStr,
-    _: libc::c_int,
-    _: libc::mode_t,
-) -> io::Result<OwnedFd> {
+pub(crate) fn openat2_beneath(_: &impl AsFd, _: &CStr, _: OFlags, _: Mode) -> io::Result<OwnedFd> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// Files without a name (`O_TMPFILE`) are Linux's; the caller writes
+/// under a temporary name instead.
+pub(crate) fn open_tmpfile(_: &impl AsFd, _: Mode) -> io::Result<OwnedFd> {
+    Err(unsupported("O_TMPFILE"))
+}
+
+/// Never reached: [`open_tmpfile`] gives no file to name here.
+pub(crate) fn link_tmpfile(_: &impl AsFd, _: &impl AsFd, _: &CStr) -> io::Result<()> {
+    Err(unsupported("O_TMPFILE"))
+}
+
+/// Hole punching has no portable call; the caller writes zeros.
+pub(crate) fn punch_hole(_: &impl AsFd, _: u64, _: u64) -> io::Result<()> {
+    Err(unsupported("FALLOC_FL_PUNCH_HOLE"))
 }
 
 /// No portable `fallocate` that reserves blocks without writing them.
@@ -217,36 +195,9 @@ pub(crate) fn fallocate(_: &impl AsFd, _: u64, _: u64, _: bool) -> io::Result<()
     Err(unsupported("fallocate"))
 }
 
-/// Alignment for direct I/O is not reported here.
-pub(crate) fn dio_alignment(_: &impl AsFd) -> io::Result<Option<(u32, u32)>> {
-    Ok(None)
-}
-
 /// Access-pattern advice is optional; ignoring it is correct.
 pub(crate) fn fadvise(_: &impl AsFd, _: u64, _: u64, _: Advice) -> io::Result<()> {
     Err(unsupported("posix_fadvise"))
-}
-
-/// No in-kernel file copy; the caller copies through a buffer.
-pub(crate) fn copy_file_range(
-    _: &impl AsFd,
-    _: &mut u64,
-    _: &impl AsFd,
-    _: &mut u64,
-    _: usize,
-) -> io::Result<usize> {
-    Err(unsupported("copy_file_range"))
-}
-
-/// Online CPUs; affinity masks are not portable.
-pub(crate) fn affinity_cpus() -> io::Result<usize> {
-    // SAFETY: sysconf takes an integer and touches no memory of ours.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n < 1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
 }
 
 /// Path-MTU probing options are Linux's.
@@ -281,4 +232,27 @@ pub(crate) fn ethtool_value(_: &str, _: u32) -> io::Result<u32> {
 /// `SIOCETHTOOL` is Linux's.
 pub(crate) fn ethtool_rings(_: &str) -> io::Result<[u32; 4]> {
     Err(unsupported("SIOCETHTOOL"))
+}
+
+/// Network namespaces are Linux's.
+pub(crate) fn enter_netns(_: &impl AsFd) -> io::Result<()> {
+    Err(unsupported("setns"))
+}
+
+/// The lab's TUN devices (virtio headers, TSO offloads) are Linux's.
+pub(crate) fn open_tun(_: &str) -> io::Result<OwnedFd> {
+    Err(unsupported("TUN devices"))
+}
+
+/// Real-time scheduling classes are left to Linux here.
+pub(crate) fn set_fifo_priority(_: i32) -> io::Result<()> {
+    Err(unsupported("SCHED_FIFO"))
+}
+
+/// No timer slack to tighten.
+pub(crate) fn set_timer_slack_ns(_: u64) {}
+
+/// No pidfds.
+pub(crate) fn pidfd_open(_: rustix::process::Pid) -> io::Result<Option<OwnedFd>> {
+    Err(unsupported("pidfd_open"))
 }

@@ -1,0 +1,123 @@
+//! This process and others: who we run as, how many descriptors we may
+//! open, signalling and outliving other processes, and how punctually the
+//! scheduler serves a thread.
+//!
+//! The engine opens a descriptor per stream at each end, the lab's
+//! forwarder must deliver frames on time on a shared machine and remove
+//! itself when its owner dies, and several commands behave differently for
+//! root. Each of those needs one system call; they are gathered here so no
+//! other crate has to hold one. Where a platform lacks a call (pidfds,
+//! real-time classes and timer slack are Linux's) the function says
+//! `Unsupported` or does nothing, as documented on each.
+
+use std::io;
+use std::time::Duration;
+
+use rustix::process::{Pid, Resource, Rlimit};
+
+use crate::platform;
+
+/// A signal [`kill`] can send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// `SIGTERM`: please exit.
+    Term,
+    /// `SIGKILL`: exit now.
+    Kill,
+}
+
+/// Whether this process runs with effective user id 0.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Raises this process's open-file limit to its hard limit. Best effort:
+/// failure leaves the limit as it was.
+pub fn raise_fd_limit() {
+    let lim = rustix::process::getrlimit(Resource::Nofile);
+    // `None` is "unlimited", above every number.
+    let below_max = match (lim.current, lim.maximum) {
+        (Some(cur), Some(max)) => cur < max,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if below_max {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        let _ = rustix::process::setrlimit(Resource::Nofile, raised);
+    }
+}
+
+/// Sends `sig` to process `pid`; false if it does not exist or may not be
+/// signalled. A pid of 0 (or one beyond `pid_t`) is refused without a
+/// system call: 0 would mean this process group.
+pub fn kill(pid: u32, sig: Signal) -> bool {
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return false;
+    };
+    let sig = match sig {
+        Signal::Term => rustix::process::Signal::TERM,
+        Signal::Kill => rustix::process::Signal::KILL,
+    };
+    rustix::process::kill_process(pid, sig).is_ok()
+}
+
+/// Blocks until process `pid` exits (returns at once if it already has).
+/// Watches a pidfd, so a recycled pid cannot fool it. `Unsupported` where
+/// there are no pidfds.
+pub fn wait_for_exit(pid: u32) -> io::Result<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a process id"))?;
+    let Some(fd) = platform::pidfd_open(pid)? else {
+        return Ok(());
+    };
+    loop {
+        if crate::poll::wait_readable(&[&fd], Duration::from_secs(3600))? {
+            return Ok(());
+        }
+    }
+}
+
+/// Moves the calling thread to the real-time FIFO class at `priority`
+/// (`sched_setscheduler`). `Unsupported` off Linux.
+pub fn set_realtime(priority: i32) -> io::Result<()> {
+    platform::set_fifo_priority(priority)
+}
+
+/// Asks the kernel to wake this thread's timers on time rather than up to
+/// 50 µs late (`PR_SET_TIMERSLACK` of 1 ns). Best effort; nothing happens
+/// where the platform has no timer slack.
+pub fn tight_timer_slack() {
+    platform::set_timer_slack_ns(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_pid_zero_and_finds_no_ghost() {
+        assert!(!kill(0, Signal::Term), "pid 0 would mean our process group");
+        assert!(!kill(u32::MAX, Signal::Term));
+        raise_fd_limit();
+        let lim = rustix::process::getrlimit(Resource::Nofile);
+        assert_eq!(lim.current, lim.maximum);
+        let _ = is_root();
+    }
+
+    #[test]
+    fn waits_for_a_child_to_exit() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let t = std::thread::spawn(move || wait_for_exit(pid));
+        let _ = child.wait();
+        match t.join().unwrap() {
+            Ok(()) => {}
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::Unsupported),
+        }
+    }
+}
