@@ -46,8 +46,6 @@
 //! `fatpipe` binary itself (`fatpipe lab run-link NAME`, hidden), so a
 //! program other than `fatpipe` must point [`UpOptions::exe`] at it.
 
-#![forbid(unsafe_code)]
-
 pub mod control;
 mod error;
 mod forward;

@@ -19,8 +19,6 @@
 //! Rendering for people lives in the binary; the serde result types live in
 //! `fatpipe_schema::tune` so the engine and the protocol can name them.
 
-#![forbid(unsafe_code)]
-
 use std::path::PathBuf;
 
 pub mod adjust;
