@@ -9,8 +9,49 @@
 //!   archive and the reports. It is documented in `docs/json-schema.md`;
 //!   changing a type here is changing a public interface.
 
+/// Gives a unit enum of the schema `as_str()`, its JSON text, and a
+/// `Display` that prints the same text, from one list of variant → text.
+/// The enum's serde names must say the same; each enum's test pins both.
+macro_rules! json_text {
+    ($ty:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The JSON text of this value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $text),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod copy;
 pub mod path;
 pub mod test;
 pub mod tune;
 pub mod units;
+
+#[cfg(test)]
+mod tests {
+    use std::fmt;
+
+    use serde::{Deserialize, Serialize};
+
+    /// Serializes `v`, checks its JSON text is `text` and that `Display`
+    /// prints the same without quotes, and that it reads back.
+    pub(crate) fn pins<T>(v: T, text: &str)
+    where
+        T: Serialize + for<'de> Deserialize<'de> + fmt::Display + PartialEq + fmt::Debug,
+    {
+        assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{text}\""));
+        assert_eq!(v.to_string(), text);
+        let back: T = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+        assert_eq!(back, v);
+    }
+}

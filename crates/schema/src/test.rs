@@ -12,8 +12,6 @@
 //! [`TEST_SCHEMA_VERSION`] on any change that breaks a reader; adding an
 //! optional field does not.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 /// Names this schema in every report.
@@ -73,54 +71,9 @@ pub enum Direction {
     Down,
 }
 
-impl Protocol {
-    /// The JSON text: `"tcp"` or `"udp"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        }
-    }
-}
-
-impl TestDirection {
-    /// The JSON text: `"up"`, `"down"` or `"both"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TestDirection::Up => "up",
-            TestDirection::Down => "down",
-            TestDirection::Both => "both",
-        }
-    }
-}
-
-impl Direction {
-    /// The JSON text: `"up"` or `"down"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::Up => "up",
-            Direction::Down => "down",
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for TestDirection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for Direction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+json_text!(Protocol { Tcp => "tcp", Udp => "udp" });
+json_text!(TestDirection { Up => "up", Down => "down", Both => "both" });
+json_text!(Direction { Up => "up", Down => "down" });
 
 /// What was asked for, and what the hosts granted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -355,18 +308,7 @@ pub enum TestStreamLine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Serializes `v`, checks its JSON text is `text` and that `Display`
-    /// prints the same without quotes, and that it reads back.
-    fn pins<T>(v: T, text: &str)
-    where
-        T: Serialize + for<'de> Deserialize<'de> + fmt::Display + PartialEq + fmt::Debug,
-    {
-        assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{text}\""));
-        assert_eq!(v.to_string(), text);
-        let back: T = serde_json::from_str(&format!("\"{text}\"")).unwrap();
-        assert_eq!(back, v);
-    }
+    use crate::tests::pins;
 
     #[test]
     fn protocol_json_text() {

@@ -10,8 +10,6 @@
 //! Rates are bits per second and sizes bytes, as plain integers, so machines
 //! never parse "941 Mbit/s"; durations are seconds as `f64`.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 /// What is known about the network path before data flows (from `fatpipe
@@ -318,56 +316,9 @@ pub enum ValueSource {
     Default,
 }
 
-impl Severity {
-    /// The JSON text: `"ok"`, `"info"`, `"warn"` or `"critical"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Ok => "ok",
-            Severity::Info => "info",
-            Severity::Warn => "warn",
-            Severity::Critical => "critical",
-        }
-    }
-}
-
-impl TargetSource {
-    /// The JSON text: `"probe"` or `"flags"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TargetSource::Probe => "probe",
-            TargetSource::Flags => "flags",
-        }
-    }
-}
-
-impl ValueSource {
-    /// The JSON text: `"probe"`, `"flag"` or `"default"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ValueSource::Probe => "probe",
-            ValueSource::Flag => "flag",
-            ValueSource::Default => "default",
-        }
-    }
-}
-
-impl fmt::Display for Severity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for TargetSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for ValueSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+json_text!(Severity { Ok => "ok", Info => "info", Warn => "warn", Critical => "critical" });
+json_text!(TargetSource { Probe => "probe", Flags => "flags" });
+json_text!(ValueSource { Probe => "probe", Flag => "flag", Default => "default" });
 
 /// The peer's side of `fatpipe tune --for HOST`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -384,18 +335,7 @@ pub struct PeerAudit {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Serializes `v`, checks its JSON text is `text` and that `Display`
-    /// prints the same without quotes, and that it reads back.
-    fn pins<T>(v: T, text: &str)
-    where
-        T: Serialize + for<'de> Deserialize<'de> + fmt::Display + PartialEq + fmt::Debug,
-    {
-        assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{text}\""));
-        assert_eq!(v.to_string(), text);
-        let back: T = serde_json::from_str(&format!("\"{text}\"")).unwrap();
-        assert_eq!(back, v);
-    }
+    use crate::tests::pins;
 
     #[test]
     fn severity_json_text() {
