@@ -78,17 +78,19 @@ pub fn sample_of(iv: &TestInterval) -> Option<Sample> {
     if iv.sums.is_empty() {
         return None;
     }
-    let n = iv.sums.len() as u64;
-    let rtt_us: u64 = iv
+    // A direction whose streams know no RTT yet sums to 0 (unknown, as in
+    // `sums`); counting it would halve the mean and fake a shorter path.
+    let known: Vec<u64> = iv
         .sums
         .iter()
-        .map(|s| u64::from(s.rtt_us.unwrap_or(0)))
-        .sum();
+        .filter_map(|s| s.rtt_us.filter(|&r| r > 0).map(u64::from))
+        .collect();
+    let rtt_us = known.iter().sum::<u64>() / (known.len() as u64).max(1);
     Some(Sample {
         now: Duration::try_from_secs_f64(iv.end_s).unwrap_or_default(),
         throughput: iv.sums.iter().map(|s| s.bits_per_second).sum::<f64>() as u64,
         retransmits: iv.sums.iter().filter_map(|s| s.retransmits).sum(),
-        rtt: Duration::from_micros(rtt_us / n),
+        rtt: Duration::from_micros(rtt_us),
     })
 }
 
@@ -303,5 +305,10 @@ mod tests {
         assert_eq!((s.throughput, s.retransmits), (600_000_000, 8));
         assert_eq!(s.rtt, Duration::from_micros(95_000));
         assert_eq!(sample_of(&sums(&[])), None);
+        // The down direction knows no RTT yet (0): only up's counts.
+        let s = sample_of(&sums(&[(4e8, 3, 90_000), (2e8, 5, 0)])).unwrap();
+        assert_eq!(s.rtt, Duration::from_micros(90_000));
+        let s = sample_of(&sums(&[(4e8, 3, 0)])).unwrap();
+        assert_eq!(s.rtt, Duration::ZERO);
     }
 }
