@@ -66,3 +66,19 @@ pub struct Failure {
     /// What went wrong and what to do.
     pub message: String,
 }
+
+/// A test hook's value: the environment variable `name` (a
+/// `FATPIPE_TEST_*` knob that makes this end misbehave on purpose), read
+/// only in builds with the `test-hooks` feature. The one gate for every
+/// hook of the copy, so no hook can be read by an ordinary build.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn test_hook(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Without the `test-hooks` feature no test hook is ever set.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub(crate) fn test_hook(_name: &str) -> Option<String> {
+    None
+}

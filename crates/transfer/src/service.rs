@@ -328,17 +328,9 @@ impl CopyTuning {
     }
 }
 
-/// The test hook [`TEST_STREAMS_ENV`], if set (only in builds with the
-/// `test-hooks` feature; others ignore the variable).
-#[cfg(feature = "test-hooks")]
+/// The test hook [`TEST_STREAMS_ENV`], if set.
 fn test_streams_hook() -> Option<u32> {
-    std::env::var(TEST_STREAMS_ENV).ok()?.trim().parse().ok()
-}
-
-/// Without the `test-hooks` feature the streams are never forced.
-#[cfg(not(feature = "test-hooks"))]
-fn test_streams_hook() -> Option<u32> {
-    None
+    crate::test_hook(TEST_STREAMS_ENV)?.trim().parse().ok()
 }
 
 fn classify(e: EngineError) -> CopyError {

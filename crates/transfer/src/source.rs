@@ -53,17 +53,8 @@ pub struct SourceOptions {
 
 impl SourceOptions {
     /// Reads the corruption test hook from the environment.
-    #[cfg(feature = "test-hooks")]
     pub fn corrupt_from_env() -> Option<u64> {
-        std::env::var("FATPIPE_TEST_CORRUPT_CHUNK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    }
-
-    /// Without the `test-hooks` feature there is no corruption hook.
-    #[cfg(not(feature = "test-hooks"))]
-    pub fn corrupt_from_env() -> Option<u64> {
-        None
+        crate::test_hook("FATPIPE_TEST_CORRUPT_CHUNK")?.parse().ok()
     }
 }
 

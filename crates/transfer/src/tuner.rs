@@ -123,23 +123,16 @@ impl CopyTuner {
     }
 }
 
-/// The test hook [`TEST_ADD_ENV`], if set (only in builds with the
+/// The test hook [`TEST_ADD_ENV`], if set (`crate::test_hook`: only in builds with the
 /// `test-hooks` feature; others ignore the variable).
-#[cfg(feature = "test-hooks")]
 fn test_add_hook() -> Option<ForcedAdd> {
-    let v = std::env::var(TEST_ADD_ENV).ok()?;
+    let v = crate::test_hook(TEST_ADD_ENV)?;
     let (n, k) = v.split_once('@')?;
     Some(ForcedAdd {
         streams: n.trim().parse().ok()?,
         at_sample: k.trim().parse().ok()?,
         hook: TEST_ADD_ENV,
     })
-}
-
-/// Without the `test-hooks` feature no add is ever forced.
-#[cfg(not(feature = "test-hooks"))]
-fn test_add_hook() -> Option<ForcedAdd> {
-    None
 }
 
 /// One session as the driver sees it.
