@@ -141,6 +141,7 @@ pub fn forward(lanes: &[Lane], shared: &Shared) -> std::io::Error {
         .map(|l| Pipe::new(&shared.dir_config(l.dir)))
         .collect();
     let inputs: Vec<&File> = lanes.iter().map(|l| &*l.input).collect();
+    let mut readable = fatpipe_sys::poll::Readable::new(&inputs);
     let mut published = 0;
     loop {
         let mut now = 0;
@@ -182,7 +183,7 @@ pub fn forward(lanes: &[Lane], shared: &Shared) -> std::io::Error {
             .map(|pipe| sleep_for(pipe, now))
             .min()
             .unwrap_or(MAX_SLEEP);
-        if let Err(e) = sys::wait_readable(&inputs, wait) {
+        if let Err(e) = readable.wait(wait) {
             return e;
         }
     }

@@ -9,7 +9,6 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::time::Duration;
 
 pub use fatpipe_sys::process::Signal;
 
@@ -67,11 +66,6 @@ pub fn read(mut fd: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
 /// One `write(2)` of a whole frame.
 pub fn write(mut fd: &File, buf: &[u8]) -> io::Result<()> {
     fd.write(buf).map(drop)
-}
-
-/// Waits until one of `fds` is readable or `timeout` passes; true if one is.
-pub fn wait_readable(fds: &[&File], timeout: Duration) -> io::Result<bool> {
-    fatpipe_sys::poll::wait_readable(fds, timeout)
 }
 
 /// Asks the kernel to wake this thread's timers on time, not up to 50 us

@@ -12,20 +12,42 @@ use std::time::Duration;
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 /// Waits until one of `fds` is readable or `timeout` passes; true if one
-/// is. An interrupting signal counts as a timeout.
+/// is. An interrupting signal counts as a timeout. For a loop that waits
+/// on the same descriptors again and again, build a [`Readable`] once.
 pub fn wait_readable(fds: &[&impl AsFd], timeout: Duration) -> io::Result<bool> {
-    let mut pfds: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|fd| PollFd::new(*fd, PollFlags::IN))
-        .collect();
-    let ts = Timespec {
-        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(timeout.subsec_nanos()),
-    };
-    match rustix::event::poll(&mut pfds, Some(&ts)) {
-        Ok(n) => Ok(n > 0 && pfds.iter().any(|p| p.revents().contains(PollFlags::IN))),
-        Err(rustix::io::Errno::INTR) => Ok(false),
-        Err(e) => Err(e.into()),
+    Readable::new(fds).wait(timeout)
+}
+
+/// A set of descriptors to wait on, built once: the lab's forwarder waits
+/// between frames tens of thousands of times a second, and the poll array
+/// is the same every time (`ppoll` rewrites only `revents`).
+pub struct Readable<'fd> {
+    fds: Vec<PollFd<'fd>>,
+}
+
+impl<'fd> Readable<'fd> {
+    /// The set of `fds`, each waited on for input.
+    pub fn new(fds: &[&'fd impl AsFd]) -> Readable<'fd> {
+        Readable {
+            fds: fds
+                .iter()
+                .map(|fd| PollFd::new(*fd, PollFlags::IN))
+                .collect(),
+        }
+    }
+
+    /// Waits until one is readable or `timeout` passes; true if one is.
+    /// An interrupting signal counts as a timeout.
+    pub fn wait(&mut self, timeout: Duration) -> io::Result<bool> {
+        let ts = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        match rustix::event::poll(&mut self.fds, Some(&ts)) {
+            Ok(n) => Ok(n > 0 && self.fds.iter().any(|p| p.revents().contains(PollFlags::IN))),
+            Err(rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -213,28 +213,6 @@ fn lab_auto_fills_1gbit_93ms() {
     lab.down().expect("lab down");
 }
 
-/// Writes `len` bytes that neither compress nor repeat.
-#[cfg(feature = "test-hooks")]
-fn random_file(path: &std::path::Path, len: usize, seed: u64) {
-    use std::io::Write;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
-    let mut x = seed | 1;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        for w in buf.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
-        let n = left.min(buf.len());
-        f.write_all(&buf[..n]).expect("write");
-        left -= n;
-    }
-    f.flush().expect("flush");
-}
-
 // Forces the adjuster through FATPIPE_TEST_COPY_*: needs the `test-hooks`
 // feature (test.sh turns it on).
 #[cfg(feature = "test-hooks")]
@@ -244,7 +222,7 @@ fn copy_adds_streams_in_flight_and_records_the_decision() {
     let export = dir.path().join("export");
     std::fs::create_dir(&export).expect("mkdir export");
     let src = dir.path().join("f.bin");
-    random_file(&src, 120 << 20, 3);
+    util::random_file(&src, 120 << 20, 3);
     let data = std::fs::read(&src).expect("read source");
     let spec = format!("d={}:public", export.display());
     let (_srv, port) = loopback_server(&dir, &["--export", &spec]);
@@ -312,7 +290,7 @@ fn lab_copy_adds_streams_on_a_lossy_long_link() {
     let export = dir.path().join("export");
     std::fs::create_dir(&export).expect("mkdir export");
     let src = dir.path().join("f.bin");
-    random_file(&src, 768 << 20, 5);
+    util::random_file(&src, 768 << 20, 5);
     let spec_arg = format!("d={}:public", export.display());
     let (lab, srv, _, port) = util::lab_with_server("ca-adj-it", &spec, &["--export", &spec_arg]);
     // A deliberately small start (one stream): the adjuster must see the
