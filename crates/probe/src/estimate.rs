@@ -272,11 +272,15 @@ pub fn combine(trains: &[TrainObs]) -> Option<RateEstimate> {
     })
 }
 
+/// Below this confidence a rate is "low" and the report says to treat it
+/// as rough: the trains disagreed too much to trust one figure.
+pub const ROUGH_BELOW: f64 = 0.4;
+
 /// A word for a confidence, for people: high, medium or low.
 pub fn confidence_label(confidence: f64) -> &'static str {
     if confidence >= 0.75 {
         "high"
-    } else if confidence >= 0.4 {
+    } else if confidence >= ROUGH_BELOW {
         "medium"
     } else {
         "low"

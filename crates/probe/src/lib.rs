@@ -201,7 +201,7 @@ pub fn report(
                 "{sender} could not send trains faster than they arrived: the rate is a lower bound"
             ));
         }
-        if r.confidence < 0.4 {
+        if r.confidence < estimate::ROUGH_BELOW {
             warnings.push(format!(
                 "the trains disagree ({} to {}): treat the rate as rough",
                 format_rate(r.low),
