@@ -377,14 +377,27 @@ fn test_hooks_are_ignored_without_the_feature() {
             .env("FATPIPE_TEST_COPY_ADD", "3@1")
             .args(["--json", "--chunk-size", "1M"]);
     };
+    // The rate cap keeps the push running (~4 s) past the adjuster's
+    // first sample, where a leaked FATPIPE_TEST_COPY_ADD would add streams
+    // and record a "test hook" decision.
     let mut push = srv.copy(&dir);
     hooked(&mut push);
-    let out = util::run(push.arg(src.join("f.bin")).arg("127.0.0.1:data/"));
+    let out = util::run(
+        push.args(["--bwlimit", "20M"])
+            .arg(src.join("f.bin"))
+            .arg("127.0.0.1:data/"),
+    );
     assert_exit(&out, 0);
     let j = json(&out);
-    assert_eq!(j["chunks_resent"], 0, "{j}");
+    // Auto-tuned and adjusting, so the in-flight tuner did run.
+    assert_eq!(j["auto"]["adjusting"], true, "{j}");
+    let decisions = j["auto"]["decisions"].as_array().map_or(0, Vec::len);
+    assert!(
+        !j.to_string().contains("test hook") && decisions == 0,
+        "{j}"
+    );
     assert!(!j.to_string().contains("FATPIPE_TEST_"), "{j}");
-    assert!(!j.to_string().contains("test hook"), "{j}");
+    assert_eq!(j["chunks_resent"], 0, "{j}");
     assert_same_tree(&src, &exp);
     let back = mkdir(&dir.path().join("back"));
     let mut pull = srv.copy(&dir);
