@@ -609,6 +609,14 @@ fn export_import_round_trip(make: Make) {
         ..RunFilter::all()
     };
     assert_eq!(export_jsonl(a.as_mut(), &f, &mut part).unwrap(), 5);
+    let cells: Vec<String> = String::from_utf8(part)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["record"] == "run")
+        .map(|v| v["sweep"]["cell"].as_str().unwrap_or("none").to_string())
+        .collect();
+    assert_eq!(cells, ["c3"; 5]);
 
     // Garbage is refused with its line number.
     let bad = b"{\"record\":\"header\",\"format\":\"fatpipe.archive\",\"version\":1}\n{\"record\":\"run\"}\n";
@@ -617,7 +625,10 @@ fn export_import_round_trip(make: Make) {
         other => panic!("expected an import error on line 2, got {other:?}"),
     }
     let no_header = b"{\"record\":\"run\"}\n";
-    assert!(import_jsonl(b.as_mut(), &mut &no_header[..]).is_err());
+    match import_jsonl(b.as_mut(), &mut &no_header[..]) {
+        Err(ArchiveError::Import { line: 1, .. }) => {}
+        other => panic!("expected an import error on line 1, got {other:?}"),
+    }
 }
 
 fn stores_real_documents(make: Make) {
