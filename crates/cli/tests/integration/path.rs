@@ -314,9 +314,9 @@ fn lab_path_reverse_measures_each_direction_of_an_asymmetric_link() {
     // The pre-flight of a reverse test (the server sends) plans from the
     // direction the data takes: 1 Gbit/s, not the 100 Mbit/s forward. The
     // pre-flight's short probe is checked for that (the directions are 10×
-    // apart), not for the `path` probe's 15 % above: one run in a few
-    // dozen lands 16–20 % low on this 2-core lab (seen with this and the
-    // previous build), and the in-flight adjuster exists to make that up.
+    // apart), not for the `path` probe's 15 % above: its few trains once
+    // landed 16 % low on this 2-core lab (CI run of f8c1ee9), and the
+    // in-flight adjuster exists to make such a start up.
     for (flag, want) in [(None, up), (Some("-R"), down)] {
         let mut cmd = l.command(End::A, util::bin());
         cmd.args(["test", &host, "-t", "1", "--json"]).args(flag);
