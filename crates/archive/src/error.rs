@@ -107,6 +107,19 @@ pub enum ArchiveError {
 pub type Result<T, E = ArchiveError> = std::result::Result<T, E>;
 
 impl ArchiveError {
+    /// True for what the user must fix: an archive from a newer fatpipe,
+    /// no data directory for the default, an import file that is not an
+    /// export (exit code 2). A database that fails is not.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ArchiveError::NewerSchema { .. }
+                | ArchiveError::NoDataDir
+                | ArchiveError::BadSchemaName(_)
+                | ArchiveError::Import { .. }
+        )
+    }
+
     pub(crate) fn sqlite(what: &'static str) -> impl FnOnce(rusqlite::Error) -> Self {
         move |source| ArchiveError::Sqlite { what, source }
     }

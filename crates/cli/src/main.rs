@@ -36,6 +36,12 @@ enum Command {
     Lab(cmd::lab::Args),
     /// Bring up an emulated CERN–New York link and show test, copy and report.
     Demo(cmd::demo::Args),
+    /// Run a study from an experiment file (TOML) into the archive; rerun to resume.
+    Sweep(cmd::sweep::Args),
+    /// Statistics and tables over the archive (text, markdown, CSV, JSON).
+    Report(cmd::report::Args),
+    /// List, show, export, import and annotate archived runs.
+    Archive(cmd::archive::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +55,9 @@ fn main() -> std::process::ExitCode {
         Command::Tune(a) => cmd::tune::run(a),
         Command::Lab(a) => cmd::lab::run(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Sweep(a) => cmd::sweep::run(a),
+        Command::Report(a) => cmd::report::run(a),
+        Command::Archive(a) => cmd::archive::run(a),
     };
     exit::report(result)
 }

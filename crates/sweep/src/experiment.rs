@@ -294,7 +294,7 @@ impl Experiment {
             Some(p) => p.get_ref().trim().to_string(),
             None => match &target {
                 Target::Lab => format!("lab:{name}"),
-                Target::Server { host, .. } => format!("{}→{}", local_host_name(), host),
+                Target::Server { host, .. } => format!("{}→{}", local_host_name(), host_only(host)),
             },
         };
         let repetitions = match &raw.repetitions {
@@ -878,6 +878,18 @@ fn split_toml_message(msg: &str) -> (String, String) {
     (key, first)
 }
 
+/// HOST of HOST, HOST:PORT or [v6]:PORT: a path key is the same whatever
+/// port the server listens on (as `fatpipe test --archive` keys it).
+fn host_only(server: &str) -> &str {
+    if let Some(rest) = server.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match server.split_once(':') {
+        Some((h, p)) if !p.contains(':') => h,
+        _ => server,
+    }
+}
+
 /// This host's name, for a default path key.
 fn local_host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -1030,7 +1042,8 @@ source = "Table 3"
     #[test]
     fn a_server_target_gets_a_host_path_key() {
         let e = parse("name = \"r\"\ntarget = \"dtn2:5202\"\n").unwrap();
-        assert!(e.path.ends_with("→dtn2:5202"), "{}", e.path);
+        assert!(e.path.ends_with("→dtn2"), "{}", e.path);
+        assert_eq!(host_only("[2001:2::2]:4000"), "2001:2::2");
         assert!(matches!(e.target, Target::Server { .. }));
     }
 

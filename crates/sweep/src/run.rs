@@ -736,7 +736,8 @@ fn drain(pipe: Option<impl Read>) -> Vec<u8> {
     buf
 }
 
-/// The command's own error line (`fatpipe: error: ...`), else its last line.
+/// The command's own error line (`fatpipe: <error>`, the last line it
+/// prints that is not a warning), else its last line.
 fn error_line(stderr: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(stderr);
     let lines: Vec<&str> = text
@@ -747,10 +748,10 @@ fn error_line(stderr: &[u8]) -> Option<String> {
     lines
         .iter()
         .rev()
-        .find(|l| l.starts_with("fatpipe: error") || l.starts_with("error"))
+        .find(|l| l.starts_with("fatpipe: ") && !l.starts_with("fatpipe: warning"))
         .or(lines.last())
         .map(|l| {
-            let l = l.strip_prefix("fatpipe: error: ").unwrap_or(l);
+            let l = l.strip_prefix("fatpipe: ").unwrap_or(l);
             l.chars().take(500).collect()
         })
 }
@@ -761,7 +762,8 @@ mod tests {
 
     #[test]
     fn the_error_line_is_the_commands_own() {
-        let err = b"auto: 4 streams\nfatpipe: error: 198.18.0.2:4000: connection refused\n";
+        let err =
+            b"auto: 4 streams\nfatpipe: 198.18.0.2:4000: connection refused\nfatpipe: warning: x\n";
         assert_eq!(
             error_line(err).as_deref(),
             Some("198.18.0.2:4000: connection refused")

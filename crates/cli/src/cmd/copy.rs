@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION,
@@ -40,6 +41,8 @@ use fatpipe_transfer::wire::{Direction, SocketTuning};
 use fatpipe_transfer::Progress;
 use fatpipe_tune::auto;
 use fatpipe_tune::steer::Event;
+
+use super::archive::Recorder;
 
 /// Streams without auto-tuning and without `-P`.
 const DEFAULT_STREAMS: u16 = 4;
@@ -102,6 +105,12 @@ pub struct Args {
     /// No progress bar and no summary (errors still go to stderr).
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Store the result in the archive: this SQLite file or postgres://
+    /// URL, or with no value $FATPIPE_ARCHIVE, else the user's data
+    /// directory (also on whenever FATPIPE_ARCHIVE is set). Give it after
+    /// the paths, or as --archive=LOCATION.
+    #[arg(long, value_name = "LOCATION", num_args = 0..=1, default_missing_value = "")]
+    pub archive: Option<String>,
 }
 
 /// A validated copy request.
@@ -281,8 +290,19 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
     })
 }
 
-/// Runs `fatpipe copy`.
+/// Runs `fatpipe copy`; stores it when `--archive` or FATPIPE_ARCHIVE
+/// asks (a failed copy too, with its error).
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let host = plan(&args)?.host;
+    let rec = Recorder::new(args.archive.as_deref(), RunKind::Copy, &host)?;
+    let result = transfer(args, rec.as_ref());
+    if let (Some(r), Err(e)) = (&rec, &result) {
+        r.failed(e);
+    }
+    result
+}
+
+fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let plan = plan(&args)?;
     let addr = super::common::resolve(&plan.host, plan.port)?;
     let key = match &args.key_file {
@@ -418,6 +438,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(stdout)?;
     } else if !args.quiet {
         print_summary(&out);
+    }
+    if let Some(r) = rec {
+        r.copy(&out)?;
     }
     for f in &out.failures {
         eprintln!("fatpipe: copy: {}: {}", f.path, f.message);

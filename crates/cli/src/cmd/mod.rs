@@ -1,10 +1,13 @@
 //! One module per subcommand; each owns its `Args` and a `run` function.
 
+pub mod archive;
 pub mod common;
 pub mod copy;
 pub mod demo;
 pub mod lab;
 pub mod path;
+pub mod report;
 pub mod server;
+pub mod sweep;
 pub mod test;
 pub mod tune;

@@ -12,12 +12,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fatpipe_archive::RunKind;
 use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_engine::ClientOptions;
 use fatpipe_probe::{self as probe, ProbeConfig, ProbeError};
 use fatpipe_schema::path::PathReport;
 use fatpipe_schema::units;
 use fatpipe_tune::Policy;
+
+use super::archive::Recorder;
 
 use fatpipe_engine::server::DEFAULT_PORT;
 
@@ -49,10 +52,25 @@ pub struct Args {
     /// Pre-shared key file (must match the server's).
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// Store the result in the archive: this SQLite file or postgres://
+    /// URL, or with no value $FATPIPE_ARCHIVE, else the user's data
+    /// directory (also on whenever FATPIPE_ARCHIVE is set). Give it after
+    /// HOST, or as --archive=LOCATION.
+    #[arg(long, value_name = "LOCATION", num_args = 0..=1, default_missing_value = "")]
+    pub archive: Option<String>,
 }
 
 /// Probes the path and prints what it found.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let rec = Recorder::new(args.archive.as_deref(), RunKind::Path, &args.host)?;
+    let result = measure(&args, rec.as_ref());
+    if let (Some(r), Err(e)) = (&rec, &result) {
+        r.failed(e);
+    }
+    result
+}
+
+fn measure(args: &Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let outcome = probe_host(
         &args.host,
         args.port,
@@ -73,6 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out.write_all(render(&report).as_bytes())?;
     }
     out.flush()?;
+    if let Some(r) = rec {
+        r.path(&report)?;
+    }
     Ok(())
 }
 

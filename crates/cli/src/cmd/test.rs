@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::{ClientOptions, EngineError};
 use fatpipe_memtest::msg::{Direction, Protocol, TestParams, MAX_STREAMS};
@@ -33,6 +34,8 @@ use fatpipe_schema::units;
 use fatpipe_tune::adjust::{AdjustConfig, Adjuster};
 use fatpipe_tune::auto;
 use fatpipe_tune::steer::{self, Driver, Event, Step};
+
+use super::archive::Recorder;
 
 /// Arguments of `fatpipe test`.
 #[derive(Debug, clap::Args)]
@@ -107,10 +110,26 @@ pub struct Args {
     /// only. Probes the path first when auto-tuning does not.
     #[arg(long)]
     pub rfc6349: bool,
+    /// Store the result in the archive: this SQLite file or postgres://
+    /// URL, or with no value $FATPIPE_ARCHIVE, else the user's data
+    /// directory (also on whenever FATPIPE_ARCHIVE is set). Give it after
+    /// HOST, or as --archive=LOCATION.
+    #[arg(long, value_name = "LOCATION", num_args = 0..=1, default_missing_value = "")]
+    pub archive: Option<String>,
 }
 
-/// Runs the test and prints it.
+/// Runs the test and prints it; stores it when `--archive` or
+/// FATPIPE_ARCHIVE asks (a failed test too, with its error).
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let rec = Recorder::new(args.archive.as_deref(), RunKind::Test, &args.host)?;
+    let result = measure(args, rec.as_ref());
+    if let (Some(r), Err(e)) = (&rec, &result) {
+        r.failed(e);
+    }
+    result
+}
+
+fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let mut params = plan(&args)?;
     fatpipe_engine::raise_fd_limit();
     let addr = super::common::resolve(&args.host, args.port)?;
@@ -211,6 +230,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
+    if let Some(r) = rec {
+        r.test(&report)?;
+    }
     Ok(())
 }
 
