@@ -177,7 +177,7 @@ fn text_table(out: &mut String, t: &Table) {
         }
     }
     let line = |out: &mut String, r: &[String]| {
-        out.push_str(" ");
+        out.push(' ');
         for (i, c) in r.iter().enumerate().take(cols) {
             let pad = width[i] - c.chars().count();
             out.push_str("  ");

@@ -33,7 +33,9 @@ pub struct Group<'a> {
 
 /// The runs grouped into cells, in the order their first run was stored.
 pub fn groups(runs: &[Measurement]) -> Vec<Group<'_>> {
-    let mut index: BTreeMap<(Option<&str>, Option<&str>, &str, &str), usize> = BTreeMap::new();
+    /// (sweep, cell, path, command).
+    type Key<'k> = (Option<&'k str>, Option<&'k str>, &'k str, &'k str);
+    let mut index: BTreeMap<Key<'_>, usize> = BTreeMap::new();
     let mut out: Vec<Group<'_>> = Vec::new();
     for m in runs {
         let sweep = m.sweep.as_ref().map(|s| s.sweep.as_str());

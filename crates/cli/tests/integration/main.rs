@@ -16,4 +16,5 @@ mod lab_copy;
 mod path;
 mod rfc6349;
 mod server_test;
+mod sweep;
 mod tune;
