@@ -309,37 +309,50 @@ pub fn seed(runs: &[Measurement], figures: &[SeedFigure]) -> Table {
     for f in figures {
         let metric = Metric::parse(&f.metric).unwrap_or(Metric::Throughput);
         let stat = Stat::parse(&f.stat).unwrap_or(Stat::Median);
-        let vals: Vec<f64> = gs
-            .iter()
-            .filter(|g| f.cell.iter().all(|(k, v)| g.params.get(k) == Some(v)))
-            .flat_map(|g| g.runs.iter())
-            .filter(|m| m.ok)
-            .filter_map(|m| metric.of(&m.metrics))
-            .collect();
-        let ours = summarise(&vals).and_then(|s| stat.of(&s));
-        let cell = if f.cell.is_empty() {
-            "all".to_string()
-        } else {
-            f.cell
+        let pool = |cell: &BTreeMap<String, Value>| -> Option<(f64, usize)> {
+            let vals: Vec<f64> = gs
                 .iter()
-                .map(|(k, v)| format!("{k}={}", show(v)))
-                .collect::<Vec<_>>()
-                .join(" ")
+                .filter(|g| cell.iter().all(|(k, v)| g.params.get(k) == Some(v)))
+                .flat_map(|g| g.runs.iter())
+                .filter(|m| m.ok)
+                .filter_map(|m| metric.of(&m.metrics))
+                .collect();
+            summarise(&vals)
+                .and_then(|s| stat.of(&s))
+                .map(|x| (x, vals.len()))
         };
+        let mine = pool(&f.cell);
+        let runs = mine.map_or(0, |m| m.1);
+        // A ratio figure compares ours over its base cells; a plain one
+        // our statistic itself.
+        let (ours, show_value): (Option<f64>, fn(Metric, f64) -> String) = match &f.ratio_to {
+            Some(base) => (
+                mine.zip(pool(base))
+                    .filter(|(_, b)| b.0 != 0.0)
+                    .map(|(a, b)| a.0 / b.0),
+                |_, x| format!("{x:.2}×"),
+            ),
+            None => (mine.map(|m| m.0), |m, x| m.format(x)),
+        };
+        let cell = describe(&f.cell);
         let ratio = ours.filter(|_| f.value != 0.0).map(|o| o / f.value);
+        let cell = match &f.ratio_to {
+            Some(base) => format!("{cell} over {}", describe(base)),
+            None => cell,
+        };
         if let Some(n) = &f.note {
             notes.push(format!("{cell}: {n}"));
         }
         rows.push(vec![
             cell,
             format!("{} ({})", metric.label(), stat.name()),
-            metric.format(f.value),
-            ours.map(|o| metric.format(o))
+            show_value(metric, f.value),
+            ours.map(|o| show_value(metric, o))
                 .unwrap_or_else(|| "no runs".into()),
             ratio
                 .map(|r| format!("{r:.2}"))
                 .unwrap_or_else(|| "-".into()),
-            vals.len().to_string(),
+            runs.to_string(),
             f.source.clone(),
         ]);
         values.push(vec![
@@ -348,7 +361,7 @@ pub fn seed(runs: &[Measurement], figures: &[SeedFigure]) -> Table {
             Some(f.value),
             ours,
             ratio,
-            Some(vals.len() as f64),
+            Some(runs as f64),
             None,
         ]);
     }
@@ -364,6 +377,17 @@ pub fn seed(runs: &[Measurement], figures: &[SeedFigure]) -> Table {
         values,
         notes,
     }
+}
+
+/// `phase=oc3 streams=1`, or `all`.
+fn describe(cell: &BTreeMap<String, Value>) -> String {
+    if cell.is_empty() {
+        return "all".into();
+    }
+    cell.iter()
+        .map(|(k, v)| format!("{k}={}", show(v)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A cell's RTT as the seeds quote it: smallest minimum, mean of the runs'
@@ -569,6 +593,7 @@ mod tests {
             cell: cell.clone(),
             metric: "throughput".into(),
             stat: "max".into(),
+            ratio_to: None,
             value: 800e6,
             source: "Table 3".into(),
             note: Some("NIC-limited".into()),
@@ -578,5 +603,18 @@ mod tests {
         assert!((t.values[0][3].unwrap() - 772e6).abs() < 1e-3); // 770 + 2 Mbit/s
         assert_eq!(t.rows[0][4], "0.97"); // 772 / 800 = 0.965
         assert_eq!(t.notes, vec!["mtu=9000 window=16M: NIC-limited"]);
+
+        // As a ratio: MTU 9000 over 1500 at 16M is 1.1 by construction.
+        let mut over = f.clone();
+        over.cell.remove("window");
+        over.cell.insert("window".into(), Value::from("16M"));
+        let mut base = over.cell.clone();
+        base.insert("mtu".into(), Value::from(1500));
+        over.ratio_to = Some(base);
+        over.value = 1.1;
+        let t = seed(&runs(), &[over]);
+        assert_eq!(t.rows[0][0], "mtu=9000 window=16M over mtu=1500 window=16M");
+        assert_eq!(t.rows[0][2], "1.10×");
+        assert!((t.values[0][3].unwrap() - 772.0 / 702.0).abs() < 1e-9);
     }
 }

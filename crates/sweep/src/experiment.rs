@@ -52,9 +52,12 @@ pub struct Experiment {
     pub phases: Vec<Phase>,
     /// Parameters every cell has unless the matrix or a phase sets them.
     pub defaults: BTreeMap<String, Param>,
-    /// The swept parameters, in the file's key order sorted by name: every
-    /// combination of their values is a cell.
-    pub matrix: Vec<(String, Vec<Param>)>,
+    /// The swept dimensions, sorted by name: every combination of their
+    /// levels is a cell. A dimension is a parameter and its values, or a
+    /// named list of parameter bundles (`mode = [{ protocol = "tcp" },
+    /// { protocol = "udp", bitrate = "1G" }]`) for parameters that only
+    /// make sense together.
+    pub matrix: Vec<(String, Vec<Level>)>,
     /// How `fatpipe report` lays out this experiment by default.
     pub report: ReportSpec,
     /// The source document's own figures.
@@ -76,6 +79,10 @@ pub enum Target {
         export: Option<String>,
     },
 }
+
+/// One level of a matrix dimension: the parameters it sets (one for a
+/// plain list, several for a bundle).
+pub type Level = BTreeMap<String, Param>;
 
 /// One parameter value and the line of the file it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +134,11 @@ pub struct SeedFigure {
     pub metric: String,
     /// Which statistic of the runs.
     pub stat: String,
-    /// The seed's value in the metric's base unit (bit/s, µs, percent).
+    /// When set, the figure is a ratio: the statistic over `cell` divided
+    /// by the same over these cells ("a factor of 2 after the upgrade").
+    pub ratio_to: Option<BTreeMap<String, serde_json::Value>>,
+    /// The seed's value in the metric's base unit (bit/s, µs, percent),
+    /// or the ratio itself.
     pub value: f64,
     /// Where in the document it is, as the document says it.
     pub source: String,
@@ -215,6 +226,12 @@ const PARAMS: &[(&str, Kind, Scope, &str)] = &[
     ("jitter", Kind::Duration, Scope::Lab, "lab delay variation"),
     ("queue", Kind::Queue, Scope::Lab, "lab queue limit"),
     ("mtu", Kind::Int(576, 65535), Scope::Lab, "lab MTU"),
+    (
+        "tuning",
+        Kind::Word(&["default", "tuned"]),
+        Scope::Lab,
+        "both lab ends' sysctls: the namespace's defaults, or `fatpipe tune --apply`'s for the link",
+    ),
 ];
 
 /// The metrics a report or a seed figure may name.
@@ -341,7 +358,28 @@ impl Experiment {
             let line = line_of(text, values.span().start);
             let mut out = Vec::with_capacity(list.len());
             for v in list {
-                out.push(ctx.param(&format!("matrix.{k}"), k, v, line)?);
+                let mut level = Level::new();
+                match v {
+                    toml::Value::Table(bundle) => {
+                        if bundle.is_empty() {
+                            return Err(err(
+                                Some(values.span()),
+                                &format!("matrix.{k}"),
+                                "an empty bundle sets nothing".into(),
+                            ));
+                        }
+                        for (bk, bv) in bundle {
+                            level.insert(
+                                bk.clone(),
+                                ctx.param(&format!("matrix.{k}.{bk}"), bk, bv, line)?,
+                            );
+                        }
+                    }
+                    v => {
+                        level.insert(k.clone(), ctx.param(&format!("matrix.{k}"), k, v, line)?);
+                    }
+                }
+                out.push(level);
             }
             matrix.push((k.clone(), out));
         }
@@ -364,7 +402,10 @@ impl Experiment {
             }
             let set = ctx.params(&format!("phase[{i}].set"), &p.set)?;
             for k in set.keys() {
-                if matrix.iter().any(|(m, _)| m == k) {
+                if matrix
+                    .iter()
+                    .any(|(_, levels)| levels.iter().any(|l| l.contains_key(k)))
+                {
                     return Err(err(
                         Some(p.name.span()),
                         &format!("phase[{i}].set.{k}"),
@@ -499,6 +540,7 @@ struct RawReport {
 struct RawSeedFigure {
     #[serde(default)]
     cell: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    ratio_to: Option<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     metric: Spanned<String>,
     #[serde(default)]
     stat: Option<Spanned<String>>,
@@ -707,37 +749,62 @@ impl Ctx<'_> {
             }
         };
         let vline = line_of(self.text, f.value.span().start);
-        let value = seed_value(&metric, f.value.get_ref())
-            .map_err(|m| self.err(Some(vline), &key("value"), m))?;
-        let mut cell = BTreeMap::new();
-        for (k, v) in &f.cell {
-            let line = line_of(self.text, v.span().start);
-            let name = k.get_ref();
-            let value = if name == "phase" {
-                match v.get_ref() {
-                    toml::Value::String(s) => serde_json::Value::from(s.clone()),
-                    _ => {
-                        return Err(self.err(
-                            Some(line),
-                            &key("cell.phase"),
-                            "must be a phase's name".into(),
-                        ))
-                    }
+        let value = if f.ratio_to.is_some() {
+            match f.value.get_ref() {
+                toml::Value::Float(x) if *x > 0.0 => *x,
+                toml::Value::Integer(i) if *i > 0 => *i as f64,
+                _ => {
+                    return Err(self.err(
+                        Some(vline),
+                        &key("value"),
+                        "with ratio_to, the value is a ratio above 0 (2.0 for twice)".into(),
+                    ))
                 }
-            } else {
-                self.param(&key(&format!("cell.{name}")), name, v.get_ref(), line)?
-                    .value
-            };
-            cell.insert(name.clone(), value);
-        }
+            }
+        } else {
+            seed_value(&metric, f.value.get_ref())
+                .map_err(|m| self.err(Some(vline), &key("value"), m))?
+        };
+        let cell = self.seed_cell(i, "cell", &f.cell)?;
+        let ratio_to = f
+            .ratio_to
+            .as_ref()
+            .map(|r| self.seed_cell(i, "ratio_to", r))
+            .transpose()?;
         Ok(SeedFigure {
             cell,
             metric,
             stat,
+            ratio_to,
             value,
             source: f.source.clone(),
             note: f.note.clone(),
         })
+    }
+
+    /// The parameters a seed figure names (`phase` included), checked.
+    fn seed_cell(
+        &self,
+        i: usize,
+        table: &str,
+        raw: &BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    ) -> Result<BTreeMap<String, serde_json::Value>, SweepError> {
+        let mut cell = BTreeMap::new();
+        for (k, v) in raw {
+            let line = line_of(self.text, v.span().start);
+            let name = k.get_ref();
+            let full = format!("seed_figure[{i}].{table}.{name}");
+            let value = if name == "phase" {
+                match v.get_ref() {
+                    toml::Value::String(s) => serde_json::Value::from(s.clone()),
+                    _ => return Err(self.err(Some(line), &full, "must be a phase's name".into())),
+                }
+            } else {
+                self.param(&full, name, v.get_ref(), line)?.value
+            };
+            cell.insert(name.clone(), value);
+        }
+        Ok(cell)
     }
 
     /// The checks that need a whole cell: contradictions between its
@@ -1040,11 +1107,65 @@ source = "Table 3"
     }
 
     #[test]
+    fn bundles_set_parameters_that_belong_together() {
+        let e = parse(
+            "name = \"b\"\ntarget = \"lab\"\n[matrix]\nwindow = [\"64K\", \"1M\"]\n\
+             mode = [{ protocol = \"tcp\" }, { protocol = \"udp\", bitrate = \"1G\", length = 1470 }]\n",
+        )
+        .unwrap();
+        assert_eq!(e.count_cells(), 4);
+        assert_eq!(e.matrix[0].0, "mode");
+        assert_eq!(e.matrix[0].1[1].len(), 3);
+        // A bundle is checked like any parameter, at its line and key.
+        let bad = err("name = \"b\"\ntarget = \"lab\"\n[matrix]\n\
+             mode = [{ protocol = \"tcp\", bitrate = \"1G\" }]\n");
+        assert!(
+            bad.starts_with("x.toml:4: bitrate: applies to UDP"),
+            "{bad}"
+        );
+        let bad = err("name = \"b\"\ntarget = \"lab\"\n[matrix]\nmode = [{ colour = 1 }]\n");
+        assert!(
+            bad.starts_with("x.toml:4: matrix.mode.colour: unknown parameter"),
+            "{bad}"
+        );
+    }
+
+    #[test]
     fn a_server_target_gets_a_host_path_key() {
         let e = parse("name = \"r\"\ntarget = \"dtn2:5202\"\n").unwrap();
         assert!(e.path.ends_with("→dtn2"), "{}", e.path);
         assert_eq!(host_only("[2001:2::2]:4000"), "2001:2::2");
         assert!(matches!(e.target, Target::Server { .. }));
+    }
+
+    #[test]
+    fn every_seed_experiment_in_the_repository_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+                continue;
+            }
+            let e = Experiment::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                e.seed.is_some(),
+                "{}: name its source document",
+                path.display()
+            );
+            assert!(
+                !e.seed_figures.is_empty(),
+                "{}: store the seed's figures",
+                path.display()
+            );
+            assert!(
+                e.report.rows.is_some(),
+                "{}: lay out its table",
+                path.display()
+            );
+            n += 1;
+        }
+        assert!(n >= 4, "experiments/ holds {n} files");
     }
 
     #[test]

@@ -43,13 +43,13 @@ pub struct Planned {
 pub fn cells(e: &Experiment) -> Vec<Cell> {
     let mut out = Vec::new();
     for (pi, phase) in e.phases.iter().enumerate() {
-        let mut combos: Vec<Vec<(&str, &Param)>> = vec![Vec::new()];
-        for (k, values) in &e.matrix {
-            let mut next = Vec::with_capacity(combos.len() * values.len());
+        let mut combos: Vec<Vec<&crate::experiment::Level>> = vec![Vec::new()];
+        for (_, levels) in &e.matrix {
+            let mut next = Vec::with_capacity(combos.len() * levels.len());
             for c in &combos {
-                for v in values {
+                for l in levels {
                     let mut c2 = c.clone();
-                    c2.push((k.as_str(), v));
+                    c2.push(l);
                     next.push(c2);
                 }
             }
@@ -64,9 +64,11 @@ pub fn cells(e: &Experiment) -> Vec<Cell> {
             if !phase.name.is_empty() {
                 label.push(format!("phase={}", phase.name));
             }
-            for (k, v) in combo {
-                params.insert(k.to_string(), v.clone());
-                label.push(format!("{k}={}", v.as_arg()));
+            for level in combo {
+                for (k, v) in level {
+                    params.insert(k.to_string(), v.clone());
+                    label.push(format!("{k}={}", v.as_arg()));
+                }
             }
             let key = cell_key(&phase.name, &params);
             out.push(Cell {

@@ -146,7 +146,8 @@ pub fn run(
     }
     let work = WorkDir::new()?;
     let mut place = Place::new(e, exe, &work)?;
-    let mut facts: BTreeMap<u32, HostFacts> = BTreeMap::new();
+    // Host facts are read once per place and sysctl state.
+    let mut facts: BTreeMap<(u32, bool), HostFacts> = BTreeMap::new();
     let mut annotated: BTreeSet<usize> = BTreeSet::new();
     let mut estimate_left = plan::total_estimate(&cells, &todo);
     // Observed run time over estimated, to correct the ETA as runs finish.
@@ -173,11 +174,12 @@ pub fn run(
             eta: estimate_left.mul_f64(scale.clamp(0.2, 5.0)),
         });
         let endpoint = place.prepare(cell, on_event)?;
-        let host = match facts.get(&endpoint.mtu) {
+        let state = (endpoint.mtu, endpoint.tuned);
+        let host = match facts.get(&state) {
             Some(f) => f.clone(),
             None => {
                 let f = place.host_facts(endpoint.mtu)?;
-                facts.insert(endpoint.mtu, f.clone());
+                facts.insert(state, f.clone());
                 f
             }
         };
@@ -307,12 +309,18 @@ struct LabEnd {
     port: u16,
     export: PathBuf,
     spec: LinkSpec,
+    /// Whether `fatpipe tune --apply` is in force in both ends.
+    tuned: bool,
+    /// Where each end's `tune --apply` keeps its backup.
+    backups: [PathBuf; 2],
 }
 
 /// What [`Place::prepare`] set up for one run.
 struct Prepared {
     endpoint: Endpoint,
     mtu: u32,
+    /// Whether the run's ends are tuned (`tuning = "tuned"`).
+    tuned: bool,
     link: Option<serde_json::Value>,
     /// Files the run leaves that the next must not see.
     scratch: Option<PathBuf>,
@@ -413,6 +421,7 @@ impl Place {
                         copy_paths,
                     },
                     mtu: 0,
+                    tuned: false,
                     link: None,
                     scratch: None,
                 })
@@ -439,6 +448,10 @@ impl Place {
                 };
                 if end.spec != want {
                     end.spec = end.lab.set(&change_to(&want))?;
+                }
+                let tuned = arg(&cell.params, "tuning").as_deref() == Some("tuned");
+                if tuned != end.tuned {
+                    end.set_tuning(tuned, exe)?;
                 }
                 let host = end.lab.addr(End::B).to_string();
                 let mut copy_paths = None;
@@ -473,6 +486,7 @@ impl Place {
                         copy_paths,
                     },
                     mtu,
+                    tuned,
                     link: serde_json::to_value(&end.spec).ok(),
                     scratch,
                 })
@@ -558,8 +572,11 @@ impl Place {
     }
 
     fn shutdown(self) -> Result<(), SweepError> {
-        if let Place::Lab { labs, .. } = self {
-            for (_, end) in labs {
+        if let Place::Lab { labs, exe, .. } = self {
+            for (_, mut end) in labs {
+                if end.tuned {
+                    end.set_tuning(false, &exe)?;
+                }
                 drop(end.server);
                 end.lab.down()?;
             }
@@ -608,13 +625,70 @@ impl LabEnd {
                     line.trim()
                 ))
             })?;
+        let backups = [
+            data.join(format!("tune-{name}-a")),
+            data.join(format!("tune-{name}-b")),
+        ];
         Ok(LabEnd {
             lab,
             server,
             port,
             export,
             spec: spec.clone(),
+            tuned: false,
+            backups,
         })
+    }
+
+    /// Applies `fatpipe tune --apply` for the link in both ends, or
+    /// reverts it (the far end first, undoing in the reverse order: the
+    /// `net.core` limits are the host's, shared by both ends, and each
+    /// end's backup holds what it found).
+    fn set_tuning(&mut self, tuned: bool, exe: &Path) -> Result<(), SweepError> {
+        let rate = match self.spec.rate_up.max(self.spec.rate_down) {
+            0 => 10_000_000_000,
+            r => r,
+        };
+        let rtt = self.spec.rtt.max(Duration::from_millis(1));
+        let ends: Vec<(End, &PathBuf)> = if tuned {
+            vec![(End::A, &self.backups[0]), (End::B, &self.backups[1])]
+        } else {
+            vec![(End::B, &self.backups[1]), (End::A, &self.backups[0])]
+        };
+        for (end, dir) in ends {
+            let mut cmd = self.lab.command(end, exe);
+            cmd.arg("tune");
+            if tuned {
+                cmd.args([
+                    "--apply".to_string(),
+                    "--rate".into(),
+                    rate.to_string(),
+                    "--rtt".into(),
+                    format!("{}us", rtt.as_micros()),
+                ]);
+            } else {
+                cmd.arg("--revert");
+            }
+            let out = cmd
+                .arg("--backup-dir")
+                .arg(dir)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| SweepError::Io {
+                    what: "run fatpipe tune in the lab".into(),
+                    source: e,
+                })?;
+            if !out.status.success() {
+                return Err(SweepError::Unsupported(format!(
+                    "fatpipe tune --{} in lab end {}: {}",
+                    if tuned { "apply" } else { "revert" },
+                    end.letter(),
+                    error_line(&out.stderr).unwrap_or_default()
+                )));
+            }
+        }
+        self.tuned = tuned;
+        Ok(())
     }
 }
 
