@@ -391,6 +391,54 @@ fn report_formats_and_export_import_round_trip() {
 }
 
 #[test]
+fn sweep_cells_may_be_copies_and_path_probes() {
+    let d = setup();
+    let export = util::mkdir(&d.path().join("export"));
+    let mut cmd = d.cmd();
+    cmd.args([
+        "server",
+        "--port",
+        "0",
+        "--bind",
+        "127.0.0.1",
+        "--quiet",
+        "--export",
+    ])
+    .arg(format!("in={}:public", export.display()));
+    let (_srv, port) = spawn_server(cmd);
+    std::fs::write(
+        d.path().join("c.toml"),
+        format!(
+            "name = \"mixed\"\ntarget = \"127.0.0.1:{port}\"\nexport = \"in\"\nrepetitions = 1\n\
+             [matrix]\nstep = [{{ command = \"path\" }}, \
+             {{ command = \"copy\", size = 3000000, files = 3, auto = false, streams = 2 }}]\n"
+        ),
+    )
+    .unwrap();
+    let out = run(d.cmd().args(["sweep", "c.toml", "--archive", "a.sqlite"]));
+    assert_exit(&out, 0);
+    let list = run(d
+        .cmd()
+        .args(["archive", "list", "--json", "--archive", "a.sqlite"]));
+    let runs: Vec<serde_json::Value> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let kinds: Vec<&str> = runs.iter().filter_map(|r| r["kind"].as_str()).collect();
+    assert_eq!(kinds, vec!["path", "copy"]);
+    assert_eq!(runs[1]["metrics"]["bytes"], 3_000_000, "{}", runs[1]);
+    // The copy arrived whole under the export, in a directory of its own.
+    let dirs: Vec<_> = std::fs::read_dir(&export).unwrap().flatten().collect();
+    assert_eq!(dirs.len(), 1);
+    let total: u64 = std::fs::read_dir(dirs[0].path())
+        .unwrap()
+        .flatten()
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
+    assert_eq!(total, 3_000_000);
+}
+
+#[test]
 fn test_with_the_archive_variable_stores_its_run_and_its_failure() {
     let d = setup();
     let (_srv, port) = loopback_server(&d);
