@@ -227,17 +227,25 @@ pub fn pivot(runs: &[Measurement], spec: &PivotSpec) -> Vec<Table> {
         let kb: Vec<SortKey> = b.iter().map(sort_key).collect();
         ka.partial_cmp(&kb).unwrap_or(std::cmp::Ordering::Equal)
     });
-    let shown: BTreeSet<&str> = spec
-        .split
-        .iter()
-        .map(String::as_str)
-        .chain([spec.rows.as_str()])
-        .chain(spec.columns.as_deref())
-        .collect();
-    let pooled: Vec<String> = varying(&gs)
-        .into_iter()
-        .filter(|k| !shown.contains(k.as_str()))
-        .collect();
+    // Parameters whose values differ between groups that land in the same
+    // grid cell: their runs are pooled there, and the table says so.
+    let mut members: BTreeMap<(String, String, String), Vec<&Group<'_>>> = BTreeMap::new();
+    for g in &gs {
+        let s: Key = spec.split.iter().map(|k| get(g, k)).collect();
+        let c = spec.columns.as_ref().map_or(Value::Null, |k| get(g, k));
+        members
+            .entry((Value::Array(s).to_string(), id(&get(g, &spec.rows)), id(&c)))
+            .or_default()
+            .push(g);
+    }
+    let mut pooled: BTreeSet<String> = BTreeSet::new();
+    for together in members.values() {
+        if together.len() > 1 {
+            let owned: Vec<Group<'_>> = together.iter().map(|g| (*g).clone()).collect();
+            pooled.extend(varying(&owned));
+        }
+    }
+    let pooled: Vec<String> = pooled.into_iter().collect();
     let mut tables = Vec::new();
     for s in &split_vals {
         let skey = Value::Array(s.clone()).to_string();
@@ -561,6 +569,36 @@ mod tests {
             t[0].notes,
             vec!["pooled over mtu (not shown in this layout)"]
         );
+    }
+
+    #[test]
+    fn a_parameter_that_follows_the_split_is_not_called_pooled() {
+        // rate is set by the phase: splitting by phase shows it already.
+        let runs: Vec<Measurement> = [("a", "100M"), ("b", "622M")]
+            .iter()
+            .flat_map(|(phase, rate)| {
+                (1..=2).map(move |st| {
+                    m(
+                        &format!("{{\"phase\":\"{phase}\",\"rate\":\"{rate}\",\"streams\":{st}}}"),
+                        0,
+                        1e6,
+                        true,
+                    )
+                })
+            })
+            .collect();
+        let t = pivot(
+            &runs,
+            &PivotSpec {
+                rows: "streams".into(),
+                columns: None,
+                split: vec!["phase".into()],
+                metric: Metric::Throughput,
+                stat: Stat::Median,
+            },
+        );
+        assert_eq!(t.len(), 2);
+        assert!(t.iter().all(|t| t.notes.is_empty()), "{:?}", t[0].notes);
     }
 
     #[test]

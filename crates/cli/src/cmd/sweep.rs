@@ -83,6 +83,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         e.repetitions = r;
     }
+    if e.target == fatpipe_sweep::Target::Lab && !args.dry_run && !fatpipe_sys::process::is_root() {
+        return Err(sweep_err(SweepError::NeedRoot));
+    }
     let mut store = super::archive::open(args.archive.as_deref())?;
     let cells = plan::cells(&e);
     let done: BTreeSet<(String, u32)> = store
