@@ -174,11 +174,11 @@ pub fn run(
             eta: estimate_left.mul_f64(scale.clamp(0.2, 5.0)),
         });
         let endpoint = place.prepare(cell, on_event)?;
-        let state = (endpoint.mtu, endpoint.tuned);
+        let state = endpoint.lab;
         let host = match facts.get(&state) {
             Some(f) => f.clone(),
             None => {
-                let f = place.host_facts(endpoint.mtu)?;
+                let f = place.host_facts(endpoint.lab)?;
                 facts.insert(state, f.clone());
                 f
             }
@@ -186,7 +186,7 @@ pub fn run(
         let args = plan::argv(cell, &endpoint.endpoint);
         let t0 = Utc::now();
         let began = Instant::now();
-        let result = place.run_command(endpoint.mtu, &args, est * HANG_FACTOR + HANG_GRACE);
+        let result = place.run_command(endpoint.lab, &args, est * HANG_FACTOR + HANG_GRACE);
         let took = began.elapsed();
         let t1 = Utc::now();
         place.after_run(&endpoint);
@@ -296,11 +296,17 @@ enum Place {
     /// Emulated links, one per MTU, brought up on first use.
     Lab {
         exe: PathBuf,
-        labs: BTreeMap<u32, LabEnd>,
+        labs: BTreeMap<LabKey, LabEnd>,
         data: PathBuf,
         prefix: String,
+        host_tuning: HostTuning,
     },
 }
+
+/// A lab is chosen by its MTU (fixed at `lab up`) and whether it was made
+/// for tuned runs (a namespace takes its TCP buffer sysctls from the host
+/// when it is made).
+type LabKey = (u32, bool);
 
 /// One lab link and the server in its far end.
 struct LabEnd {
@@ -309,18 +315,13 @@ struct LabEnd {
     port: u16,
     export: PathBuf,
     spec: LinkSpec,
-    /// Whether `fatpipe tune --apply` is in force in both ends.
-    tuned: bool,
-    /// Where each end's `tune --apply` keeps its backup.
-    backups: [PathBuf; 2],
 }
 
 /// What [`Place::prepare`] set up for one run.
 struct Prepared {
     endpoint: Endpoint,
-    mtu: u32,
-    /// Whether the run's ends are tuned (`tuning = "tuned"`).
-    tuned: bool,
+    /// Which lab (none for a server target: `(0, false)`).
+    lab: LabKey,
     link: Option<serde_json::Value>,
     /// Files the run leaves that the next must not see.
     scratch: Option<PathBuf>,
@@ -380,6 +381,11 @@ impl Place {
                     labs: BTreeMap::new(),
                     data: work.0.clone(),
                     prefix: format!("sw{}", std::process::id() % 100_000),
+                    host_tuning: HostTuning {
+                        tuned: false,
+                        backup: std::env::temp_dir()
+                            .join(format!("fatpipe-sweep-tune-{}", std::process::id())),
+                    },
                 }
             }
         })
@@ -420,8 +426,7 @@ impl Place {
                         key_file: key_file.clone(),
                         copy_paths,
                     },
-                    mtu: 0,
-                    tuned: false,
+                    lab: (0, false),
                     link: None,
                     scratch: None,
                 })
@@ -431,27 +436,31 @@ impl Place {
                 labs,
                 data,
                 prefix,
+                host_tuning,
             } => {
                 let want = link_spec(&cell.params)?;
-                let mtu = want.mtu;
-                if !labs.contains_key(&mtu) {
+                let tuned = arg(&cell.params, "tuning").as_deref() == Some("tuned");
+                // The host first: a lab made for tuned runs must be made
+                // while the host is tuned, and the host's net.core limits
+                // (not per namespace) must be raised while tuned runs go.
+                if tuned != host_tuning.tuned {
+                    host_tuning.set(tuned, &want, exe)?;
+                }
+                let key = (want.mtu, tuned);
+                if !labs.contains_key(&key) {
                     let name = format!("{prefix}-{}", labs.len());
                     on_event(Event::LabUp {
                         name: &name,
                         link: want.summary(),
                     });
                     let end = LabEnd::up(&name, &want, exe, data)?;
-                    labs.insert(mtu, end);
+                    labs.insert(key, end);
                 }
-                let Some(end) = labs.get_mut(&mtu) else {
+                let Some(end) = labs.get_mut(&key) else {
                     return Err(SweepError::Unsupported("lab vanished".into()));
                 };
                 if end.spec != want {
                     end.spec = end.lab.set(&change_to(&want))?;
-                }
-                let tuned = arg(&cell.params, "tuning").as_deref() == Some("tuned");
-                if tuned != end.tuned {
-                    end.set_tuning(tuned, exe)?;
                 }
                 let host = end.lab.addr(End::B).to_string();
                 let mut copy_paths = None;
@@ -485,8 +494,7 @@ impl Place {
                         key_file: None,
                         copy_paths,
                     },
-                    mtu,
-                    tuned,
+                    lab: key,
                     link: serde_json::to_value(&end.spec).ok(),
                     scratch,
                 })
@@ -503,9 +511,9 @@ impl Place {
 
     /// This host's facts as seen where the runs start (in a lab, inside its
     /// near namespace, whose TCP sysctls are its own).
-    fn host_facts(&self, mtu: u32) -> Result<HostFacts, SweepError> {
+    fn host_facts(&self, lab: LabKey) -> Result<HostFacts, SweepError> {
         let out = self
-            .command(mtu)?
+            .command(lab)?
             .args(["archive", "facts"])
             .stdin(Stdio::null())
             .stderr(Stdio::null())
@@ -518,11 +526,11 @@ impl Place {
             .map_err(|e| SweepError::Unsupported(format!("fatpipe archive facts: {e}")))
     }
 
-    fn command(&self, mtu: u32) -> Result<Command, SweepError> {
+    fn command(&self, lab: LabKey) -> Result<Command, SweepError> {
         match self {
             Place::Server { exe, .. } => Ok(Command::new(exe)),
             Place::Lab { exe, labs, .. } => labs
-                .get(&mtu)
+                .get(&lab)
                 .map(|l| l.lab.command(End::A, exe))
                 .ok_or_else(|| SweepError::Unsupported("no lab for this MTU".into())),
         }
@@ -530,8 +538,13 @@ impl Place {
 
     /// Runs `fatpipe ARGS` where the runs start; its stdout on success, its
     /// error line on failure. A run that outlives `limit` is ended.
-    fn run_command(&self, mtu: u32, args: &[String], limit: Duration) -> Result<Vec<u8>, String> {
-        let mut cmd = self.command(mtu).map_err(|e| e.to_string())?;
+    fn run_command(
+        &self,
+        lab: LabKey,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<Vec<u8>, String> {
+        let mut cmd = self.command(lab).map_err(|e| e.to_string())?;
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -572,14 +585,21 @@ impl Place {
     }
 
     fn shutdown(self) -> Result<(), SweepError> {
-        if let Place::Lab { labs, exe, .. } = self {
-            for (_, mut end) in labs {
-                if end.tuned {
-                    end.set_tuning(false, &exe)?;
-                }
+        if let Place::Lab {
+            labs,
+            exe,
+            mut host_tuning,
+            ..
+        } = self
+        {
+            for (_, end) in labs {
                 drop(end.server);
                 end.lab.down()?;
             }
+            if host_tuning.tuned {
+                host_tuning.set(false, &LinkSpec::default(), &exe)?;
+            }
+            let _ = std::fs::remove_dir_all(&host_tuning.backup);
         }
         Ok(())
     }
@@ -625,67 +645,60 @@ impl LabEnd {
                     line.trim()
                 ))
             })?;
-        let backups = [
-            data.join(format!("tune-{name}-a")),
-            data.join(format!("tune-{name}-b")),
-        ];
         Ok(LabEnd {
             lab,
             server,
             port,
             export,
             spec: spec.clone(),
-            tuned: false,
-            backups,
         })
     }
+}
 
-    /// Applies `fatpipe tune --apply` for the link in both ends, or
-    /// reverts it (the far end first, undoing in the reverse order: the
-    /// `net.core` limits are the host's, shared by both ends, and each
-    /// end's backup holds what it found).
-    fn set_tuning(&mut self, tuned: bool, exe: &Path) -> Result<(), SweepError> {
-        let rate = match self.spec.rate_up.max(self.spec.rate_down) {
+/// The host's side of `tuning = "tuned"`: `fatpipe tune --apply` for the
+/// link in the host's own namespace, where `net.core.rmem_max`/`wmem_max`
+/// (shared by every namespace) can be written; labs made while it is in
+/// force take its TCP buffer sysctls. `--revert` undoes it.
+struct HostTuning {
+    tuned: bool,
+    backup: PathBuf,
+}
+
+impl HostTuning {
+    fn set(&mut self, tuned: bool, link: &LinkSpec, exe: &Path) -> Result<(), SweepError> {
+        let rate = match link.rate_up.max(link.rate_down) {
             0 => 10_000_000_000,
             r => r,
         };
-        let rtt = self.spec.rtt.max(Duration::from_millis(1));
-        let ends: Vec<(End, &PathBuf)> = if tuned {
-            vec![(End::A, &self.backups[0]), (End::B, &self.backups[1])]
+        let rtt = link.rtt.max(Duration::from_millis(1));
+        let mut cmd = Command::new(exe);
+        cmd.arg("tune");
+        if tuned {
+            cmd.args([
+                "--apply".to_string(),
+                "--rate".into(),
+                rate.to_string(),
+                "--rtt".into(),
+                format!("{}us", rtt.as_micros()),
+            ]);
         } else {
-            vec![(End::B, &self.backups[1]), (End::A, &self.backups[0])]
-        };
-        for (end, dir) in ends {
-            let mut cmd = self.lab.command(end, exe);
-            cmd.arg("tune");
-            if tuned {
-                cmd.args([
-                    "--apply".to_string(),
-                    "--rate".into(),
-                    rate.to_string(),
-                    "--rtt".into(),
-                    format!("{}us", rtt.as_micros()),
-                ]);
-            } else {
-                cmd.arg("--revert");
-            }
-            let out = cmd
-                .arg("--backup-dir")
-                .arg(dir)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| SweepError::Io {
-                    what: "run fatpipe tune in the lab".into(),
-                    source: e,
-                })?;
-            if !out.status.success() {
-                return Err(SweepError::Unsupported(format!(
-                    "fatpipe tune --{} in lab end {}: {}",
-                    if tuned { "apply" } else { "revert" },
-                    end.letter(),
-                    error_line(&out.stderr).unwrap_or_default()
-                )));
-            }
+            cmd.arg("--revert");
+        }
+        let out = cmd
+            .arg("--backup-dir")
+            .arg(&self.backup)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| SweepError::Io {
+                what: "run fatpipe tune".into(),
+                source: e,
+            })?;
+        if !out.status.success() {
+            return Err(SweepError::Unsupported(format!(
+                "fatpipe tune --{}: {}",
+                if tuned { "apply" } else { "revert" },
+                error_line(&out.stderr).unwrap_or_default()
+            )));
         }
         self.tuned = tuned;
         Ok(())

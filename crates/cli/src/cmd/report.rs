@@ -8,6 +8,7 @@
 //! experiment file, the report is of its sweep, laid out as its `[report]`
 //! section says, with the source document's figures beside fatpipe's.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -97,7 +98,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
         }
     }
-    let runs = store.measurements(&filter)?;
+    let mut runs = store.measurements(&filter)?;
+    let mut left_out = 0;
+    if let Some(e) = &exp {
+        // Runs of cells the file no longer has (a parameter was changed
+        // since they ran) are not this experiment's any more.
+        let keys: BTreeSet<String> = fatpipe_sweep::cells(e).into_iter().map(|c| c.key).collect();
+        let before = runs.len();
+        runs.retain(|m| m.sweep.as_ref().is_some_and(|s| keys.contains(&s.cell)));
+        left_out = before - runs.len();
+    }
     if runs.is_empty() {
         return Err(usage(format!(
             "report: no runs in {} match{}",
@@ -175,6 +185,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             heading_extra
         ),
     };
+    if left_out > 0 {
+        if let Some(t) = out_tables.last_mut() {
+            t.notes.push(format!(
+                "{left_out} runs of this sweep's cells that the file no longer has are left out"
+            ));
+        }
+    }
     let mut out = std::io::stdout().lock();
     out.write_all(render(&heading, &out_tables, format).as_bytes())?;
     Ok(out.flush()?)
