@@ -26,6 +26,24 @@ pub enum Signal {
     Kill,
 }
 
+/// Calls `on_signal` on a thread of its own each time the process gets
+/// SIGTERM or SIGINT, instead of the default of dying at once: a server
+/// uses it to stop cleanly. The handler itself only records the signal
+/// (signal-hook's self-pipe); `on_signal` runs as ordinary code. The
+/// argument says which signal came ("SIGTERM" or "SIGINT").
+pub fn on_termination(on_signal: impl Fn(&'static str) + Send + 'static) -> io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                on_signal(if sig == SIGINT { "SIGINT" } else { "SIGTERM" });
+            }
+        })?;
+    Ok(())
+}
+
 /// Whether this process runs with effective user id 0.
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
