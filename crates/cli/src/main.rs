@@ -10,7 +10,7 @@
 mod cmd;
 mod exit;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Measure, tune and fill long fat networks.
 #[derive(Debug, Parser)]
@@ -36,6 +36,10 @@ enum Command {
     Lab(cmd::lab::Args),
     /// Bring up an emulated CERN–New York link and show test, copy and report.
     Demo(cmd::demo::Args),
+    /// Print a shell completion script (bash, zsh, fish, …) for fatpipe.
+    Completions(cmd::completions::CompletionsArgs),
+    /// Print fatpipe's manual page (or write every page with --dir).
+    Man(cmd::completions::ManArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +53,8 @@ fn main() -> std::process::ExitCode {
         Command::Tune(a) => cmd::tune::run(a),
         Command::Lab(a) => cmd::lab::run(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Completions(a) => cmd::completions::completions(a, Cli::command()),
+        Command::Man(a) => cmd::completions::man(a, Cli::command()),
     };
     exit::report(result)
 }
