@@ -337,6 +337,13 @@ impl Server {
         self.shared.shutdown.clone()
     }
 
+    /// The names of the registered services, sorted.
+    pub fn services(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self.shared.services.keys().copied().collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Sessions running right now.
     pub fn active_sessions(&self) -> usize {
         self.shared.sessions.load(Ordering::Relaxed)

@@ -642,6 +642,16 @@ fn serve(session: &ServerSession) -> Result<()> {
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
     let mut side = Side::start(p.clone(), streams, tx, rx)?;
     let result = server_loop(&mut side, control, session, &mut meter);
+    if let (Err(e), true) = (&result, session.shutdown().is_set()) {
+        // The server is stopping: tell the client why while its streams
+        // still work, or it would only see them break ("broken pipe").
+        let msg = TestMsg::Error {
+            message: e.to_string(),
+        };
+        if control.send(&msg.encode()).is_ok() {
+            wait_for_hangup(&side, Duration::from_secs(1));
+        }
+    }
     let cpu = cpu_seconds_since(cpu0);
     side.stop();
     meter.bytes(session.report(), &side.streams);
@@ -663,7 +673,14 @@ fn serve(session: &ServerSession) -> Result<()> {
         },
     )?;
     // Wait for the client to hang up (it has what it needs).
-    let grace = Instant::now() + Duration::from_secs(5);
+    wait_for_hangup(&side, Duration::from_secs(5));
+    finished.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Waits up to `limit` for the peer to close the control connection.
+fn wait_for_hangup(side: &Side, limit: Duration) {
+    let grace = Instant::now() + limit;
     while Instant::now() < grace {
         match side.rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Ev::PeerGone(_)) => break,
@@ -671,8 +688,6 @@ fn serve(session: &ServerSession) -> Result<()> {
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    finished.store(true, Ordering::Relaxed);
-    Ok(())
 }
 
 /// Streams the client is adding: those accepted so far, until all are.

@@ -191,6 +191,43 @@ impl Metrics {
         }
     }
 
+    /// Creates every series of `services` that a session may touch, and of
+    /// every refusal reason, at zero: a series that appears only at its
+    /// first increment hides that increment from `rate()` and leaves a
+    /// dashboard empty until then (Prometheus's advice).
+    pub fn declare_services(&self, services: &[&'static str]) {
+        for refusal in [
+            Refusal::UnknownService,
+            Refusal::BadParameters,
+            Refusal::Busy,
+            Refusal::ShuttingDown,
+            Refusal::HandshakeLimit,
+        ] {
+            let _ = self.refused.get_or_create(&ReasonLabel {
+                reason: refusal.as_str().into(),
+            });
+        }
+        for &service in services {
+            let s = ServiceLabel {
+                service: service.into(),
+            };
+            let _ = self.active_sessions.get_or_create(&s);
+            let _ = self.active_streams.get_or_create(&s);
+            for outcome in [Outcome::Ok, Outcome::Failed, Outcome::Aborted] {
+                let _ = self.sessions.get_or_create(&ServiceOutcome {
+                    service: service.into(),
+                    outcome: outcome.as_str().into(),
+                });
+            }
+            for flow in [Flow::Sent, Flow::Received] {
+                let _ = self.bytes.get_or_create(&ServiceFlow {
+                    service: service.into(),
+                    direction: flow.as_str().into(),
+                });
+            }
+        }
+    }
+
     /// The exposition text (OpenMetrics, see [`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -435,5 +472,20 @@ mod tests {
             .filter(|l| l.starts_with("fatpipe_peer_last_test_throughput_bytes_per_second{"))
             .count();
         assert_eq!(peers, MAX_PEERS);
+    }
+
+    #[test]
+    fn declared_services_are_exposed_at_zero() {
+        let m = Metrics::new();
+        m.declare_services(&["copy", "test"]);
+        let t = m.encode();
+        for series in [
+            "fatpipe_sessions_total{service=\"copy\",outcome=\"aborted\"}",
+            "fatpipe_active_streams{service=\"test\"}",
+            "fatpipe_data_bytes_total{service=\"test\",direction=\"sent\"}",
+            "fatpipe_refused_sessions_total{reason=\"handshake_limit\"}",
+        ] {
+            assert_eq!(sample(&t, series), Some(0.0), "{series} in\n{t}");
+        }
     }
 }

@@ -97,7 +97,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map_err(|e| crate::exit::usage(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
-    if let Some((_, addr)) = &metrics {
+    if let Some((registry, addr)) = &metrics {
+        registry.declare_services(&server.services());
         writeln!(out, "metrics on {addr}")?;
     }
     out.flush()?;
