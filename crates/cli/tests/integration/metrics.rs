@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use fatpipe_schema::test::TestReport;
 
-use crate::util::{assert_exit, bin, run, setup, spawn_server, wait_for, Dir, Guard};
+use crate::util::{
+    assert_exit, bin, journal_has_records, json, random_file, run, setup, spawn_server, wait_for,
+    Dir, Guard,
+};
 
 /// Starts `fatpipe server --port 0 --metrics 127.0.0.1:0` with `extra`;
 /// returns it, its port and its metrics address (the second stdout line).
@@ -351,6 +354,74 @@ fn sigterm_ends_a_running_test_with_a_reason_and_exits_0() {
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     // Nothing listens any more.
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
+/// A copy the server is receiving when it gets SIGTERM: the server exits 0
+/// after its drain time, the chunks written so far are journaled, and the
+/// client's retries finish the file against a new server from there.
+#[test]
+fn sigterm_during_a_copy_exits_0_and_the_copy_resumes_from_its_journal() {
+    let dir = setup();
+    std::fs::write(dir.path().join("key"), "copy-sigterm-key-1\n").unwrap();
+    let src = dir.path().join("f.bin");
+    random_file(&src, 64 << 20, 11);
+    let exp = dir.path().join("export");
+    std::fs::create_dir(&exp).unwrap();
+    let export = format!("data={}", exp.display());
+    let server = |port: u16| {
+        let mut cmd = dir.cmd();
+        cmd.args([
+            "server",
+            "--bind",
+            "127.0.0.1",
+            "--quiet",
+            "--key-file",
+            "key",
+        ])
+        .args(["--port", &port.to_string(), "--export", &export])
+        .args(["--drain-timeout", "0.3s"]);
+        spawn_server(cmd)
+    };
+    let (mut srv, port) = server(0);
+    // Slow enough (~40 MB/s) that the signal lands mid-file.
+    let client = dir
+        .cmd()
+        .args([
+            "copy",
+            "--key-file",
+            "key",
+            "-p",
+            &port.to_string(),
+            "--json",
+        ])
+        .args(["--chunk-size", "1M", "--bwlimit", "320M", "--retries", "20"])
+        .arg(&src)
+        .arg("127.0.0.1:data/f.bin")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn fatpipe copy");
+    wait_for(Duration::from_secs(20), "a journal", || {
+        journal_has_records(&exp)
+    });
+    let t0 = Instant::now();
+    assert!(fatpipe_sys::process::kill(
+        srv.0.id(),
+        fatpipe_sys::process::Signal::Term
+    ));
+    assert_eq!(wait_exit(&mut srv, Duration::from_secs(10)), Some(0));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(!exp.join("f.bin").exists(), "the copy was cut short");
+    assert!(journal_has_records(&exp), "the journal outlived the server");
+    let (_srv2, _) = server(port);
+    let out = client.wait_with_output().expect("wait for the copy");
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert!(j["reconnects"].as_u64().unwrap_or(0) >= 1, "{j}");
+    assert_eq!(
+        std::fs::read(&src).unwrap(),
+        std::fs::read(exp.join("f.bin")).expect("the copied file")
+    );
 }
 
 #[test]
