@@ -6,7 +6,7 @@
 //! and the loop around it is what bounds a peer: at most
 //! [`MAX_CONNECTIONS`] connections at once (more are closed unread), a
 //! request head of at most [`MAX_REQUEST`] bytes read within
-//! [`READ_TIMEOUT`], answers written within [`WRITE_TIMEOUT`], one request
+//! [`READ_TIMEOUT`] in all, answers written within [`WRITE_TIMEOUT`], one request
 //! per connection, and at most [`MAX_PROBES`] probes at once (each sends
 //! real traffic; more get 503). [`parse_request`] is the decoder of what
 //! a peer sends, and has a fuzz target.
@@ -15,7 +15,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::probe::{self, Prober};
 use crate::{Metrics, CONTENT_TYPE};
@@ -153,11 +153,18 @@ impl Drop for Slot {
 }
 
 fn handle(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
-    stream.set_read_timeout(Some(READ_TIMEOUT))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    // One deadline for the whole request, not per read: a peer sending a
+    // byte now and then must not hold its slot for long.
+    let deadline = Instant::now() + READ_TIMEOUT;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     let req = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return respond(&mut stream, 408, "text/plain", "request timed out\n", false);
+        }
+        stream.set_read_timeout(Some(left))?;
         let room = MAX_REQUEST.saturating_sub(buf.len()).min(chunk.len());
         let n = match stream.read(&mut chunk[..room.max(1)]) {
             Ok(0) => return Ok(()),
@@ -320,5 +327,28 @@ mod tests {
         big.resize(MAX_REQUEST, b'a');
         let got = ask(addr, &big);
         assert!(got.starts_with("HTTP/1.1 431"), "{got}");
+    }
+
+    #[test]
+    fn a_client_trickling_its_request_is_cut_at_one_deadline() {
+        let addr = listener();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let t0 = Instant::now();
+        // A byte a second for most of the read timeout, never finishing
+        // the request: the deadline holds for the whole of it, so the
+        // answer comes at READ_TIMEOUT, not READ_TIMEOUT after the last byte.
+        let mut answer = String::new();
+        for b in b"GET /metrics HTTP/1.1\r\n".iter().take(4) {
+            s.write_all(&[*b]).unwrap();
+            std::thread::sleep(Duration::from_millis(1000));
+        }
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+        assert!(
+            t0.elapsed() < READ_TIMEOUT + Duration::from_secs(3),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 }
