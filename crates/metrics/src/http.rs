@@ -351,4 +351,27 @@ mod tests {
             t0.elapsed()
         );
     }
+
+    #[test]
+    fn connections_beyond_the_limit_are_closed_and_slots_come_back() {
+        let addr = listener();
+        let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // Each idle connection holds its slot until it sends or leaves;
+        // one more is closed unanswered.
+        std::thread::sleep(Duration::from_millis(200));
+        let got = ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert_eq!(got, "", "answered beyond the limit");
+        drop(idle);
+        let mut answered = false;
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(20));
+            if ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200") {
+                answered = true;
+                break;
+            }
+        }
+        assert!(answered, "the slots were not given back");
+    }
 }

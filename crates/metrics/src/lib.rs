@@ -37,6 +37,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 pub use http::{serve, Exporter, HttpError};
@@ -64,6 +65,11 @@ pub struct Metrics {
     peer_time: Family<PeerLabel, Gauge<f64, AtomicU64>>,
     /// (service, peer) pairs with gauges, least recently updated first.
     peers: Mutex<VecDeque<(String, String)>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +117,13 @@ impl Metrics {
     /// A registry with every metric registered (at zero).
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("fatpipe");
+        registry.register(
+            "build",
+            "The fatpipe version serving these metrics",
+            Info::new(VersionLabel {
+                version: env!("CARGO_PKG_VERSION").into(),
+            }),
+        );
         let sessions = Family::<ServiceOutcome, Counter>::default();
         registry.register(
             "sessions",
@@ -403,6 +416,13 @@ mod tests {
                 1500.0,
             ),
             ("fatpipe_active_streams{service=\"test\"}", 3.0),
+            (
+                &format!(
+                    "fatpipe_build_info{{version=\"{}\"}}",
+                    env!("CARGO_PKG_VERSION")
+                ),
+                1.0,
+            ),
         ];
         for (series, value) in want {
             assert_eq!(sample(&t, series), Some(value), "{series} in\n{t}");
