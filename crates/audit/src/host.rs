@@ -466,10 +466,10 @@ impl Host {
 }
 
 /// True when this process may force buffers past the host caps and pick
-/// any loaded congestion control. Root is the test: CAP_NET_ADMIN alone is
-/// rare on DTNs, and a false "no" only costs a smaller plan.
+/// any loaded congestion control: root, or CAP_NET_ADMIN alone (which is
+/// how contrib/systemd's server unit runs, as its own user).
 pub fn is_privileged() -> bool {
-    fatpipe_sys::process::is_root()
+    fatpipe_sys::process::may_force_buffers()
 }
 
 /// Collapses runs of whitespace (tabs in `tcp_rmem`) to single spaces.

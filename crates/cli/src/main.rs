@@ -10,7 +10,7 @@
 mod cmd;
 mod exit;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Measure, tune and fill long fat networks.
 #[derive(Debug, Parser)]
@@ -42,6 +42,10 @@ enum Command {
     Report(cmd::report::Args),
     /// List, show, export, import and annotate archived runs.
     Archive(cmd::archive::Args),
+    /// Print a shell completion script (bash, zsh, fish, …) for fatpipe.
+    Completions(cmd::completions::CompletionsArgs),
+    /// Print fatpipe's manual page (or write every page with --dir).
+    Man(cmd::completions::ManArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +62,8 @@ fn main() -> std::process::ExitCode {
         Command::Sweep(a) => cmd::sweep::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Archive(a) => cmd::archive::run(a),
+        Command::Completions(a) => cmd::completions::completions(a, Cli::command()),
+        Command::Man(a) => cmd::completions::man(a, Cli::command()),
     };
     exit::report(result)
 }

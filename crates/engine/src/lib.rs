@@ -44,6 +44,11 @@
 //! `fatpipe-transfer` (copy). This crate knows none of them; the binary
 //! registers them. docs/protocol.md describes the wire protocol.
 //!
+//! Shutdown drains (running sessions end or are aborted with a reason the
+//! client sees; new ones are refused), and an [`Observer`] hears of every
+//! session, refusal and failed authentication: the interface the
+//! Prometheus metrics of `fatpipe-metrics` implement ([`observe`]).
+//!
 //! The system calls behind it (socket options, the open-file limit that
 //! [`raise_fd_limit`] raises) are `fatpipe-sys`'s, the one crate allowed
 //! raw system calls.
@@ -51,11 +56,13 @@
 pub mod client;
 pub mod control;
 pub mod error;
+pub mod observe;
 pub mod server;
 
 pub use client::{connect, connect_with, ClientOptions, ClientSession};
 pub use control::Control;
 pub use error::{EngineError, Result};
+pub use observe::{Flow, Observer, Outcome, Refusal, Report, Streams, TestSummary};
 pub use server::{
     DataConn, Logger, Server, ServerBuilder, ServerSession, Service, ServiceResult, Shutdown,
 };

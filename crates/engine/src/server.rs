@@ -8,6 +8,20 @@
 //! Nothing one connection does (garbage, giant frames, stalling, vanishing)
 //! can block another: each has its own thread, deadline and buffers, and
 //! the shared state is a session counter and the cookie table.
+//!
+//! Shutting down ([`Shutdown::trigger`], which `fatpipe server` calls on
+//! SIGTERM or SIGINT) is a drain, not a cut: the accept loop goes on so that
+//! running sessions still get their data connections, but every new session
+//! is refused with "the server is shutting down"; services see the flag
+//! (the test and probe services end their sessions at once and tell the
+//! client why); sessions still running after the drain time get a `Close`
+//! with that reason and their control connection shut; then
+//! [`Server::run`] returns.
+//!
+//! Whoever watches the server (the Prometheus metrics) hears of sessions,
+//! refusals and failed authentication through an [`Observer`]; services
+//! add their bytes, streams and results through their session's
+//! [`ServerSession::report`].
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -21,6 +35,7 @@ use fatpipe_proto::{Cookie, ErrorCode, Key, ServerConfig, ServerConn, ServerEven
 
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
+use crate::observe::{NoObserver, Observer, Outcome, Refusal, Report};
 
 /// What a service returns; any error type will do, it is logged.
 pub type ServiceResult = std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -66,6 +81,7 @@ pub struct ServerSession {
     data: Receiver<DataConn>,
     shutdown: Shutdown,
     cookie: Cookie,
+    report: Report,
 }
 
 impl ServerSession {
@@ -118,6 +134,12 @@ impl ServerSession {
     pub fn shutdown(&self) -> &Shutdown {
         &self.shutdown
     }
+
+    /// Where this session reports bytes, streams and results (to the
+    /// server's [`Observer`]).
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
 }
 
 /// A flag that stops the server (and tells services to finish).
@@ -154,6 +176,8 @@ pub struct ServerBuilder {
     preauth_timeout: Duration,
     max_handshakes: usize,
     logger: Logger,
+    observer: Arc<dyn Observer>,
+    drain_timeout: Duration,
 }
 
 /// Defaults: 5 s to authenticate, 1000 concurrent sessions.
@@ -163,6 +187,10 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1000;
 /// The port a server listens on, and clients dial, unless told otherwise:
 /// one port for every service (sessions name theirs when they open).
 pub const DEFAULT_PORT: u16 = 5301;
+/// How long a shutting-down server lets running sessions end by themselves.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long sessions aborted at the end of the drain get to unwind.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 impl Default for ServerBuilder {
     fn default() -> Self {
@@ -173,6 +201,8 @@ impl Default for ServerBuilder {
             preauth_timeout: DEFAULT_PREAUTH_TIMEOUT,
             max_handshakes: 512,
             logger: Arc::new(|_| {}),
+            observer: Arc::new(NoObserver),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
@@ -209,6 +239,20 @@ impl ServerBuilder {
         self
     }
 
+    /// Where sessions, refusals and failed authentications are reported
+    /// (default: nowhere).
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// How long a shutting-down server waits for running sessions before
+    /// it aborts them.
+    pub fn drain_timeout(mut self, t: Duration) -> Self {
+        self.drain_timeout = t;
+        self
+    }
+
     /// Binds the listening socket.
     pub fn bind(self, addr: SocketAddr) -> Result<Server> {
         let listener =
@@ -239,6 +283,10 @@ impl ServerBuilder {
                 cookies: Mutex::new(HashMap::new()),
                 shutdown,
                 logger: self.logger,
+                observer: self.observer,
+                drain_timeout: self.drain_timeout,
+                live: Mutex::new(HashMap::new()),
+                drained: AtomicBool::new(false),
             }),
         })
     }
@@ -261,6 +309,13 @@ struct Shared {
     cookies: Mutex<HashMap<Cookie, SyncSender<DataConn>>>,
     shutdown: Shutdown,
     logger: Logger,
+    observer: Arc<dyn Observer>,
+    drain_timeout: Duration,
+    /// The control channel of every running session, to abort them at the
+    /// end of a drain (at most `max_sessions` entries).
+    live: Mutex<HashMap<Cookie, Control>>,
+    /// Set by the drain once every session ended or was aborted.
+    drained: AtomicBool,
 }
 
 /// Data connections a session may have waiting before more are refused.
@@ -282,17 +337,42 @@ impl Server {
         self.shared.shutdown.clone()
     }
 
+    /// The names of the registered services, sorted.
+    pub fn services(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self.shared.services.keys().copied().collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Sessions running right now.
     pub fn active_sessions(&self) -> usize {
         self.shared.sessions.load(Ordering::Relaxed)
     }
 
-    /// Accepts connections until shutdown, one thread each.
+    /// Accepts connections until shutdown, one thread each; after
+    /// [`Shutdown::trigger`], drains (see the module docs) and returns.
     pub fn run(&self) -> Result<()> {
+        let mut draining = false;
         loop {
-            let (stream, peer) = match self.listener.accept() {
+            let accepted = self.listener.accept();
+            if self.shared.shutdown.is_set() {
+                if self.shared.drained.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                if !draining {
+                    draining = true;
+                    let shared = Arc::clone(&self.shared);
+                    let spawned = std::thread::Builder::new()
+                        .name("drain".into())
+                        .spawn(move || drain(&shared));
+                    if spawned.is_err() {
+                        // No thread for the drain: stop without one.
+                        return Ok(());
+                    }
+                }
+            }
+            let (stream, peer) = match accepted {
                 Ok(x) => x,
-                Err(_) if self.shared.shutdown.is_set() => return Ok(()),
                 // Out of descriptors or a connection reset before accept:
                 // keep serving the others after a breath.
                 Err(_) => {
@@ -300,13 +380,11 @@ impl Server {
                     continue;
                 }
             };
-            if self.shared.shutdown.is_set() {
-                return Ok(());
-            }
             let n = self.shared.handshakes.fetch_add(1, Ordering::AcqRel);
             if n >= self.shared.max_handshakes {
                 // Too many connections still handshaking: a flood. Drop it.
                 self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                self.shared.observer.refused(Refusal::HandshakeLimit);
                 continue;
             }
             let shared = Arc::clone(&self.shared);
@@ -343,6 +421,9 @@ fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                 }
                 ServerEvent::Closed(err) => {
                     let _ = flush(&mut conn, &mut stream);
+                    if err.is_auth() {
+                        shared.observer.auth_failed();
+                    }
                     if !matches!(err, fatpipe_proto::ConnError::Eof) {
                         (shared.logger)(&format!("{peer}: handshake failed: {err}"));
                     }
@@ -395,9 +476,18 @@ fn open_session(
         let reason = format!("no service '{name}' (offered: {})", names.join(", "));
         conn.reject(ErrorCode::UnknownService, &reason);
         let _ = flush(&mut conn, &mut stream);
+        shared.observer.refused(Refusal::UnknownService);
         return;
     };
+    if shared.shutdown.is_set() {
+        conn.reject(ErrorCode::Busy, SHUTTING_DOWN);
+        let _ = flush(&mut conn, &mut stream);
+        shared.observer.refused(Refusal::ShuttingDown);
+        (shared.logger)(&format!("{peer}: {name} refused: shutting down"));
+        return;
+    }
     if let Err(reason) = service.check(&params) {
+        shared.observer.refused(Refusal::BadParameters);
         conn.reject(ErrorCode::Service, &reason);
         let _ = flush(&mut conn, &mut stream);
         (shared.logger)(&format!("{peer}: {name} refused: {reason}"));
@@ -410,6 +500,7 @@ fn open_session(
         );
         conn.reject(ErrorCode::Busy, &reason);
         let _ = flush(&mut conn, &mut stream);
+        shared.observer.refused(Refusal::Busy);
         (shared.logger)(&format!("{peer}: {name} refused: busy"));
         return;
     };
@@ -430,6 +521,7 @@ fn open_session(
             return;
         }
     };
+    let service_name = service.name();
     let session = ServerSession {
         control: control.clone(),
         params,
@@ -438,22 +530,33 @@ fn open_session(
         data: rx,
         shutdown: shared.shutdown.clone(),
         cookie,
+        report: Report::new(Arc::clone(&shared.observer), service_name, peer.ip()),
     };
+    lock(&shared.live).insert(cookie, control.clone());
+    let _live_guard = LiveGuard(shared, cookie);
     (shared.logger)(&format!("{peer}: {name} session started"));
+    shared.observer.session_started(service_name);
     let started = Instant::now();
-    match service.serve(session) {
+    let outcome = match service.serve(session) {
         Ok(()) => {
             control.close("");
             (shared.logger)(&format!(
                 "{peer}: {name} session ended after {:.1} s",
                 started.elapsed().as_secs_f64()
             ));
+            Outcome::Ok
         }
         Err(e) => {
             control.close(&e.to_string());
             (shared.logger)(&format!("{peer}: {name} session failed: {e}"));
+            if shared.shutdown.is_set() {
+                Outcome::Aborted
+            } else {
+                Outcome::Failed
+            }
         }
-    }
+    };
+    shared.observer.session_ended(service_name, outcome);
 }
 
 fn attach_data(
@@ -492,6 +595,41 @@ fn attach_data(
                 "{peer}: data connection dropped: session full or gone"
             ));
         }
+    }
+}
+
+/// What a client is told when the server ends or refuses its session
+/// because it is stopping.
+const SHUTTING_DOWN: &str = "the server is shutting down";
+
+/// The drain after [`Shutdown::trigger`]: waits for running sessions to end
+/// (services see the flag), aborts what is left after the drain time, then
+/// lets the accept loop return.
+fn drain(shared: &Arc<Shared>) {
+    let running = || shared.sessions.load(Ordering::Acquire);
+    (shared.logger)(&format!(
+        "shutting down: refusing new sessions, {} running",
+        running()
+    ));
+    let deadline = Instant::now() + shared.drain_timeout;
+    while running() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if running() > 0 {
+        (shared.logger)(&format!("shutting down: aborting {} sessions", running()));
+        let live: Vec<Control> = lock(&shared.live).values().cloned().collect();
+        for control in live {
+            control.close(SHUTTING_DOWN);
+            control.abort();
+        }
+        let deadline = Instant::now() + ABORT_GRACE;
+        while running() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    shared.drained.store(true, Ordering::Release);
+    if let Some(addr) = *lock(&shared.shutdown.wake) {
+        let _ = TcpStream::connect_timeout(&wake_addr(addr), Duration::from_secs(1));
     }
 }
 
@@ -558,6 +696,15 @@ impl<'a> SessionSlot<'a> {
 impl Drop for SessionSlot<'_> {
     fn drop(&mut self) {
         self.0.sessions.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Takes a session off the list the drain aborts.
+struct LiveGuard<'a>(&'a Shared, Cookie);
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.live).remove(&self.1);
     }
 }
 

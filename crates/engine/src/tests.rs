@@ -7,6 +7,7 @@ use std::time::Duration;
 use fatpipe_proto::{ConnError, ErrorCode, Key};
 
 use super::*;
+use crate::observe::{Observer, Outcome, Refusal};
 
 /// Echoes control payloads until "bye"; on "data", echoes one data
 /// connection's bytes back with its tag prepended.
@@ -266,4 +267,164 @@ fn recv_times_out_without_losing_the_channel() {
         b"after"
     );
     stop.trigger();
+}
+
+/// Counts what the server reports, for the observer tests.
+#[derive(Default)]
+struct Tally(std::sync::Mutex<Vec<String>>);
+
+impl Tally {
+    fn seen(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl Observer for Tally {
+    fn session_started(&self, service: &'static str) {
+        self.0.lock().unwrap().push(format!("start {service}"));
+    }
+    fn session_ended(&self, service: &'static str, outcome: Outcome) {
+        let line = format!("end {service} {}", outcome.as_str());
+        self.0.lock().unwrap().push(line);
+    }
+    fn refused(&self, why: Refusal) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("refused {}", why.as_str()));
+    }
+    fn auth_failed(&self) {
+        self.0.lock().unwrap().push("auth failed".into());
+    }
+}
+
+/// Waits up to 5 s for `cond` on the tally.
+fn tally_until(t: &Tally, cond: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = t.seen();
+        if cond(&seen) || std::time::Instant::now() > deadline {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_observer_hears_sessions_refusals_and_failed_authentication() {
+    let tally = std::sync::Arc::new(Tally::default());
+    let (addr, stop) = start(
+        Server::builder()
+            .key(Some(key(b"sesame-sesame")))
+            .max_sessions(1)
+            .observer(tally.clone()),
+    );
+    let k = key(b"sesame-sesame");
+    assert!(connect(addr, Some(&key(b"not-the-key")), "echo", b"").is_err());
+    assert!(connect(addr, Some(&k), "nope", b"").is_err());
+    assert!(connect(addr, Some(&k), "echo", b"refuse").is_err());
+    let s = connect(addr, Some(&k), "echo", b"x").unwrap();
+    assert!(connect(addr, Some(&k), "echo", b"").is_err());
+    // The refusal is reported after the client hears it.
+    tally_until(&tally, |s| s.iter().any(|l| l == "refused busy"));
+    s.control().send(b"bye").unwrap();
+    let seen = tally_until(&tally, |s| s.iter().any(|l| l.starts_with("end")));
+    assert_eq!(
+        seen,
+        [
+            "auth failed",
+            "refused unknown_service",
+            "refused bad_parameters",
+            "start echo",
+            "refused busy",
+            "end echo ok",
+        ]
+    );
+    stop.trigger();
+}
+
+/// Holds its session until the server shuts down, then says why it ends.
+struct Waiter;
+
+impl Service for Waiter {
+    fn name(&self) -> &'static str {
+        "wait"
+    }
+
+    fn serve(&self, session: ServerSession) -> ServiceResult {
+        session.control().send(b"ready")?;
+        while !session.shutdown().is_set() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err("the server is shutting down".into())
+    }
+}
+
+#[test]
+fn shutdown_refuses_new_sessions_and_ends_running_ones_with_a_reason() {
+    let tally = std::sync::Arc::new(Tally::default());
+    let server = Server::builder()
+        .service(Echo)
+        .service(Waiter)
+        .observer(tally.clone())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let stop = server.shutdown_handle();
+    let runner = std::thread::spawn(move || server.run());
+    let waiting = connect(addr, None, "wait", b"").unwrap();
+    let c = waiting.control();
+    assert_eq!(
+        c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(),
+        b"ready"
+    );
+    // An echo session that would never end by itself: aborted at the end
+    // of the drain, with the reason.
+    let echo = connect(addr, None, "echo", b"e").unwrap();
+    let ec = echo.control();
+    assert_eq!(
+        ec.recv(Some(Duration::from_secs(5))).unwrap().unwrap(),
+        b"e"
+    );
+    stop.trigger();
+    let err = c.recv(Some(Duration::from_secs(5))).unwrap_err();
+    assert!(err.to_string().contains("shutting down"), "{err}");
+    let err = connect(addr, None, "echo", b"").unwrap_err();
+    assert!(err.to_string().contains("shutting down"), "{err}");
+    // The echo service reads with a 5 s timeout; the drain (10 s by
+    // default) would wait for it, so it is cut short by a shorter drain in
+    // the next test; here it ends when its client says bye.
+    ec.send(b"bye").unwrap();
+    runner.join().unwrap().unwrap();
+    let seen = tally.seen();
+    assert!(seen.contains(&"end wait aborted".to_string()), "{seen:?}");
+    assert!(seen.contains(&"end echo ok".to_string()), "{seen:?}");
+    assert!(
+        seen.contains(&"refused shutting_down".to_string()),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn sessions_left_after_the_drain_are_closed_with_the_reason() {
+    let server = Server::builder()
+        .service(Echo)
+        .drain_timeout(Duration::from_millis(200))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let stop = server.shutdown_handle();
+    let runner = std::thread::spawn(move || server.run());
+    let echo = connect(addr, None, "echo", b"e").unwrap();
+    let ec = echo.control();
+    assert_eq!(
+        ec.recv(Some(Duration::from_secs(5))).unwrap().unwrap(),
+        b"e"
+    );
+    let t0 = std::time::Instant::now();
+    stop.trigger();
+    let err = ec.recv(Some(Duration::from_secs(5))).unwrap_err();
+    assert!(err.to_string().contains("shutting down"), "{err}");
+    runner.join().unwrap().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
 }

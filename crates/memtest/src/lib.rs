@@ -22,6 +22,7 @@
 
 pub(crate) mod data;
 pub mod msg;
+mod report;
 pub mod rfc6349;
 pub mod tuning;
 
@@ -617,6 +618,7 @@ fn serve(session: &ServerSession) -> Result<()> {
             }
         }
     }
+    let mut meter = report::Meter::new(session.report(), streams.len());
     let setups: Vec<SocketSetup> = streams.iter().map(|s| s.setup.clone()).collect();
     // The same refusal on every stream is one line, not a thousand.
     let mut seen = std::collections::HashSet::new();
@@ -639,24 +641,46 @@ fn serve(session: &ServerSession) -> Result<()> {
     spawn_reader(control.clone(), tx.clone(), Arc::clone(&finished));
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
     let mut side = Side::start(p.clone(), streams, tx, rx)?;
-    let result = server_loop(&mut side, control, session);
+    let result = server_loop(&mut side, control, session, &mut meter);
+    if let (Err(e), true) = (&result, session.shutdown().is_set()) {
+        // The server is stopping: tell the client why while its streams
+        // still work, or it would only see them break ("broken pipe").
+        let msg = TestMsg::Error {
+            message: e.to_string(),
+        };
+        if control.send(&msg.encode()).is_ok() {
+            wait_for_hangup(&side, Duration::from_secs(1));
+        }
+    }
     let cpu = cpu_seconds_since(cpu0);
     side.stop();
+    meter.bytes(session.report(), &side.streams);
     if let Err(e) = result {
         finished.store(true, Ordering::Relaxed);
         return Err(e);
+    }
+    let totals = side.totals();
+    for summary in report::summaries(&totals) {
+        session.report().test_result(&summary);
     }
     send_split(
         control,
         TestMsg::Final {
             elapsed_ms: side.shared.start().elapsed().as_millis() as u64,
-            streams: side.totals(),
+            streams: totals,
             cpu,
             more: false,
         },
     )?;
     // Wait for the client to hang up (it has what it needs).
-    let grace = Instant::now() + Duration::from_secs(5);
+    wait_for_hangup(&side, Duration::from_secs(5));
+    finished.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Waits up to `limit` for the peer to close the control connection.
+fn wait_for_hangup(side: &Side, limit: Duration) {
+    let grace = Instant::now() + limit;
     while Instant::now() < grace {
         match side.rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Ev::PeerGone(_)) => break,
@@ -664,8 +688,6 @@ fn serve(session: &ServerSession) -> Result<()> {
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    finished.store(true, Ordering::Relaxed);
-    Ok(())
 }
 
 /// Streams the client is adding: those accepted so far, until all are.
@@ -724,6 +746,7 @@ fn poll_add(
     control: &Control,
     session: &ServerSession,
     pending: &mut Option<ServerAdd>,
+    meter: &report::Meter,
 ) -> Result<()> {
     let Some(add) = pending.as_mut() else {
         return Ok(());
@@ -757,7 +780,9 @@ fn poll_add(
         };
         let streams: Vec<Stream> = add.got.into_values().collect();
         let setups = streams.iter().map(|s| s.setup.clone()).collect();
+        let added = streams.len();
         side.add(streams)?;
+        meter.add_streams(added);
         let mut seen = std::collections::HashSet::new();
         let mut warnings = add.warnings;
         warnings.retain(|w| seen.insert(w.clone()));
@@ -807,14 +832,19 @@ fn on_set_congestion(side: &mut Side, control: &Control, name: &str) -> Result<(
     )
 }
 
-fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> Result<()> {
+fn server_loop(
+    side: &mut Side,
+    control: &Control,
+    session: &ServerSession,
+    meter: &mut report::Meter,
+) -> Result<()> {
     let mut adding: Option<ServerAdd> = None;
     loop {
         side.check_stall()?;
         if session.shutdown().is_set() {
             return Err(EngineError::Service("the server is shutting down".into()));
         }
-        poll_add(side, control, session, &mut adding)?;
+        poll_add(side, control, session, &mut adding, meter)?;
         let wait = adding.as_ref().map(|_| Duration::from_millis(10));
         if let Some(ev) = side.next_event(wait) {
             match ev {
@@ -830,7 +860,7 @@ fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> R
                 }
                 Ev::Peer(TestMsg::AddStreams(add)) => {
                     on_add_streams(side, control, &mut adding, add)?;
-                    poll_add(side, control, session, &mut adding)?;
+                    poll_add(side, control, session, &mut adding, meter)?;
                 }
                 Ev::Peer(TestMsg::SetCongestion { name }) => {
                     on_set_congestion(side, control, &name)?;
@@ -841,6 +871,7 @@ fn server_loop(side: &mut Side, control: &Control, session: &ServerSession) -> R
             }
         }
         while let Some((index, begin, end, omitted, streams)) = side.poll_timers() {
+            meter.bytes(session.report(), &side.streams);
             send_split(
                 control,
                 TestMsg::Interval {

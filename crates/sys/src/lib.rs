@@ -48,6 +48,8 @@
 //! | keepalive timers, `SO_RCVLOWAT` | yes | yes |
 //! | `TCP_NOTSENT_LOWAT` | yes | `Unsupported` |
 //! | euid, `RLIMIT_NOFILE`, `kill`, nanosecond `ppoll` | yes | yes |
+//! | `CAP_NET_ADMIN` in the effective set (`capget`) | yes | `false` (root only) |
+//! | SIGTERM/SIGINT to a thread (`on_termination`, signal-hook) | yes | yes |
 //! | pidfd wait, `SCHED_FIFO`, timer slack | yes | `Unsupported` / `Unsupported` / no-op |
 //! | TUN devices, `setns` (the lab) | yes | `Unsupported` |
 //! | `getrusage`, monotonic clock | yes | yes |

@@ -26,9 +26,36 @@ pub enum Signal {
     Kill,
 }
 
+/// Calls `on_signal` on a thread of its own each time the process gets
+/// SIGTERM or SIGINT, instead of the default of dying at once: a server
+/// uses it to stop cleanly. The handler itself only records the signal
+/// (signal-hook's self-pipe); `on_signal` runs as ordinary code. The
+/// argument says which signal came ("SIGTERM" or "SIGINT").
+pub fn on_termination(on_signal: impl Fn(&'static str) + Send + 'static) -> io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                on_signal(if sig == SIGINT { "SIGINT" } else { "SIGTERM" });
+            }
+        })?;
+    Ok(())
+}
+
 /// Whether this process runs with effective user id 0.
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
+}
+
+/// Whether this process may force socket buffers past the host caps
+/// (`SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`): root, or `CAP_NET_ADMIN` in its
+/// effective set, as a service given only that capability
+/// (`AmbientCapabilities=CAP_NET_ADMIN`) has it. `CAP_NET_ADMIN` is
+/// Linux's; elsewhere only root.
+pub fn may_force_buffers() -> bool {
+    is_root() || platform::has_net_admin()
 }
 
 /// Raises this process's open-file limit to its hard limit. Best effort:
@@ -98,6 +125,25 @@ pub fn tight_timer_slack() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `CAP_NET_ADMIN` as capget reports it agrees with the kernel's own
+    /// account in /proc (bit 12 of `CapEff`).
+    #[test]
+    fn net_admin_agrees_with_proc_status() {
+        let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+            eprintln!("skipping: no /proc/self/status here");
+            return;
+        };
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .expect("a CapEff line");
+        let want =
+            cfg!(all(target_os = "linux", not(fatpipe_sys_fallback))) && eff & (1 << 12) != 0;
+        assert_eq!(platform::has_net_admin(), want, "CapEff {eff:x}");
+        assert_eq!(may_force_buffers(), is_root() || want);
+    }
 
     #[test]
     fn refuses_pid_zero_and_finds_no_ghost() {

@@ -2,9 +2,11 @@
 
 pub mod archive;
 pub mod common;
+pub mod completions;
 pub mod copy;
 pub mod demo;
 pub mod lab;
+pub mod metrics;
 pub mod path;
 pub mod report;
 pub mod server;

@@ -1,9 +1,13 @@
 //! `fatpipe server`: one daemon for tests and transfers, many clients at once.
 //!
 //! Binds, prints `listening on IP:PORT` as its first stdout line (scripts
-//! and tests read it; with `--port 0` it is how they learn the port), then
-//! serves until killed. Each registered service is one line in [`run`];
-//! session events go to stderr, one line each, unless `--quiet`.
+//! and tests read it; with `--port 0` it is how they learn the port; with
+//! `--metrics`, `metrics on IP:PORT` follows), then serves until SIGTERM or
+//! SIGINT, on which it drains (the engine refuses new sessions, running
+//! tests end with "the server is shutting down", sessions left after
+//! `--drain-timeout` are closed with that reason) and exits 0. Each
+//! registered service is one line in [`run`]; session events go to
+//! stderr, one line each, unless `--quiet`.
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -41,12 +45,20 @@ pub struct Args {
     /// writes, `:public` serves it without the key.
     #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
     pub exports: Vec<String>,
+    /// On SIGTERM/SIGINT, how long running sessions may go on before they
+    /// are closed ("the server is shutting down").
+    #[arg(long, default_value = "10s")]
+    pub drain_timeout: String,
+    #[command(flatten)]
+    pub metrics: super::metrics::MetricsArgs,
 }
 
 /// Binds and serves until the process is stopped.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let preauth = units::parse_duration(&args.preauth_timeout)
         .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let drain = units::parse_duration(&args.drain_timeout)
+        .map_err(|e| crate::exit::usage(format!("--drain-timeout: {e}")))?;
     let key = match &args.key_file {
         Some(path) => {
             Some(fatpipe_engine::load_key(path).map_err(|e| crate::exit::usage(e.to_string()))?)
@@ -67,20 +79,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("fatpipe: server: {w}");
     })
     .map_err(|e| crate::exit::usage(e.to_string()))?;
-    let server = Server::builder()
+    let metrics = super::metrics::start(&args.metrics, key.clone(), logger.clone())?;
+    let mut builder = Server::builder();
+    if let Some((registry, _)) = &metrics {
+        builder = builder.observer(registry.clone());
+    }
+    let server = builder
         .service(TestService)
         .service(fatpipe_probe::ProbeService)
         .service(copy)
         .key(key)
         .max_sessions(args.max_sessions)
         .preauth_timeout(preauth)
-        .logger(logger)
+        .logger(logger.clone())
+        .drain_timeout(drain)
         .bind(SocketAddr::new(args.bind, args.port))
         .map_err(|e| crate::exit::usage(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
+    if let Some((registry, addr)) = &metrics {
+        registry.declare_services(&server.services());
+        writeln!(out, "metrics on {addr}")?;
+    }
     out.flush()?;
     drop(out);
+    let stop = server.shutdown_handle();
+    fatpipe_sys::process::on_termination(move |signal| {
+        logger(&format!("{signal}: shutting down"));
+        stop.trigger();
+    })?;
     server.run()?;
     Ok(())
 }

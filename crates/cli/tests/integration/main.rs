@@ -13,6 +13,7 @@ mod copy;
 mod demo;
 mod lab;
 mod lab_copy;
+mod metrics;
 mod path;
 mod rfc6349;
 mod server_test;

@@ -708,6 +708,14 @@ pub(crate) fn open_tun(name: &str) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Whether `CAP_NET_ADMIN` is in this thread's effective set (`capget`).
+pub(crate) fn has_net_admin() -> bool {
+    rustix::thread::capabilities(None).is_ok_and(|c| {
+        c.effective
+            .contains(rustix::thread::CapabilitySet::NET_ADMIN)
+    })
+}
+
 /// `sched_setscheduler(SCHED_FIFO)` for the calling thread.
 pub(crate) fn set_fifo_priority(priority: i32) -> io::Result<()> {
     let param = libc::sched_param {

@@ -21,7 +21,8 @@
 //!   `recv_timestamped`: the path probe's UDP calls;
 //! - `ethtool_value`, `ethtool_rings`: NIC offloads and ring sizes;
 //! - `enter_netns`, `open_tun`, `set_fifo_priority`, `set_timer_slack_ns`,
-//!   `pidfd_open`: the lab's namespaces, devices and scheduling.
+//!   `pidfd_open`: the lab's namespaces, devices and scheduling;
+//! - `has_net_admin`: whether buffers may be forced without root.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};

@@ -244,6 +244,11 @@ pub(crate) fn open_tun(_: &str) -> io::Result<OwnedFd> {
     Err(unsupported("TUN devices"))
 }
 
+/// Capabilities are Linux's; elsewhere only root may force buffers.
+pub(crate) fn has_net_admin() -> bool {
+    false
+}
+
 /// Real-time scheduling classes are left to Linux here.
 pub(crate) fn set_fifo_priority(_: i32) -> io::Result<()> {
     Err(unsupported("SCHED_FIFO"))
