@@ -136,9 +136,11 @@ fn metrics_count_tests_during_and_after_by_the_right_amounts() {
     let (_, after_up) = get(&maddr, "/metrics");
     let got = &up.end.sums[0];
     assert_eq!(value(&after_up, UP), got.bytes as f64, "{after_up}");
+    // Under load the scrape "during" can land after the last interval's
+    // report, so the count may not have risen since; it never falls.
     assert!(
-        value(&after_up, UP) > value(&during, UP),
-        "bytes rose after the scrape"
+        value(&after_up, UP) >= value(&during, UP),
+        "the byte count fell after the scrape"
     );
     assert_eq!(value(&after_up, OK), 1.0);
     assert_eq!(value(&after_up, ACTIVE), 0.0);
