@@ -180,57 +180,102 @@ enum Scope {
     Lab,
 }
 
-/// Every parameter a cell may have: name, kind, scope, what it means.
-const PARAMS: &[(&str, Kind, Scope, &str)] = &[
+/// The commands a parameter applies to (a bit set).
+const TEST: u8 = 1;
+/// See [`TEST`].
+const COPY: u8 = 2;
+/// See [`TEST`].
+const PATH: u8 = 4;
+/// See [`TEST`].
+const ALL: u8 = TEST | COPY | PATH;
+
+/// Every parameter a cell may have: name, kind, scope, the commands it
+/// applies to, what it means.
+const PARAMS: &[(&str, Kind, Scope, u8, &str)] = &[
     (
         "command",
         Kind::Word(&["test", "copy", "path"]),
         Scope::Any,
+        ALL,
         "the command each run is",
     ),
     (
         "protocol",
         Kind::Word(&["tcp", "udp"]),
         Scope::Any,
-        "test: TCP or UDP",
+        TEST,
+        "TCP or UDP",
     ),
     (
         "direction",
         Kind::Word(&["up", "down", "bidir"]),
         Scope::Any,
+        ALL,
         "client sends, server sends (-R, a pull), or both",
     ),
-    ("streams", Kind::Int(1, 1024), Scope::Any, "-P"),
-    ("window", Kind::Size, Scope::Any, "-w, socket buffers"),
-    ("mss", Kind::Int(88, 65535), Scope::Any, "-M"),
-    ("congestion", Kind::Text, Scope::Any, "-C"),
-    ("fq_rate", Kind::Rate, Scope::Any, "--fq-rate"),
-    ("length", Kind::Size, Scope::Any, "-l"),
-    ("bitrate", Kind::Rate, Scope::Any, "-b (UDP)"),
-    ("time", Kind::Duration, Scope::Any, "-t"),
-    ("omit", Kind::Duration, Scope::Any, "-O"),
-    ("bytes", Kind::Size, Scope::Any, "-n"),
-    ("auto", Kind::Bool, Scope::Any, "false gives --no-auto"),
-    ("zerocopy", Kind::Bool, Scope::Any, "-Z"),
-    ("size", Kind::Size, Scope::Any, "copy: dataset size"),
+    ("streams", Kind::Int(1, 1024), Scope::Any, TEST | COPY, "-P"),
+    ("window", Kind::Size, Scope::Any, TEST, "-w, socket buffers"),
+    ("mss", Kind::Int(88, 65535), Scope::Any, TEST, "-M"),
+    ("congestion", Kind::Text, Scope::Any, TEST, "-C"),
+    ("fq_rate", Kind::Rate, Scope::Any, TEST, "--fq-rate"),
+    ("length", Kind::Size, Scope::Any, TEST, "-l"),
+    ("bitrate", Kind::Rate, Scope::Any, TEST, "-b (UDP)"),
+    ("time", Kind::Duration, Scope::Any, TEST, "-t"),
+    ("omit", Kind::Duration, Scope::Any, TEST, "-O"),
+    ("bytes", Kind::Size, Scope::Any, TEST, "-n"),
+    (
+        "auto",
+        Kind::Bool,
+        Scope::Any,
+        TEST | COPY,
+        "false gives --no-auto",
+    ),
+    ("zerocopy", Kind::Bool, Scope::Any, TEST, "-Z"),
+    ("size", Kind::Size, Scope::Any, COPY, "the dataset's size"),
     (
         "files",
         Kind::Int(1, 1_000_000),
         Scope::Any,
-        "copy: files in the dataset",
+        COPY,
+        "files in the dataset",
     ),
-    ("rtt", Kind::Duration, Scope::Lab, "lab round-trip time"),
-    ("rate", Kind::Rate, Scope::Lab, "lab bottleneck rate"),
-    ("loss", Kind::Probability, Scope::Lab, "lab random loss"),
-    ("loss_burst", Kind::Float, Scope::Lab, "lab mean loss burst"),
-    ("jitter", Kind::Duration, Scope::Lab, "lab delay variation"),
-    ("queue", Kind::Queue, Scope::Lab, "lab queue limit"),
-    ("mtu", Kind::Int(576, 65535), Scope::Lab, "lab MTU"),
+    (
+        "rtt",
+        Kind::Duration,
+        Scope::Lab,
+        ALL,
+        "lab round-trip time",
+    ),
+    ("rate", Kind::Rate, Scope::Lab, ALL, "lab bottleneck rate"),
+    (
+        "loss",
+        Kind::Probability,
+        Scope::Lab,
+        ALL,
+        "lab random loss",
+    ),
+    (
+        "loss_burst",
+        Kind::Float,
+        Scope::Lab,
+        ALL,
+        "lab mean loss burst",
+    ),
+    (
+        "jitter",
+        Kind::Duration,
+        Scope::Lab,
+        ALL,
+        "lab delay variation",
+    ),
+    ("queue", Kind::Queue, Scope::Lab, ALL, "lab queue limit"),
+    ("mtu", Kind::Int(576, 65535), Scope::Lab, ALL, "lab MTU"),
     (
         "tuning",
         Kind::Word(&["default", "tuned"]),
         Scope::Lab,
-        "both lab ends' sysctls: the namespace's defaults, or `fatpipe tune --apply`'s for the link",
+        ALL,
+        "the namespace's default sysctls, or `fatpipe tune --apply`'s for the link",
     ),
 ];
 
@@ -593,7 +638,7 @@ impl Ctx<'_> {
         line: usize,
     ) -> Result<Param, SweepError> {
         let e = |msg: String| self.err(Some(line), key, msg);
-        let Some(&(_, kind, scope, _)) = PARAMS.iter().find(|(n, ..)| *n == name) else {
+        let Some(&(_, kind, scope, ..)) = PARAMS.iter().find(|(n, ..)| *n == name) else {
             let known: Vec<&str> = PARAMS.iter().map(|p| p.0).collect();
             return Err(e(format!("unknown parameter; known: {}", known.join(", "))));
         };
@@ -815,19 +860,26 @@ impl Ctx<'_> {
         let command = text("command").unwrap_or_else(|| "test".into());
         let udp = text("protocol").as_deref() == Some("udp");
         let fail = |k: &str, msg: &str| Err(self.err(at(k), k, msg.to_string()));
-        let only = |keys: &[&str], what: &str| -> Result<(), SweepError> {
-            for k in keys {
-                if p.contains_key(*k) {
+        let (bit, what) = match command.as_str() {
+            "copy" => (COPY, "a copy"),
+            "path" => (PATH, "a path probe"),
+            _ => (TEST, "a test"),
+        };
+        for k in p.keys() {
+            if let Some((.., uses, _)) = PARAMS.iter().find(|x| x.0 == k) {
+                if uses & bit == 0 {
                     return fail(k, &format!("does not apply to {what}"));
                 }
             }
-            Ok(())
-        };
+        }
         match command.as_str() {
             "test" => {
-                only(&["size", "files"], "a test (it is a copy parameter)")?;
                 if udp {
-                    only(&["mss", "congestion", "zerocopy", "fq_rate"], "UDP")?;
+                    for k in ["mss", "congestion", "zerocopy", "fq_rate"] {
+                        if p.contains_key(k) {
+                            return fail(k, "does not apply to UDP");
+                        }
+                    }
                     if text("auto").as_deref() == Some("true") {
                         return fail("auto", "auto-tuning applies to TCP only");
                     }
@@ -839,22 +891,6 @@ impl Ctx<'_> {
                 }
             }
             "copy" => {
-                only(
-                    &[
-                        "protocol",
-                        "mss",
-                        "congestion",
-                        "fq_rate",
-                        "length",
-                        "bitrate",
-                        "time",
-                        "omit",
-                        "bytes",
-                        "zerocopy",
-                        "window",
-                    ],
-                    "a copy",
-                )?;
                 if text("direction").as_deref() == Some("bidir") {
                     return fail("direction", "a copy goes one way: up (push) or down (pull)");
                 }
@@ -866,32 +902,11 @@ impl Ctx<'_> {
                     ));
                 }
             }
-            "path" => {
-                only(
-                    &[
-                        "protocol",
-                        "streams",
-                        "window",
-                        "mss",
-                        "congestion",
-                        "fq_rate",
-                        "length",
-                        "bitrate",
-                        "time",
-                        "omit",
-                        "bytes",
-                        "auto",
-                        "zerocopy",
-                        "size",
-                        "files",
-                    ],
-                    "a path probe",
-                )?;
+            _ => {
                 if text("direction").as_deref() == Some("bidir") {
                     return fail("direction", "a path probe goes one way: up or down (-R)");
                 }
             }
-            _ => {}
         }
         Ok(())
     }

@@ -119,14 +119,7 @@ pub fn run(
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<Outcome, SweepError> {
     let started = Instant::now();
-    let cells = plan::cells(e);
-    let done: BTreeSet<(String, u32)> = store
-        .done_runs(&e.name)?
-        .into_iter()
-        .filter(|d| d.ok)
-        .map(|d| (d.cell, d.repetition))
-        .collect();
-    let todo = plan::schedule(e, &cells, &done);
+    let (cells, todo) = pending(e, store)?;
     let runs_total = cells.len() * e.repetitions as usize;
     let mut out = Outcome {
         sweep: e.name.clone(),
@@ -225,6 +218,23 @@ pub fn run(
     out.seconds = started.elapsed().as_secs_f64();
     out.overhead_seconds = (out.seconds - out.run_seconds).max(0.0);
     Ok(out)
+}
+
+/// The cells of `e` and, in the order they run, the runs `store` does not
+/// hold yet (a repetition whose stored runs all failed is run again).
+pub fn pending(
+    e: &Experiment,
+    store: &mut dyn Store,
+) -> Result<(Vec<Cell>, Vec<plan::Planned>), SweepError> {
+    let cells = plan::cells(e);
+    let done: BTreeSet<(String, u32)> = store
+        .done_runs(&e.name)?
+        .into_iter()
+        .filter(|d| d.ok)
+        .map(|d| (d.cell, d.repetition))
+        .collect();
+    let todo = plan::schedule(e, &cells, &done);
+    Ok((cells, todo))
 }
 
 /// Which command a cell runs.

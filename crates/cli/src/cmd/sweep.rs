@@ -7,7 +7,6 @@
 //! plan (`--dry-run`), the progress (a bar redrawn in place on a terminal,
 //! one line per run otherwise), and the outcome (`--json` for machines).
 
-use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -87,14 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(sweep_err(SweepError::NeedRoot));
     }
     let mut store = super::archive::open(args.archive.as_deref())?;
-    let cells = plan::cells(&e);
-    let done: BTreeSet<(String, u32)> = store
-        .done_runs(&e.name)?
-        .into_iter()
-        .filter(|d| d.ok)
-        .map(|d| (d.cell, d.repetition))
-        .collect();
-    let todo = plan::schedule(&e, &cells, &done);
+    let (cells, todo) = fatpipe_sweep::run::pending(&e, store.as_mut()).map_err(sweep_err)?;
     if args.dry_run {
         return dry_run(&e, &cells, &todo, args.json);
     }
