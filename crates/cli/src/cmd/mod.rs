@@ -3,6 +3,7 @@
 pub mod common;
 pub mod copy;
 pub mod demo;
+pub mod iperf3;
 pub mod lab;
 pub mod path;
 pub mod server;

@@ -1,0 +1,989 @@
+//! `fatpipe test --iperf3`: one test against a stock iperf3 server.
+//!
+//! The client drives iperf3's control protocol ([`crate::wire`]) over a
+//! blocking socket: cookie, parameters, data streams (TCP with the cookie,
+//! UDP with the "9876" hello), then the test, whose end the client decides
+//! (`TEST_END`), and the results exchange. What comes back is a
+//! `fatpipe.test` report like a fatpipe test's: this end's own counters
+//! and `TCP_INFO` for the intervals, and the server's results document for
+//! its side of the totals (iperf3 reports nothing per interval).
+//!
+//! Two waits keep the two ends' byte counts equal, which iperf3 itself does
+//! not do: before `TEST_END` the senders' queues drain (iperf3's server
+//! stops counting at `TEST_END`), and receivers read what the server sent
+//! before its `TEST_END` until the streams fall quiet.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fatpipe_schema::test::{
+    CpuUse, Direction, Protocol, SocketInfo, StreamStats, TestDirection, TestEnd, TestInterval,
+    TestReport, TestStart, TEST_SCHEMA, TEST_SCHEMA_VERSION,
+};
+use socket2::{Domain, Socket, Type};
+
+use crate::data::{self, Counters, Shared, Snapshot};
+use crate::wire::{
+    self, Expect, Msg, Params, Reader, Results, State, StreamResult, Transport, MAX_RESULTS_JSON,
+};
+use crate::{Iperf3Error, Result};
+
+/// Longest wait for the server at each step before the test runs.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for senders' queues to drain before `TEST_END`.
+const DRAIN: Duration = Duration::from_secs(3);
+/// Senders' advertised windows must hold still this long before
+/// `TEST_END`.
+const SETTLE: Duration = Duration::from_millis(25);
+/// Receivers stop once nothing arrived for this long after `TEST_END`.
+const QUIET: Duration = Duration::from_millis(250);
+
+/// One test against an iperf3 server.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The server as the user wrote it.
+    pub server: String,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// Who sends.
+    pub direction: TestDirection,
+    /// Streams per direction (1..=128).
+    pub streams: u32,
+    /// Measured time, whole seconds (iperf3's unit); ignored with `bytes`.
+    pub time_s: u64,
+    /// Bytes to send in all per direction instead of a time.
+    pub bytes: Option<u64>,
+    /// Warm-up, whole seconds.
+    pub omit_s: u64,
+    /// Report interval of this end.
+    pub interval: Duration,
+    /// Write or datagram size.
+    pub length: u32,
+    /// UDP rate per stream, bit/s.
+    pub bitrate: u64,
+    /// Socket buffer for both ends.
+    pub window: Option<u64>,
+    /// TCP MSS for both ends.
+    pub mss: Option<u32>,
+    /// Congestion control for both ends.
+    pub congestion: Option<String>,
+    /// Pacing cap per stream, bit/s.
+    pub fq_rate: Option<u64>,
+    /// `sendfile` the payload at this end.
+    pub zerocopy: bool,
+    /// TCP connect limit.
+    pub connect_timeout: Duration,
+}
+
+/// What the client reports while the test runs.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// Streams connected, data about to flow.
+    Start(&'a TestStart),
+    /// An interval ended.
+    Interval(&'a TestInterval),
+}
+
+/// Runs the test and returns the report.
+pub fn run(cfg: &Config, on_progress: &mut dyn FnMut(Progress<'_>)) -> Result<TestReport> {
+    let mut ctrl = Control::connect(cfg)?;
+    let cookie = wire::make_cookie(&random36());
+    ctrl.write(&cookie, "send the cookie")?;
+    ctrl.expect(State::ParamExchange, "waiting for the parameter request")?;
+    ctrl.write(
+        &wire::encode_json(&params(cfg).to_json()),
+        "send the parameters",
+    )?;
+    ctrl.expect(State::CreateStreams, "waiting for the stream request")?;
+    let streams = connect_streams(cfg, &cookie)?;
+    ctrl.expect(State::TestStart, "waiting for the test to start")?;
+    ctrl.expect(State::TestRunning, "waiting for the test to run")?;
+    let cpu_start = fatpipe_sys::CpuSample::now().ok();
+    let mut start = start_record(cfg, &streams);
+    on_progress(Progress::Start(&start));
+    let shared = Shared::new(cfg.bytes);
+    let workers = spawn(cfg, &streams, &shared)?;
+    let mut sampler = Sampler::new(cfg, &streams);
+    let outcome = run_test(cfg, &mut ctrl, &shared, &streams, &mut sampler, on_progress);
+    // Whatever happened, the workers stop and are joined.
+    let finish =
+        outcome.and_then(|()| finish(&mut ctrl, cfg, &shared, &streams, &mut sampler, cpu_start));
+    shared
+        .stop_send
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    shared
+        .stop_recv
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        let _ = w.join();
+    }
+    let (end, server) = finish?;
+    for s in &streams {
+        if let Some(why) = s.counters.failure() {
+            start.warnings.push(format!("stream {}: {why}", s.id));
+        }
+    }
+    if let Some(c) = &server.congestion_used {
+        start
+            .warnings
+            .push(format!("the server's congestion control: {c}"));
+    }
+    Ok(TestReport {
+        schema: TEST_SCHEMA.into(),
+        version: TEST_SCHEMA_VERSION,
+        start,
+        intervals: sampler.intervals,
+        end,
+    })
+}
+
+/// The parameters document for `cfg`.
+pub fn params(cfg: &Config) -> Params {
+    Params {
+        transport: Some(match cfg.protocol {
+            Protocol::Tcp => Transport::Tcp,
+            Protocol::Udp => Transport::Udp,
+        }),
+        omit: cfg.omit_s,
+        time: if cfg.bytes.is_some() { 0 } else { cfg.time_s },
+        num: cfg.bytes.unwrap_or(0),
+        blockcount: 0,
+        parallel: cfg.streams,
+        reverse: cfg.direction == TestDirection::Down,
+        bidirectional: cfg.direction == TestDirection::Both,
+        window: cfg.window,
+        mss: cfg.mss,
+        len: Some(cfg.length),
+        bandwidth: (cfg.protocol == Protocol::Udp).then_some(cfg.bitrate),
+        fqrate: cfg.fq_rate,
+        congestion: cfg.congestion.clone(),
+        client_version: Some(format!("fatpipe {}", env!("CARGO_PKG_VERSION"))),
+        ..Params::default()
+    }
+}
+
+/// The control connection with its decoder.
+struct Control {
+    sock: TcpStream,
+    reader: Reader,
+}
+
+impl Control {
+    fn connect(cfg: &Config) -> Result<Control> {
+        let sock = TcpStream::connect_timeout(&cfg.addr, cfg.connect_timeout)
+            .map_err(|e| Iperf3Error::io(format!("connect to {}", cfg.addr), e))?;
+        let _ = sock.set_nodelay(true);
+        let _ = sock.set_write_timeout(Some(STEP_TIMEOUT));
+        Ok(Control {
+            sock,
+            reader: Reader::new(),
+        })
+    }
+
+    fn write(&mut self, bytes: &[u8], what: &'static str) -> Result<()> {
+        self.sock
+            .write_all(bytes)
+            .map_err(|e| Iperf3Error::io(what, e))
+    }
+
+    fn send_state(&mut self, s: State) -> Result<()> {
+        self.write(&[s.byte()], "send a state to the server")
+    }
+
+    /// The next message of kind `expect`, waiting at most `limit`;
+    /// `Ok(None)` when `limit` passes first.
+    fn read(&mut self, expect: Expect, limit: Duration, what: &'static str) -> Result<Option<Msg>> {
+        let deadline = Instant::now() + limit;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(m) = self.reader.next(expect)? {
+                return Ok(Some(m));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let _ = self
+                .sock
+                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
+            let want = self.reader.wanted(expect).min(buf.len());
+            match self.sock.read(&mut buf[..want]) {
+                Ok(0) => return Err(Iperf3Error::Closed(what)),
+                Ok(n) => self.reader.push(&buf[..n]),
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(Iperf3Error::io(what, e)),
+            }
+        }
+    }
+
+    /// Waits for state `want`; a server error, a busy server or any other
+    /// state ends the test.
+    fn expect(&mut self, want: State, what: &'static str) -> Result<()> {
+        match self.read(Expect::State, STEP_TIMEOUT, what)? {
+            Some(Msg::State(s)) if s == want => Ok(()),
+            Some(m) => Err(unexpected(m, what)),
+            None => Err(Iperf3Error::Timeout(what.into())),
+        }
+    }
+
+    fn json(&mut self, what: &'static str) -> Result<Vec<u8>> {
+        match self.read(Expect::Json(MAX_RESULTS_JSON), STEP_TIMEOUT, what)? {
+            Some(Msg::Json(doc)) => Ok(doc),
+            Some(m) => Err(unexpected(m, what)),
+            None => Err(Iperf3Error::Timeout(what.into())),
+        }
+    }
+}
+
+fn unexpected(m: Msg, waiting: &'static str) -> Iperf3Error {
+    match m {
+        Msg::ServerError { i_errno, errno } => Iperf3Error::Server { i_errno, errno },
+        Msg::State(State::AccessDenied) => Iperf3Error::Busy,
+        Msg::State(got) => Iperf3Error::Unexpected { got, waiting },
+        Msg::Json(_) | Msg::Cookie(_) => {
+            Iperf3Error::Unsupported(format!("unexpected data while {waiting}"))
+        }
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
+/// One data stream at this end.
+struct Stream {
+    id: u32,
+    direction: Direction,
+    sock: Sock,
+    counters: Arc<Counters>,
+}
+
+enum Sock {
+    Tcp(TcpStream),
+    Udp(UdpSocket),
+}
+
+/// Opens every stream in iperf3's order: with `--bidir`, the client's
+/// senders first, then its receivers.
+fn connect_streams(cfg: &Config, cookie: &wire::Cookie) -> Result<Vec<Stream>> {
+    let n = cfg.streams as usize;
+    let total = if cfg.direction == TestDirection::Both {
+        2 * n
+    } else {
+        n
+    };
+    let mut out = Vec::with_capacity(total);
+    for i in 0..total {
+        let direction = match cfg.direction {
+            TestDirection::Up => Direction::Up,
+            TestDirection::Down => Direction::Down,
+            TestDirection::Both if i < n => Direction::Up,
+            TestDirection::Both => Direction::Down,
+        };
+        let sock = match cfg.protocol {
+            Protocol::Tcp => Sock::Tcp(connect_tcp(cfg, cookie)?),
+            Protocol::Udp => Sock::Udp(connect_udp(cfg)?),
+        };
+        out.push(Stream {
+            id: wire::stream_id(i),
+            direction,
+            sock,
+            counters: Arc::new(Counters::default()),
+        });
+    }
+    Ok(out)
+}
+
+/// A socket with the buffers set before it connects (window scaling is
+/// fixed at the handshake).
+fn socket(cfg: &Config, ty: Type) -> Result<Socket> {
+    let proto = if ty == Type::STREAM {
+        socket2::Protocol::TCP
+    } else {
+        socket2::Protocol::UDP
+    };
+    let s = Socket::new(Domain::for_address(cfg.addr), ty, Some(proto))
+        .map_err(|e| Iperf3Error::io("create a data socket", e))?;
+    if let Some(w) = cfg.window {
+        fatpipe_sys::set_send_buffer(&s, w, false)
+            .and_then(|_| fatpipe_sys::set_recv_buffer(&s, w, false))
+            .map_err(|e| Iperf3Error::io("set the socket buffer (-w)", e))?;
+    }
+    Ok(s)
+}
+
+fn connect_tcp(cfg: &Config, cookie: &wire::Cookie) -> Result<TcpStream> {
+    let s = socket(cfg, Type::STREAM)?;
+    if let Some(m) = cfg.mss {
+        fatpipe_sys::tcp::set_mss(&s, m).map_err(|e| Iperf3Error::io("set the MSS (-M)", e))?;
+    }
+    if let Some(c) = &cfg.congestion {
+        fatpipe_sys::tcp::set_congestion(&s, c)
+            .map_err(|e| Iperf3Error::io(format!("set congestion control {c}"), e))?;
+    }
+    if let Some(r) = cfg.fq_rate {
+        let _ = fatpipe_sys::tcp::set_max_pacing_rate(&s, r / 8);
+    }
+    s.connect_timeout(&cfg.addr.into(), cfg.connect_timeout)
+        .map_err(|e| Iperf3Error::io(format!("connect a data stream to {}", cfg.addr), e))?;
+    let mut t: TcpStream = s.into();
+    let _ = t.set_write_timeout(Some(STEP_TIMEOUT));
+    t.write_all(cookie)
+        .map_err(|e| Iperf3Error::io("send the cookie on a data stream", e))?;
+    Ok(t)
+}
+
+/// Connects a UDP stream: the "9876" hello, answered by "6789" once the
+/// server has connected a socket to this one. With `-R` the server may
+/// send data before its reply; such datagrams are skipped.
+fn connect_udp(cfg: &Config) -> Result<UdpSocket> {
+    let s = socket(cfg, Type::DGRAM)?;
+    let any: SocketAddr = if cfg.addr.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    s.bind(&any.into())
+        .map_err(|e| Iperf3Error::io("bind a UDP stream", e))?;
+    let u: UdpSocket = s.into();
+    u.connect(cfg.addr)
+        .map_err(|e| Iperf3Error::io(format!("connect a UDP stream to {}", cfg.addr), e))?;
+    u.send(&wire::UDP_HELLO)
+        .map_err(|e| Iperf3Error::io("send the UDP stream hello", e))?;
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    let mut buf = [0u8; 65_536];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Iperf3Error::Timeout(
+                "waiting for the UDP stream reply".into(),
+            ));
+        }
+        let _ = u.set_read_timeout(Some(left));
+        match u.recv(&mut buf) {
+            Ok(4) if buf[..4] == wire::UDP_REPLY || buf[..4] == wire::UDP_REPLY_LEGACY => {
+                return Ok(u)
+            }
+            Ok(_) => {}
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(Iperf3Error::io("wait for the UDP stream reply", e)),
+        }
+    }
+}
+
+fn spawn(cfg: &Config, streams: &[Stream], shared: &Arc<Shared>) -> Result<Vec<JoinHandle<()>>> {
+    let mut out = Vec::with_capacity(streams.len());
+    for s in streams {
+        let shared = Arc::clone(shared);
+        let c = Arc::clone(&s.counters);
+        let len = cfg.length as usize;
+        let (zc, rate) = (cfg.zerocopy, cfg.bitrate);
+        let name = format!("iperf3 stream {}", s.id);
+        let job: Box<dyn FnOnce() + Send> = match (&s.sock, s.direction) {
+            (Sock::Tcp(t), d) => {
+                let t = t
+                    .try_clone()
+                    .map_err(|e| Iperf3Error::io("clone a stream", e))?;
+                if d == Direction::Up {
+                    Box::new(move || data::tcp_send(t, len, zc, &shared, &c))
+                } else {
+                    Box::new(move || data::tcp_recv(t, &shared, &c))
+                }
+            }
+            (Sock::Udp(u), d) => {
+                let u = u
+                    .try_clone()
+                    .map_err(|e| Iperf3Error::io("clone a stream", e))?;
+                if d == Direction::Up {
+                    Box::new(move || data::udp_send(u, len, rate, false, &shared, &c))
+                } else {
+                    Box::new(move || data::udp_recv(u, false, &shared, &c))
+                }
+            }
+        };
+        let h = std::thread::Builder::new()
+            .name(name)
+            .spawn(job)
+            .map_err(|e| Iperf3Error::io("start a stream thread", e))?;
+        out.push(h);
+    }
+    Ok(out)
+}
+
+/// Samples the streams once per interval and keeps the intervals.
+struct Sampler {
+    start: Instant,
+    omit: Duration,
+    protocol: Protocol,
+    /// Counters (and total retransmits) at the last interval's end.
+    last: Vec<(Snapshot, u64)>,
+    /// The same at the end of the warm-up.
+    base: Vec<(Snapshot, u64)>,
+    last_at: Instant,
+    measured_from: Instant,
+    intervals: Vec<TestInterval>,
+}
+
+impl Sampler {
+    fn new(cfg: &Config, streams: &[Stream]) -> Sampler {
+        let now = Instant::now();
+        let zero = vec![(Snapshot::default(), 0); streams.len()];
+        Sampler {
+            start: now,
+            omit: Duration::from_secs(cfg.omit_s),
+            protocol: cfg.protocol,
+            last: zero.clone(),
+            base: zero,
+            last_at: now,
+            measured_from: now,
+            intervals: Vec::new(),
+        }
+    }
+
+    fn omitting(&self, at: Instant) -> bool {
+        at.duration_since(self.start) < self.omit
+    }
+
+    /// Closes the interval ending now.
+    fn sample(&mut self, streams: &[Stream], now: Instant) -> &TestInterval {
+        let secs = now.duration_since(self.last_at).as_secs_f64().max(1e-9);
+        let omitted = self.omitting(self.last_at + (now - self.last_at) / 2);
+        let mut stats = Vec::with_capacity(streams.len());
+        for (i, s) in streams.iter().enumerate() {
+            let snap = s.counters.snapshot();
+            let info = tcp_info(s);
+            let retr = info
+                .as_ref()
+                .and_then(|t| t.total_retrans)
+                .map_or(0, u64::from);
+            let (prev, prev_retr) = self.last[i];
+            let mut st = delta(self.protocol, s, &snap, &prev, secs);
+            if s.direction == Direction::Up {
+                if let Some(t) = &info {
+                    st.retransmits = Some(retr.saturating_sub(prev_retr));
+                    st.rtt_us = t.rtt_us;
+                    st.rttvar_us = t.rttvar_us;
+                    st.cwnd = t.cwnd_bytes();
+                }
+            }
+            self.last[i] = (snap, retr);
+            stats.push(st);
+        }
+        let iv = TestInterval {
+            index: self.intervals.len() as u32,
+            start_s: self.last_at.duration_since(self.start).as_secs_f64(),
+            end_s: now.duration_since(self.start).as_secs_f64(),
+            omitted,
+            sums: sums(&stats, secs),
+            streams: stats,
+        };
+        self.last_at = now;
+        if omitted && !self.omitting(now) {
+            // The warm-up ends here: the totals count from now.
+            self.base.clone_from(&self.last);
+            self.measured_from = now;
+        }
+        let at = self.intervals.len();
+        self.intervals.push(iv);
+        &self.intervals[at]
+    }
+}
+
+/// One stream's figures between two snapshots.
+fn delta(
+    protocol: Protocol,
+    s: &Stream,
+    now: &Snapshot,
+    prev: &Snapshot,
+    secs: f64,
+) -> StreamStats {
+    let bytes = now.bytes.saturating_sub(prev.bytes);
+    let mut st = StreamStats {
+        id: Some(s.id),
+        direction: Some(s.direction),
+        seconds: secs,
+        bytes,
+        bits_per_second: bytes as f64 * 8.0 / secs,
+        bytes_sent: if s.direction == Direction::Up {
+            bytes
+        } else {
+            0
+        },
+        ..StreamStats::default()
+    };
+    if protocol == Protocol::Udp {
+        let packets = now.packets.saturating_sub(prev.packets);
+        if s.direction == Direction::Up {
+            st.packets_sent = Some(packets);
+        } else {
+            let lost = now.lost().saturating_sub(prev.lost());
+            st.packets = Some(packets);
+            st.lost = Some(lost);
+            st.lost_percent = Some(percent(lost, packets + lost));
+            st.out_of_order = Some(now.out_of_order.saturating_sub(prev.out_of_order));
+            st.jitter_ms = Some(now.jitter * 1000.0);
+        }
+    }
+    st
+}
+
+/// Sums per direction, "up" first.
+fn sums(streams: &[StreamStats], secs: f64) -> Vec<StreamStats> {
+    let mut out = Vec::new();
+    for d in [Direction::Up, Direction::Down] {
+        let of: Vec<&StreamStats> = streams.iter().filter(|s| s.direction == Some(d)).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let add = |f: fn(&StreamStats) -> Option<u64>| -> Option<u64> {
+            of.iter().map(|s| f(s)).sum::<Option<u64>>()
+        };
+        let bytes: u64 = of.iter().map(|s| s.bytes).sum();
+        let rtts: Vec<u32> = of.iter().filter_map(|s| s.rtt_us).collect();
+        let jitters: Vec<f64> = of.iter().filter_map(|s| s.jitter_ms).collect();
+        let packets_sent = add(|s| s.packets_sent);
+        let lost = add(|s| s.lost);
+        out.push(StreamStats {
+            id: None,
+            direction: Some(d),
+            seconds: secs,
+            bytes,
+            bits_per_second: bytes as f64 * 8.0 / secs.max(1e-9),
+            bytes_sent: of.iter().map(|s| s.bytes_sent).sum(),
+            retransmits: add(|s| s.retransmits),
+            rtt_us: (!rtts.is_empty()).then(|| {
+                (rtts.iter().map(|&r| u64::from(r)).sum::<u64>() / rtts.len() as u64) as u32
+            }),
+            rttvar_us: None,
+            cwnd: add(|s| s.cwnd),
+            packets_sent,
+            packets: add(|s| s.packets),
+            lost,
+            lost_percent: match (
+                lost,
+                packets_sent.or(add(|s| s.packets).zip(lost).map(|(p, l)| p + l)),
+            ) {
+                (Some(l), Some(t)) => Some(percent(l, t)),
+                _ => None,
+            },
+            out_of_order: add(|s| s.out_of_order),
+            jitter_ms: (!jitters.is_empty())
+                .then(|| jitters.iter().sum::<f64>() / jitters.len() as f64),
+        });
+    }
+    out
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+fn tcp_info(s: &Stream) -> Option<fatpipe_sys::TcpInfo> {
+    match &s.sock {
+        Sock::Tcp(t) => fatpipe_sys::tcp_info(t).ok(),
+        Sock::Udp(_) => None,
+    }
+}
+
+/// Runs the measured period (and the warm-up): an interval line each
+/// `interval`, and the end when the time is up or the bytes are sent. The
+/// control connection is watched meanwhile: a server that fails or goes
+/// away ends the test at once.
+fn run_test(
+    cfg: &Config,
+    ctrl: &mut Control,
+    shared: &Shared,
+    streams: &[Stream],
+    sampler: &mut Sampler,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<()> {
+    let end_at =
+        (cfg.bytes.is_none()).then(|| sampler.start + Duration::from_secs(cfg.omit_s + cfg.time_s));
+    let mut next = sampler.start + cfg.interval;
+    loop {
+        let now = Instant::now();
+        if end_at.is_some_and(|e| now >= e) || bytes_done(cfg, shared, streams) {
+            let iv = sampler.sample(streams, now);
+            if iv.end_s - iv.start_s > 0.05 {
+                on_progress(Progress::Interval(iv));
+            } else {
+                sampler.intervals.pop();
+            }
+            return Ok(());
+        }
+        if now >= next {
+            on_progress(Progress::Interval(sampler.sample(streams, now)));
+            next += cfg.interval;
+            continue;
+        }
+        let wake = end_at.map_or(next, |e| e.min(next)).min(now + data::POLL);
+        if let Some(m) = ctrl.read(Expect::State, wake - now, "running the test")? {
+            return Err(unexpected(m, "running the test"));
+        }
+        if let Some((id, why)) = streams
+            .iter()
+            .find_map(|s| s.counters.failure().map(|f| (s.id, f)))
+        {
+            return Err(Iperf3Error::Unsupported(format!(
+                "stream {id} failed: {why}"
+            )));
+        }
+    }
+}
+
+/// With `-n`: every byte sent (client senders) or received (`-R`).
+fn bytes_done(cfg: &Config, shared: &Shared, streams: &[Stream]) -> bool {
+    let Some(total) = cfg.bytes else {
+        return false;
+    };
+    let sent_all = shared
+        .budget
+        .as_ref()
+        .is_none_or(|b| b.load(std::sync::atomic::Ordering::Relaxed) == 0)
+        && streams
+            .iter()
+            .filter(|s| s.direction == Direction::Up)
+            .all(|s| drained(s));
+    let got: u64 = streams
+        .iter()
+        .filter(|s| s.direction == Direction::Down)
+        .map(|s| s.counters.snapshot().bytes)
+        .sum();
+    let has_down = streams.iter().any(|s| s.direction == Direction::Down);
+    let has_up = streams.iter().any(|s| s.direction == Direction::Up);
+    (!has_up || sent_all) && (!has_down || got >= total)
+}
+
+/// True when a TCP sender's data has all been acknowledged.
+fn drained(s: &Stream) -> bool {
+    match tcp_info(s) {
+        Some(t) => t.unacked.unwrap_or(0) == 0 && t.notsent_bytes.unwrap_or(0) == 0,
+        None => true,
+    }
+}
+
+/// Ends the test: senders stop and drain, `TEST_END`, receivers drain,
+/// results both ways, `IPERF_DONE`.
+fn finish(
+    ctrl: &mut Control,
+    cfg: &Config,
+    shared: &Shared,
+    streams: &[Stream],
+    sampler: &mut Sampler,
+    cpu_start: Option<fatpipe_sys::CpuSample>,
+) -> Result<(TestEnd, Results)> {
+    use std::sync::atomic::Ordering;
+    let seconds = Instant::now()
+        .duration_since(sampler.measured_from)
+        .as_secs_f64();
+    shared.stop_send.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let senders: Vec<&Stream> = streams
+        .iter()
+        .filter(|s| s.direction == Direction::Up)
+        .collect();
+    while t0.elapsed() < DRAIN && !senders.iter().all(|s| drained(s)) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Acknowledged is not yet read: the server counts only what its
+    // process read before TEST_END. Its reads catch up once the senders
+    // stop; the window it advertises stops changing when they have.
+    if cfg.protocol == Protocol::Tcp && !senders.is_empty() {
+        let windows = || -> Vec<Option<u32>> {
+            senders
+                .iter()
+                .map(|s| tcp_info(s).and_then(|t| t.snd_wnd))
+                .collect()
+        };
+        let t1 = Instant::now();
+        let mut last = windows();
+        loop {
+            std::thread::sleep(SETTLE);
+            let now = windows();
+            if (now == last && t1.elapsed() >= 2 * SETTLE) || t1.elapsed() >= DRAIN {
+                break;
+            }
+            last = now;
+        }
+    }
+    ctrl.send_state(State::TestEnd)?;
+    // Receivers take what the server sent before it saw TEST_END.
+    let mut last = total_received(streams);
+    let mut quiet_since = Instant::now();
+    let t0 = Instant::now();
+    while t0.elapsed() < DRAIN {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = total_received(streams);
+        if now != last {
+            last = now;
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= QUIET {
+            break;
+        }
+    }
+    shared.stop_recv.store(true, Ordering::Relaxed);
+    let cpu = match (cpu_start, fatpipe_sys::CpuSample::now().ok()) {
+        (Some(a), Some(b)) => b.utilisation_since(&a),
+        _ => fatpipe_sys::CpuUsage::default(),
+    };
+    let finals: Vec<(Snapshot, u64)> = streams
+        .iter()
+        .map(|s| {
+            let retr = tcp_info(s)
+                .and_then(|t| t.total_retrans)
+                .map_or(0, u64::from);
+            (s.counters.snapshot(), retr)
+        })
+        .collect();
+    ctrl.expect(State::ExchangeResults, "waiting for the results exchange")?;
+    let ours = our_results(cfg, streams, &finals, &sampler.base, cpu, seconds);
+    ctrl.write(&wire::encode_json(&ours.to_json()), "send the results")?;
+    let theirs = Results::parse(&ctrl.json("reading the server's results")?)?;
+    ctrl.expect(State::DisplayResults, "waiting for the end of the results")?;
+    ctrl.send_state(State::IperfDone)?;
+    let end = end_record(cfg, streams, &finals, &sampler.base, &theirs, cpu, seconds);
+    Ok((end, theirs))
+}
+
+fn total_received(streams: &[Stream]) -> u64 {
+    streams
+        .iter()
+        .filter(|s| s.direction == Direction::Down)
+        .map(|s| s.counters.snapshot().bytes)
+        .sum()
+}
+
+/// This end's results document.
+fn our_results(
+    cfg: &Config,
+    streams: &[Stream],
+    finals: &[(Snapshot, u64)],
+    base: &[(Snapshot, u64)],
+    cpu: fatpipe_sys::CpuUsage,
+    seconds: f64,
+) -> Results {
+    let sends = streams.iter().any(|s| s.direction == Direction::Up);
+    let tcp = cfg.protocol == Protocol::Tcp;
+    Results {
+        cpu_total: cpu.total_pct,
+        cpu_user: cpu.user_pct,
+        cpu_system: cpu.system_pct,
+        sender_has_retransmits: match (sends, tcp) {
+            (true, true) => 1,
+            (true, false) => 0,
+            (false, _) => -1,
+        },
+        congestion_used: cfg.congestion.clone(),
+        streams: streams
+            .iter()
+            .zip(finals.iter().zip(base))
+            .map(|(s, ((now, retr), (b, bretr)))| {
+                let up = s.direction == Direction::Up;
+                StreamResult {
+                    id: s.id,
+                    bytes: now.bytes.saturating_sub(b.bytes),
+                    retransmits: (up && tcp).then(|| retr.saturating_sub(*bretr)),
+                    jitter: if up { 0.0 } else { now.jitter },
+                    errors: if up {
+                        0
+                    } else {
+                        now.lost().saturating_sub(b.lost())
+                    },
+                    packets: now.packets.saturating_sub(b.packets),
+                    end_time: seconds,
+                }
+            })
+            .collect(),
+        server_output_text: None,
+        server_output_json: None,
+    }
+}
+
+/// The totals: each direction's receiver bytes from whichever end received.
+fn end_record(
+    cfg: &Config,
+    streams: &[Stream],
+    finals: &[(Snapshot, u64)],
+    base: &[(Snapshot, u64)],
+    theirs: &Results,
+    cpu: fatpipe_sys::CpuUsage,
+    seconds: f64,
+) -> TestEnd {
+    let secs = seconds.max(1e-9);
+    let mut out = Vec::with_capacity(streams.len());
+    for (s, ((now, retr), (b, bretr))) in streams.iter().zip(finals.iter().zip(base)) {
+        let peer = theirs.streams.iter().find(|r| r.id == s.id);
+        let ours = now.bytes.saturating_sub(b.bytes);
+        let mut st = StreamStats {
+            id: Some(s.id),
+            direction: Some(s.direction),
+            seconds,
+            ..StreamStats::default()
+        };
+        match s.direction {
+            Direction::Up => {
+                st.bytes_sent = ours;
+                st.bytes = peer.map_or(0, |p| p.bytes);
+                if let (Protocol::Tcp, Some(info)) = (cfg.protocol, tcp_info(s)) {
+                    st.retransmits = Some(retr.saturating_sub(*bretr));
+                    st.rtt_us = info.rtt_us;
+                    st.rttvar_us = info.rttvar_us;
+                    st.cwnd = info.cwnd_bytes();
+                }
+                if cfg.protocol == Protocol::Udp {
+                    let sent = now.packets.saturating_sub(b.packets);
+                    st.packets_sent = Some(sent);
+                    if let Some(p) = peer {
+                        st.packets = Some(p.packets);
+                        st.lost = Some(p.errors);
+                        st.lost_percent = Some(percent(p.errors, sent.max(p.packets + p.errors)));
+                        st.jitter_ms = Some(p.jitter * 1000.0);
+                        st.out_of_order = Some(0);
+                    }
+                }
+            }
+            Direction::Down => {
+                st.bytes = ours;
+                st.bytes_sent = peer.map_or(0, |p| p.bytes);
+                st.retransmits = peer
+                    .and_then(|p| p.retransmits)
+                    .filter(|_| theirs.sender_has_retransmits == 1);
+                if cfg.protocol == Protocol::Udp {
+                    let got = now.packets.saturating_sub(b.packets);
+                    let lost = now.lost().saturating_sub(b.lost());
+                    st.packets = Some(got);
+                    st.lost = Some(lost);
+                    st.packets_sent = peer.map(|p| p.packets);
+                    st.lost_percent = Some(percent(
+                        lost,
+                        peer.map_or(got + lost, |p| p.packets.max(got + lost)),
+                    ));
+                    st.out_of_order = Some(now.out_of_order.saturating_sub(b.out_of_order));
+                    st.jitter_ms = Some(now.jitter * 1000.0);
+                }
+            }
+        }
+        st.bits_per_second = st.bytes as f64 * 8.0 / secs;
+        out.push(st);
+    }
+    TestEnd {
+        seconds,
+        sums: sums(&out, seconds),
+        streams: out,
+        cpu_local: CpuUse {
+            total_percent: cpu.total_pct,
+            user_percent: cpu.user_pct,
+            system_percent: cpu.system_pct,
+        },
+        cpu_remote: CpuUse {
+            total_percent: theirs.cpu_total,
+            user_percent: theirs.cpu_user,
+            system_percent: theirs.cpu_system,
+        },
+        rfc6349: None,
+    }
+}
+
+/// What was asked and what this end's sockets got. iperf3 reports nothing
+/// of the server's sockets, so `remote` stays empty and a warning says so.
+fn start_record(cfg: &Config, streams: &[Stream]) -> TestStart {
+    let local = streams
+        .iter()
+        .map(|s| {
+            let (snd, rcv, mss, cc) = match &s.sock {
+                Sock::Tcp(t) => (
+                    fatpipe_sys::buffers::get_send_buffer(t).unwrap_or(0),
+                    fatpipe_sys::buffers::get_recv_buffer(t).unwrap_or(0),
+                    fatpipe_sys::tcp::get_mss(t).unwrap_or(0),
+                    fatpipe_sys::tcp::get_congestion(t).unwrap_or_default(),
+                ),
+                Sock::Udp(u) => (
+                    fatpipe_sys::buffers::get_send_buffer(u).unwrap_or(0),
+                    fatpipe_sys::buffers::get_recv_buffer(u).unwrap_or(0),
+                    0,
+                    String::new(),
+                ),
+            };
+            SocketInfo {
+                id: s.id,
+                direction: s.direction,
+                sndbuf: snd,
+                rcvbuf: rcv,
+                mss,
+                congestion: cc,
+                send_path: if cfg.zerocopy && s.direction == Direction::Up {
+                    "sendfile".into()
+                } else {
+                    "copy".into()
+                },
+                recv_path: "copy".into(),
+            }
+        })
+        .collect();
+    let mut warnings = vec![
+        "iperf3 server: it reports no socket settings (remote is empty) and nothing per interval (client-to-server intervals count bytes sent)".to_string(),
+    ];
+    if cfg.protocol == Protocol::Udp && cfg.direction != TestDirection::Down {
+        warnings
+            .push("iperf3 server: UDP out-of-order counts of the server are not exchanged".into());
+    }
+    TestStart {
+        timestamp: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        server: cfg.server.clone(),
+        server_addr: cfg.addr.to_string(),
+        protocol: cfg.protocol,
+        direction: cfg.direction,
+        streams: cfg.streams,
+        duration_s: if cfg.bytes.is_some() {
+            0.0
+        } else {
+            cfg.time_s as f64
+        },
+        bytes: cfg.bytes,
+        omit_s: cfg.omit_s as f64,
+        interval_s: cfg.interval.as_secs_f64(),
+        length: cfg.length,
+        bitrate: (cfg.protocol == Protocol::Udp).then_some(cfg.bitrate),
+        window: cfg.window,
+        mss: cfg.mss,
+        congestion: cfg.congestion.clone(),
+        fq_rate: cfg.fq_rate,
+        zerocopy: cfg.zerocopy,
+        local,
+        remote: Vec::new(),
+        warnings,
+        auto: None,
+    }
+}
+
+/// 36 random bytes for a cookie.
+fn random36() -> [u8; 36] {
+    let mut b = [0u8; 36];
+    // A failing system RNG would leave zeros: a valid, guessable cookie,
+    // which matters little for a client's one test; the time mixes in.
+    if getrandom::fill(&mut b).is_err() {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (t >> (i % 16 * 8)) as u8;
+        }
+    }
+    b
+}

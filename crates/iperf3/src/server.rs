@@ -1,0 +1,1 @@
+//! Serving stock iperf3 clients (not yet implemented).
