@@ -13,10 +13,8 @@
 //! stops counting at `TEST_END`), and receivers read what the server sent
 //! before its `TEST_END` until the streams fall quiet.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fatpipe_schema::test::{
@@ -25,21 +23,13 @@ use fatpipe_schema::test::{
 };
 use socket2::{Domain, Socket, Type};
 
-use crate::data::{self, Counters, Shared, Snapshot};
-use crate::wire::{
-    self, Expect, Msg, Params, Reader, Results, State, StreamResult, Transport, MAX_RESULTS_JSON,
+use crate::data::{self, Shared, Snapshot};
+use crate::session::{
+    drained, is_timeout, our_results, percent, random36, spawn, sums, tcp_info, unexpected,
+    Control, Sampler, Sock, Stream, Work, DRAIN, QUIET, SETTLE, STEP_TIMEOUT,
 };
+use crate::wire::{self, Expect, Params, Results, State, Transport, MAX_RESULTS_JSON};
 use crate::{Iperf3Error, Result};
-
-/// Longest wait for the server at each step before the test runs.
-const STEP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest wait for senders' queues to drain before `TEST_END`.
-const DRAIN: Duration = Duration::from_secs(3);
-/// Senders' advertised windows must hold still this long before
-/// `TEST_END`.
-const SETTLE: Duration = Duration::from_millis(25);
-/// Receivers stop once nothing arrived for this long after `TEST_END`.
-const QUIET: Duration = Duration::from_millis(250);
 
 /// One test against an iperf3 server.
 #[derive(Debug, Clone)]
@@ -91,7 +81,9 @@ pub enum Progress<'a> {
 
 /// Runs the test and returns the report.
 pub fn run(cfg: &Config, on_progress: &mut dyn FnMut(Progress<'_>)) -> Result<TestReport> {
-    let mut ctrl = Control::connect(cfg)?;
+    let sock = TcpStream::connect_timeout(&cfg.addr, cfg.connect_timeout)
+        .map_err(|e| Iperf3Error::io(format!("connect to {}", cfg.addr), e))?;
+    let mut ctrl = Control::new(sock);
     let cookie = wire::make_cookie(&random36());
     ctrl.write(&cookie, "send the cookie")?;
     ctrl.expect(State::ParamExchange, "waiting for the parameter request")?;
@@ -107,8 +99,15 @@ pub fn run(cfg: &Config, on_progress: &mut dyn FnMut(Progress<'_>)) -> Result<Te
     let mut start = start_record(cfg, &streams);
     on_progress(Progress::Start(&start));
     let shared = Shared::new(cfg.bytes);
-    let workers = spawn(cfg, &streams, &shared)?;
-    let mut sampler = Sampler::new(cfg, &streams);
+    let work = Work {
+        sends: Direction::Up,
+        length: cfg.length,
+        zerocopy: cfg.zerocopy,
+        bitrate: cfg.bitrate,
+        wide: false,
+    };
+    let workers = spawn(work, &streams, &shared)?;
+    let mut sampler = Sampler::new(cfg.protocol, Direction::Up, cfg.omit_s, &streams);
     let outcome = run_test(cfg, &mut ctrl, &shared, &streams, &mut sampler, on_progress);
     // Whatever happened, the workers stop and are joined.
     let finish =
@@ -167,112 +166,6 @@ pub fn params(cfg: &Config) -> Params {
     }
 }
 
-/// The control connection with its decoder.
-struct Control {
-    sock: TcpStream,
-    reader: Reader,
-}
-
-impl Control {
-    fn connect(cfg: &Config) -> Result<Control> {
-        let sock = TcpStream::connect_timeout(&cfg.addr, cfg.connect_timeout)
-            .map_err(|e| Iperf3Error::io(format!("connect to {}", cfg.addr), e))?;
-        let _ = sock.set_nodelay(true);
-        let _ = sock.set_write_timeout(Some(STEP_TIMEOUT));
-        Ok(Control {
-            sock,
-            reader: Reader::new(),
-        })
-    }
-
-    fn write(&mut self, bytes: &[u8], what: &'static str) -> Result<()> {
-        self.sock
-            .write_all(bytes)
-            .map_err(|e| Iperf3Error::io(what, e))
-    }
-
-    fn send_state(&mut self, s: State) -> Result<()> {
-        self.write(&[s.byte()], "send a state to the server")
-    }
-
-    /// The next message of kind `expect`, waiting at most `limit`;
-    /// `Ok(None)` when `limit` passes first.
-    fn read(&mut self, expect: Expect, limit: Duration, what: &'static str) -> Result<Option<Msg>> {
-        let deadline = Instant::now() + limit;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            if let Some(m) = self.reader.next(expect)? {
-                return Ok(Some(m));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            let _ = self
-                .sock
-                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
-            let want = self.reader.wanted(expect).min(buf.len());
-            match self.sock.read(&mut buf[..want]) {
-                Ok(0) => return Err(Iperf3Error::Closed(what)),
-                Ok(n) => self.reader.push(&buf[..n]),
-                Err(e) if is_timeout(&e) => {}
-                Err(e) => return Err(Iperf3Error::io(what, e)),
-            }
-        }
-    }
-
-    /// Waits for state `want`; a server error, a busy server or any other
-    /// state ends the test.
-    fn expect(&mut self, want: State, what: &'static str) -> Result<()> {
-        match self.read(Expect::State, STEP_TIMEOUT, what)? {
-            Some(Msg::State(s)) if s == want => Ok(()),
-            Some(m) => Err(unexpected(m, what)),
-            None => Err(Iperf3Error::Timeout(what.into())),
-        }
-    }
-
-    fn json(&mut self, what: &'static str) -> Result<Vec<u8>> {
-        match self.read(Expect::Json(MAX_RESULTS_JSON), STEP_TIMEOUT, what)? {
-            Some(Msg::Json(doc)) => Ok(doc),
-            Some(m) => Err(unexpected(m, what)),
-            None => Err(Iperf3Error::Timeout(what.into())),
-        }
-    }
-}
-
-fn unexpected(m: Msg, waiting: &'static str) -> Iperf3Error {
-    match m {
-        Msg::ServerError { i_errno, errno } => Iperf3Error::Server { i_errno, errno },
-        Msg::State(State::AccessDenied) => Iperf3Error::Busy,
-        Msg::State(got) => Iperf3Error::Unexpected { got, waiting },
-        Msg::Json(_) | Msg::Cookie(_) => {
-            Iperf3Error::Unsupported(format!("unexpected data while {waiting}"))
-        }
-    }
-}
-
-fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::WouldBlock
-            | std::io::ErrorKind::TimedOut
-            | std::io::ErrorKind::Interrupted
-    )
-}
-
-/// One data stream at this end.
-struct Stream {
-    id: u32,
-    direction: Direction,
-    sock: Sock,
-    counters: Arc<Counters>,
-}
-
-enum Sock {
-    Tcp(TcpStream),
-    Udp(UdpSocket),
-}
-
 /// Opens every stream in iperf3's order: with `--bidir`, the client's
 /// senders first, then its receivers.
 fn connect_streams(cfg: &Config, cookie: &wire::Cookie) -> Result<Vec<Stream>> {
@@ -294,12 +187,7 @@ fn connect_streams(cfg: &Config, cookie: &wire::Cookie) -> Result<Vec<Stream>> {
             Protocol::Tcp => Sock::Tcp(connect_tcp(cfg, cookie)?),
             Protocol::Udp => Sock::Udp(connect_udp(cfg)?),
         };
-        out.push(Stream {
-            id: wire::stream_id(i),
-            direction,
-            sock,
-            counters: Arc::new(Counters::default()),
-        });
+        out.push(Stream::new(i, direction, sock));
     }
     Ok(out)
 }
@@ -381,224 +269,6 @@ fn connect_udp(cfg: &Config) -> Result<UdpSocket> {
     }
 }
 
-fn spawn(cfg: &Config, streams: &[Stream], shared: &Arc<Shared>) -> Result<Vec<JoinHandle<()>>> {
-    let mut out = Vec::with_capacity(streams.len());
-    for s in streams {
-        let shared = Arc::clone(shared);
-        let c = Arc::clone(&s.counters);
-        let len = cfg.length as usize;
-        let (zc, rate) = (cfg.zerocopy, cfg.bitrate);
-        let name = format!("iperf3 stream {}", s.id);
-        let job: Box<dyn FnOnce() + Send> = match (&s.sock, s.direction) {
-            (Sock::Tcp(t), d) => {
-                let t = t
-                    .try_clone()
-                    .map_err(|e| Iperf3Error::io("clone a stream", e))?;
-                if d == Direction::Up {
-                    Box::new(move || data::tcp_send(t, len, zc, &shared, &c))
-                } else {
-                    Box::new(move || data::tcp_recv(t, &shared, &c))
-                }
-            }
-            (Sock::Udp(u), d) => {
-                let u = u
-                    .try_clone()
-                    .map_err(|e| Iperf3Error::io("clone a stream", e))?;
-                if d == Direction::Up {
-                    Box::new(move || data::udp_send(u, len, rate, false, &shared, &c))
-                } else {
-                    Box::new(move || data::udp_recv(u, false, &shared, &c))
-                }
-            }
-        };
-        let h = std::thread::Builder::new()
-            .name(name)
-            .spawn(job)
-            .map_err(|e| Iperf3Error::io("start a stream thread", e))?;
-        out.push(h);
-    }
-    Ok(out)
-}
-
-/// Samples the streams once per interval and keeps the intervals.
-struct Sampler {
-    start: Instant,
-    omit: Duration,
-    protocol: Protocol,
-    /// Counters (and total retransmits) at the last interval's end.
-    last: Vec<(Snapshot, u64)>,
-    /// The same at the end of the warm-up.
-    base: Vec<(Snapshot, u64)>,
-    last_at: Instant,
-    measured_from: Instant,
-    intervals: Vec<TestInterval>,
-}
-
-impl Sampler {
-    fn new(cfg: &Config, streams: &[Stream]) -> Sampler {
-        let now = Instant::now();
-        let zero = vec![(Snapshot::default(), 0); streams.len()];
-        Sampler {
-            start: now,
-            omit: Duration::from_secs(cfg.omit_s),
-            protocol: cfg.protocol,
-            last: zero.clone(),
-            base: zero,
-            last_at: now,
-            measured_from: now,
-            intervals: Vec::new(),
-        }
-    }
-
-    fn omitting(&self, at: Instant) -> bool {
-        at.duration_since(self.start) < self.omit
-    }
-
-    /// Closes the interval ending now.
-    fn sample(&mut self, streams: &[Stream], now: Instant) -> &TestInterval {
-        let secs = now.duration_since(self.last_at).as_secs_f64().max(1e-9);
-        let omitted = self.omitting(self.last_at + (now - self.last_at) / 2);
-        let mut stats = Vec::with_capacity(streams.len());
-        for (i, s) in streams.iter().enumerate() {
-            let snap = s.counters.snapshot();
-            let info = tcp_info(s);
-            let retr = info
-                .as_ref()
-                .and_then(|t| t.total_retrans)
-                .map_or(0, u64::from);
-            let (prev, prev_retr) = self.last[i];
-            let mut st = delta(self.protocol, s, &snap, &prev, secs);
-            if s.direction == Direction::Up {
-                if let Some(t) = &info {
-                    st.retransmits = Some(retr.saturating_sub(prev_retr));
-                    st.rtt_us = t.rtt_us;
-                    st.rttvar_us = t.rttvar_us;
-                    st.cwnd = t.cwnd_bytes();
-                }
-            }
-            self.last[i] = (snap, retr);
-            stats.push(st);
-        }
-        let iv = TestInterval {
-            index: self.intervals.len() as u32,
-            start_s: self.last_at.duration_since(self.start).as_secs_f64(),
-            end_s: now.duration_since(self.start).as_secs_f64(),
-            omitted,
-            sums: sums(&stats, secs),
-            streams: stats,
-        };
-        self.last_at = now;
-        if omitted && !self.omitting(now) {
-            // The warm-up ends here: the totals count from now.
-            self.base.clone_from(&self.last);
-            self.measured_from = now;
-        }
-        let at = self.intervals.len();
-        self.intervals.push(iv);
-        &self.intervals[at]
-    }
-}
-
-/// One stream's figures between two snapshots.
-fn delta(
-    protocol: Protocol,
-    s: &Stream,
-    now: &Snapshot,
-    prev: &Snapshot,
-    secs: f64,
-) -> StreamStats {
-    let bytes = now.bytes.saturating_sub(prev.bytes);
-    let mut st = StreamStats {
-        id: Some(s.id),
-        direction: Some(s.direction),
-        seconds: secs,
-        bytes,
-        bits_per_second: bytes as f64 * 8.0 / secs,
-        bytes_sent: if s.direction == Direction::Up {
-            bytes
-        } else {
-            0
-        },
-        ..StreamStats::default()
-    };
-    if protocol == Protocol::Udp {
-        let packets = now.packets.saturating_sub(prev.packets);
-        if s.direction == Direction::Up {
-            st.packets_sent = Some(packets);
-        } else {
-            let lost = now.lost().saturating_sub(prev.lost());
-            st.packets = Some(packets);
-            st.lost = Some(lost);
-            st.lost_percent = Some(percent(lost, packets + lost));
-            st.out_of_order = Some(now.out_of_order.saturating_sub(prev.out_of_order));
-            st.jitter_ms = Some(now.jitter * 1000.0);
-        }
-    }
-    st
-}
-
-/// Sums per direction, "up" first.
-fn sums(streams: &[StreamStats], secs: f64) -> Vec<StreamStats> {
-    let mut out = Vec::new();
-    for d in [Direction::Up, Direction::Down] {
-        let of: Vec<&StreamStats> = streams.iter().filter(|s| s.direction == Some(d)).collect();
-        if of.is_empty() {
-            continue;
-        }
-        let add = |f: fn(&StreamStats) -> Option<u64>| -> Option<u64> {
-            of.iter().map(|s| f(s)).sum::<Option<u64>>()
-        };
-        let bytes: u64 = of.iter().map(|s| s.bytes).sum();
-        let rtts: Vec<u32> = of.iter().filter_map(|s| s.rtt_us).collect();
-        let jitters: Vec<f64> = of.iter().filter_map(|s| s.jitter_ms).collect();
-        let packets_sent = add(|s| s.packets_sent);
-        let lost = add(|s| s.lost);
-        out.push(StreamStats {
-            id: None,
-            direction: Some(d),
-            seconds: secs,
-            bytes,
-            bits_per_second: bytes as f64 * 8.0 / secs.max(1e-9),
-            bytes_sent: of.iter().map(|s| s.bytes_sent).sum(),
-            retransmits: add(|s| s.retransmits),
-            rtt_us: (!rtts.is_empty()).then(|| {
-                (rtts.iter().map(|&r| u64::from(r)).sum::<u64>() / rtts.len() as u64) as u32
-            }),
-            rttvar_us: None,
-            cwnd: add(|s| s.cwnd),
-            packets_sent,
-            packets: add(|s| s.packets),
-            lost,
-            lost_percent: match (
-                lost,
-                packets_sent.or(add(|s| s.packets).zip(lost).map(|(p, l)| p + l)),
-            ) {
-                (Some(l), Some(t)) => Some(percent(l, t)),
-                _ => None,
-            },
-            out_of_order: add(|s| s.out_of_order),
-            jitter_ms: (!jitters.is_empty())
-                .then(|| jitters.iter().sum::<f64>() / jitters.len() as f64),
-        });
-    }
-    out
-}
-
-fn percent(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 * 100.0 / whole as f64
-    }
-}
-
-fn tcp_info(s: &Stream) -> Option<fatpipe_sys::TcpInfo> {
-    match &s.sock {
-        Sock::Tcp(t) => fatpipe_sys::tcp_info(t).ok(),
-        Sock::Udp(_) => None,
-    }
-}
-
 /// Runs the measured period (and the warm-up): an interval line each
 /// `interval`, and the end when the time is up or the bytes are sent. The
 /// control connection is watched meanwhile: a server that fails or goes
@@ -666,14 +336,6 @@ fn bytes_done(cfg: &Config, shared: &Shared, streams: &[Stream]) -> bool {
     let has_down = streams.iter().any(|s| s.direction == Direction::Down);
     let has_up = streams.iter().any(|s| s.direction == Direction::Up);
     (!has_up || sent_all) && (!has_down || got >= total)
-}
-
-/// True when a TCP sender's data has all been acknowledged.
-fn drained(s: &Stream) -> bool {
-    match tcp_info(s) {
-        Some(t) => t.unacked.unwrap_or(0) == 0 && t.notsent_bytes.unwrap_or(0) == 0,
-        None => true,
-    }
 }
 
 /// Ends the test: senders stop and drain, `TEST_END`, receivers drain,
@@ -750,9 +412,18 @@ fn finish(
         })
         .collect();
     ctrl.expect(State::ExchangeResults, "waiting for the results exchange")?;
-    let ours = our_results(cfg, streams, &finals, &sampler.base, cpu, seconds);
+    let ours = our_results(
+        cfg.protocol,
+        Direction::Up,
+        cfg.congestion.clone(),
+        streams,
+        &finals,
+        &sampler.base,
+        cpu,
+        seconds,
+    );
     ctrl.write(&wire::encode_json(&ours.to_json()), "send the results")?;
-    let theirs = Results::parse(&ctrl.json("reading the server's results")?)?;
+    let theirs = Results::parse(&ctrl.json(MAX_RESULTS_JSON, "reading the server's results")?)?;
     ctrl.expect(State::DisplayResults, "waiting for the end of the results")?;
     ctrl.send_state(State::IperfDone)?;
     let end = end_record(cfg, streams, &finals, &sampler.base, &theirs, cpu, seconds);
@@ -765,52 +436,6 @@ fn total_received(streams: &[Stream]) -> u64 {
         .filter(|s| s.direction == Direction::Down)
         .map(|s| s.counters.snapshot().bytes)
         .sum()
-}
-
-/// This end's results document.
-fn our_results(
-    cfg: &Config,
-    streams: &[Stream],
-    finals: &[(Snapshot, u64)],
-    base: &[(Snapshot, u64)],
-    cpu: fatpipe_sys::CpuUsage,
-    seconds: f64,
-) -> Results {
-    let sends = streams.iter().any(|s| s.direction == Direction::Up);
-    let tcp = cfg.protocol == Protocol::Tcp;
-    Results {
-        cpu_total: cpu.total_pct,
-        cpu_user: cpu.user_pct,
-        cpu_system: cpu.system_pct,
-        sender_has_retransmits: match (sends, tcp) {
-            (true, true) => 1,
-            (true, false) => 0,
-            (false, _) => -1,
-        },
-        congestion_used: cfg.congestion.clone(),
-        streams: streams
-            .iter()
-            .zip(finals.iter().zip(base))
-            .map(|(s, ((now, retr), (b, bretr)))| {
-                let up = s.direction == Direction::Up;
-                StreamResult {
-                    id: s.id,
-                    bytes: now.bytes.saturating_sub(b.bytes),
-                    retransmits: (up && tcp).then(|| retr.saturating_sub(*bretr)),
-                    jitter: if up { 0.0 } else { now.jitter },
-                    errors: if up {
-                        0
-                    } else {
-                        now.lost().saturating_sub(b.lost())
-                    },
-                    packets: now.packets.saturating_sub(b.packets),
-                    end_time: seconds,
-                }
-            })
-            .collect(),
-        server_output_text: None,
-        server_output_json: None,
-    }
 }
 
 /// The totals: each direction's receiver bytes from whichever end received.
@@ -970,20 +595,4 @@ fn start_record(cfg: &Config, streams: &[Stream]) -> TestStart {
         warnings,
         auto: None,
     }
-}
-
-/// 36 random bytes for a cookie.
-fn random36() -> [u8; 36] {
-    let mut b = [0u8; 36];
-    // A failing system RNG would leave zeros: a valid, guessable cookie,
-    // which matters little for a client's one test; the time mixes in.
-    if getrandom::fill(&mut b).is_err() {
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = (t >> (i % 16 * 8)) as u8;
-        }
-    }
-    b
 }

@@ -16,6 +16,7 @@
 pub mod client;
 pub mod data;
 pub mod server;
+mod session;
 pub mod wire;
 
 use std::io;
