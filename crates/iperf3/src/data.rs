@@ -102,19 +102,20 @@ impl Shared {
         })
     }
 
-    /// Takes up to `want` bytes from the budget (all of `want` without one).
+    /// Takes a block of `want` bytes from the budget, whole as iperf3's
+    /// senders do (the last may go past the budget); 0 once it is spent.
     fn take(&self, want: usize) -> usize {
         let Some(b) = &self.budget else {
             return want;
         };
         let mut left = b.load(Ordering::Relaxed);
         loop {
-            let n = left.min(want as u64);
-            if n == 0 {
+            if left == 0 {
                 return 0;
             }
-            match b.compare_exchange_weak(left, left - n, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return n as usize,
+            let after = left.saturating_sub(want as u64);
+            match b.compare_exchange_weak(left, after, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return want,
                 Err(now) => left = now,
             }
         }
@@ -366,11 +367,11 @@ mod tests {
     }
 
     #[test]
-    fn budget_is_shared_exactly() {
+    fn budget_is_spent_in_whole_blocks() {
         let s = Shared::new(Some(10));
         assert_eq!(s.take(4), 4);
         assert_eq!(s.take(4), 4);
-        assert_eq!(s.take(4), 2);
+        assert_eq!(s.take(4), 4, "the last block is whole, as in iperf3");
         assert_eq!(s.take(4), 0);
         assert_eq!(Shared::new(None).take(9), 9);
     }

@@ -608,11 +608,7 @@ impl Results {
     /// be there.
     pub fn parse(doc: &[u8]) -> Result<Results, WireError> {
         let v = object(doc)?;
-        let f = |k: &'static str| {
-            v.get(k)
-                .and_then(Value::as_f64)
-                .ok_or(WireError::Missing(k))
-        };
+        let f = |k: &'static str| v.get(k).and_then(signed).ok_or(WireError::Missing(k));
         let streams = v
             .get("streams")
             .and_then(Value::as_array)
@@ -640,12 +636,9 @@ impl Results {
             server_output_json: v.get("server_output_json").cloned(),
         };
         for s in streams {
-            let g = |k: &'static str| {
-                s.get(k)
-                    .and_then(Value::as_f64)
-                    .ok_or(WireError::Missing(k))
-            };
+            let g = |k: &'static str| s.get(k).and_then(signed).ok_or(WireError::Missing(k));
             let id = g("id")?;
+            // iperf3 before 3.14 prints -1 as 2^64 - 1.
             let retr = g("retransmits")?;
             out.streams.push(StreamResult {
                 id: if (0.0..=f64::from(u32::MAX)).contains(&id) {
@@ -712,6 +705,17 @@ pub fn stream_id(index: usize) -> u32 {
         1
     } else {
         index as u32 + 2
+    }
+}
+
+/// A number of a results document. iperf3 before 3.14 printed signed
+/// numbers as unsigned 64-bit ones, so -1 arrives as
+/// 18446744073709551615: an integer past `i64::MAX` is read as the
+/// negative number it was.
+fn signed(v: &Value) -> Option<f64> {
+    match v.as_u64() {
+        Some(u) if u > i64::MAX as u64 => Some(u as i64 as f64),
+        _ => v.as_f64(),
     }
 }
 

@@ -5,6 +5,8 @@
 //! iperf3's limits here (128 streams, whole seconds, its block sizes),
 //! each refusal one usage line; `fatpipe_iperf3::client` runs the test and
 //! returns a `fatpipe.test` report; `test`'s renderers print it.
+//!
+//! [`bind_server`] is `fatpipe server --iperf3-port`'s side.
 
 use std::io::Write;
 use std::time::Duration;
@@ -66,6 +68,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// Binds `fatpipe server --iperf3-port`'s iperf3 server beside the
+/// fatpipe one: the same address, sessions cap and handshake timeout.
+pub fn bind_server(
+    a: &super::server::Args,
+    port: u16,
+    handshake: Duration,
+) -> anyhow::Result<fatpipe_iperf3::server::Server> {
+    let logger: fatpipe_iperf3::server::Logger = if a.quiet {
+        std::sync::Arc::new(|_| {})
+    } else {
+        std::sync::Arc::new(|line| eprintln!("fatpipe server: {line}"))
+    };
+    let opts = fatpipe_iperf3::server::Options {
+        max_sessions: a.max_sessions,
+        handshake_timeout: handshake,
+        logger,
+    };
+    fatpipe_iperf3::server::Server::bind(std::net::SocketAddr::new(a.bind, port), opts)
+        .map_err(|e| crate::exit::usage(format!("--iperf3-port: {e}")))
 }
 
 /// Holds a validated plan to what iperf3 accepts.

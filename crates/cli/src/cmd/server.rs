@@ -41,6 +41,11 @@ pub struct Args {
     /// writes, `:public` serves it without the key.
     #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
     pub exports: Vec<String>,
+    /// Also serve stock iperf3 clients on this port (TCP and UDP; 5201 is
+    /// iperf3's; 0 picks one, printed on the second line). Off unless
+    /// given; no key applies there (docs/iperf3.md).
+    #[arg(long, value_name = "PORT")]
+    pub iperf3_port: Option<u16>,
 }
 
 /// Binds and serves until the process is stopped.
@@ -77,10 +82,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .logger(logger)
         .bind(SocketAddr::new(args.bind, args.port))
         .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let iperf3 = match args.iperf3_port {
+        Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
+    if let Some(s) = &iperf3 {
+        writeln!(out, "iperf3 listening on {}", s.local_addr())?;
+    }
     out.flush()?;
     drop(out);
+    if let Some(s) = iperf3 {
+        s.spawn()?;
+    }
     server.run()?;
     Ok(())
 }
