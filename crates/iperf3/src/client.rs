@@ -23,10 +23,10 @@ use fatpipe_schema::test::{
 };
 use socket2::{Domain, Socket, Type};
 
-use crate::data::{self, Shared, Snapshot};
+use crate::data::{self, Shared};
 use crate::session::{
     drained, is_timeout, our_results, percent, random36, spawn, sums, tcp_info, unexpected,
-    Control, Sampler, Sock, Stream, Work, DRAIN, QUIET, SETTLE, STEP_TIMEOUT,
+    Control, Sampler, Sock, Stream, Totals, Work, DRAIN, QUIET, SETTLE, STEP_TIMEOUT,
 };
 use crate::wire::{self, Expect, Params, Results, State, Transport, MAX_RESULTS_JSON};
 use crate::{Iperf3Error, Result};
@@ -327,7 +327,7 @@ fn bytes_done(cfg: &Config, shared: &Shared, streams: &[Stream]) -> bool {
         && streams
             .iter()
             .filter(|s| s.direction == Direction::Up)
-            .all(|s| drained(s));
+            .all(drained);
     let got: u64 = streams
         .iter()
         .filter(|s| s.direction == Direction::Down)
@@ -398,35 +398,20 @@ fn finish(
         }
     }
     shared.stop_recv.store(true, Ordering::Relaxed);
-    let cpu = match (cpu_start, fatpipe_sys::CpuSample::now().ok()) {
-        (Some(a), Some(b)) => b.utilisation_since(&a),
-        _ => fatpipe_sys::CpuUsage::default(),
-    };
-    let finals: Vec<(Snapshot, u64)> = streams
-        .iter()
-        .map(|s| {
-            let retr = tcp_info(s)
-                .and_then(|t| t.total_retrans)
-                .map_or(0, u64::from);
-            (s.counters.snapshot(), retr)
-        })
-        .collect();
+    let totals = Totals::take(streams, sampler, cpu_start, seconds);
     ctrl.expect(State::ExchangeResults, "waiting for the results exchange")?;
     let ours = our_results(
         cfg.protocol,
         Direction::Up,
         cfg.congestion.clone(),
         streams,
-        &finals,
-        &sampler.base,
-        cpu,
-        seconds,
+        &totals,
     );
     ctrl.write(&wire::encode_json(&ours.to_json()), "send the results")?;
     let theirs = Results::parse(&ctrl.json(MAX_RESULTS_JSON, "reading the server's results")?)?;
     ctrl.expect(State::DisplayResults, "waiting for the end of the results")?;
     ctrl.send_state(State::IperfDone)?;
-    let end = end_record(cfg, streams, &finals, &sampler.base, &theirs, cpu, seconds);
+    let end = end_record(cfg, streams, &totals, &theirs);
     Ok((end, theirs))
 }
 
@@ -439,18 +424,11 @@ fn total_received(streams: &[Stream]) -> u64 {
 }
 
 /// The totals: each direction's receiver bytes from whichever end received.
-fn end_record(
-    cfg: &Config,
-    streams: &[Stream],
-    finals: &[(Snapshot, u64)],
-    base: &[(Snapshot, u64)],
-    theirs: &Results,
-    cpu: fatpipe_sys::CpuUsage,
-    seconds: f64,
-) -> TestEnd {
+fn end_record(cfg: &Config, streams: &[Stream], t: &Totals, theirs: &Results) -> TestEnd {
+    let (cpu, seconds) = (t.cpu, t.seconds);
     let secs = seconds.max(1e-9);
     let mut out = Vec::with_capacity(streams.len());
-    for (s, ((now, retr), (b, bretr))) in streams.iter().zip(finals.iter().zip(base)) {
+    for (s, ((now, retr), (b, bretr))) in streams.iter().zip(t.now.iter().zip(&t.base)) {
         let peer = theirs.streams.iter().find(|r| r.id == s.id);
         let ours = now.bytes.saturating_sub(b.bytes);
         let mut st = StreamStats {

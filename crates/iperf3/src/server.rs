@@ -32,9 +32,9 @@ use fatpipe_schema::test::{Direction, Protocol};
 use fatpipe_schema::units;
 use socket2::{Domain, Socket, Type};
 
-use crate::data::{Shared, Snapshot};
+use crate::data::Shared;
 use crate::session::{
-    our_results, spawn, unexpected, Control, Sampler, Sock, Stream, Work, DRAIN, QUIET,
+    our_results, spawn, unexpected, Control, Sampler, Sock, Stream, Totals, Work, DRAIN, QUIET,
     STEP_TIMEOUT,
 };
 use crate::wire::{
@@ -612,34 +612,13 @@ fn run(
     if last_iv.duration_since(sampler.start) > Duration::from_millis(50) {
         sampler.sample(streams, last_iv);
     }
-    let cpu = match (cpu_start, fatpipe_sys::CpuSample::now().ok()) {
-        (Some(a), Some(b)) => b.utilisation_since(&a),
-        _ => fatpipe_sys::CpuUsage::default(),
-    };
-    let finals: Vec<(Snapshot, u64)> = streams
-        .iter()
-        .map(|s| {
-            let retr = crate::session::tcp_info(s)
-                .and_then(|t| t.total_retrans)
-                .map_or(0, u64::from);
-            (s.counters.snapshot(), retr)
-        })
-        .collect();
+    let totals = Totals::take(streams, sampler, cpu_start, seconds);
     let protocol = if matches!(streams.first().map(|s| &s.sock), Some(Sock::Udp(_))) {
         Protocol::Udp
     } else {
         Protocol::Tcp
     };
-    let mut ours = our_results(
-        protocol,
-        Direction::Down,
-        congestion,
-        streams,
-        &finals,
-        &sampler.base,
-        cpu,
-        seconds,
-    );
+    let mut ours = our_results(protocol, Direction::Down, congestion, streams, &totals);
     let summary = summary(protocol, p, &ours, seconds);
     if p.get_server_output {
         ours.server_output_text = Some(output_text(sampler, &summary));

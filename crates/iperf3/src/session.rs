@@ -401,17 +401,54 @@ pub(crate) fn drained(s: &Stream) -> bool {
     }
 }
 
+/// Where a test ended: each stream's counters (and TCP retransmits) now
+/// and at the end of the warm-up, this process's CPU, the measured time.
+pub(crate) struct Totals {
+    pub now: Vec<(Snapshot, u64)>,
+    pub base: Vec<(Snapshot, u64)>,
+    pub cpu: fatpipe_sys::CpuUsage,
+    pub seconds: f64,
+}
+
+impl Totals {
+    /// Reads every stream's counters now.
+    pub(crate) fn take(
+        streams: &[Stream],
+        sampler: &Sampler,
+        cpu_start: Option<fatpipe_sys::CpuSample>,
+        seconds: f64,
+    ) -> Totals {
+        let cpu = match (cpu_start, fatpipe_sys::CpuSample::now().ok()) {
+            (Some(a), Some(b)) => b.utilisation_since(&a),
+            _ => fatpipe_sys::CpuUsage::default(),
+        };
+        let now = streams
+            .iter()
+            .map(|s| {
+                let retr = tcp_info(s)
+                    .and_then(|t| t.total_retrans)
+                    .map_or(0, u64::from);
+                (s.counters.snapshot(), retr)
+            })
+            .collect();
+        Totals {
+            now,
+            base: sampler.base.clone(),
+            cpu,
+            seconds,
+        }
+    }
+}
+
 /// This end's results document.
 pub(crate) fn our_results(
     protocol: Protocol,
     sends: Direction,
     congestion: Option<String>,
     streams: &[Stream],
-    finals: &[(Snapshot, u64)],
-    base: &[(Snapshot, u64)],
-    cpu: fatpipe_sys::CpuUsage,
-    seconds: f64,
+    t: &Totals,
 ) -> Results {
+    let (cpu, seconds) = (t.cpu, t.seconds);
     let sender = streams.iter().any(|s| s.direction == sends);
     let tcp = protocol == Protocol::Tcp;
     Results {
@@ -426,7 +463,7 @@ pub(crate) fn our_results(
         congestion_used: congestion,
         streams: streams
             .iter()
-            .zip(finals.iter().zip(base))
+            .zip(t.now.iter().zip(&t.base))
             .map(|(s, ((now, retr), (b, bretr)))| {
                 let up = s.direction == sends;
                 StreamResult {

@@ -151,13 +151,13 @@ fn config(p: &TestParams) -> anyhow::Result<Config> {
 /// whole seconds, and what auto-tuning cannot do against iperf3.
 fn notes(a: &Args, p: &TestParams) -> Vec<String> {
     let mut out = Vec::new();
-    if p.bytes.is_none() && p.duration_ms % 1000 != 0 {
+    if p.bytes.is_none() && !p.duration_ms.is_multiple_of(1000) {
         out.push(format!(
             "iperf3 counts whole seconds: -t rounded up to {} s",
             p.duration_ms.div_ceil(1000)
         ));
     }
-    if p.omit_ms % 1000 != 0 {
+    if !p.omit_ms.is_multiple_of(1000) {
         out.push(format!(
             "iperf3 counts whole seconds: -O rounded up to {} s",
             p.omit_ms.div_ceil(1000)
