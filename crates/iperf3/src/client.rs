@@ -373,13 +373,13 @@ fn finish(
         };
         let t1 = Instant::now();
         let mut last = windows();
-        loop {
-            std::thread::sleep(SETTLE);
+        let mut still = Instant::now();
+        while t1.elapsed() < DRAIN && still.elapsed() < SETTLE {
+            std::thread::sleep(SETTLE / 5);
             let now = windows();
-            if (now == last && t1.elapsed() >= 2 * SETTLE) || t1.elapsed() >= DRAIN {
-                break;
+            if now != last {
+                (last, still) = (now, Instant::now());
             }
-            last = now;
         }
     }
     ctrl.send_state(State::TestEnd)?;

@@ -22,9 +22,9 @@ use crate::{Iperf3Error, Result};
 pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for senders' queues to drain before `TEST_END`.
 pub(crate) const DRAIN: Duration = Duration::from_secs(3);
-/// Senders' advertised windows must hold still this long before
-/// `TEST_END`.
-pub(crate) const SETTLE: Duration = Duration::from_millis(25);
+/// The windows the server advertises to this end's senders must hold
+/// still this long before `TEST_END` (its reads have caught up).
+pub(crate) const SETTLE: Duration = Duration::from_millis(100);
 /// Receivers stop once nothing arrived for this long after `TEST_END`.
 pub(crate) const QUIET: Duration = Duration::from_millis(250);
 
