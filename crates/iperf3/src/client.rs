@@ -62,12 +62,25 @@ pub struct Config {
     pub mss: Option<u32>,
     /// Congestion control for both ends.
     pub congestion: Option<String>,
+    /// Congestion control for this end's sockets only (auto-tuning's
+    /// choice: the server may not offer it, and iperf3 fails a test whose
+    /// congestion control it cannot set).
+    pub local_congestion: Option<String>,
     /// Pacing cap per stream, bit/s.
     pub fq_rate: Option<u64>,
     /// `sendfile` the payload at this end.
     pub zerocopy: bool,
     /// TCP connect limit.
     pub connect_timeout: Duration,
+}
+
+/// What the control connection showed of the path before the test.
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    /// Smallest round trip seen (the TCP handshake and the first reply).
+    pub rtt: Option<Duration>,
+    /// Path MTU, 0 if unknown.
+    pub mtu: u32,
 }
 
 /// What the client reports while the test runs.
@@ -79,14 +92,32 @@ pub enum Progress<'a> {
     Interval(&'a TestInterval),
 }
 
-/// Runs the test and returns the report.
-pub fn run(cfg: &Config, on_progress: &mut dyn FnMut(Progress<'_>)) -> Result<TestReport> {
+/// Runs the test and returns the report. `tune` sees what the control
+/// connection learnt of the path and may change the settings before they
+/// are sent.
+pub fn run(
+    cfg: &Config,
+    tune: &mut dyn FnMut(&Link, &mut Config),
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<TestReport> {
+    let mut cfg = cfg.clone();
+    let cfg = &mut cfg;
     let sock = TcpStream::connect_timeout(&cfg.addr, cfg.connect_timeout)
         .map_err(|e| Iperf3Error::io(format!("connect to {}", cfg.addr), e))?;
     let mut ctrl = Control::new(sock);
     let cookie = wire::make_cookie(&random36());
     ctrl.write(&cookie, "send the cookie")?;
     ctrl.expect(State::ParamExchange, "waiting for the parameter request")?;
+    let info = fatpipe_sys::tcp_info(&ctrl.sock).ok();
+    let link = Link {
+        rtt: info
+            .as_ref()
+            .and_then(|t| t.min_rtt_us.or(t.rtt_us))
+            .map(|us| Duration::from_micros(u64::from(us))),
+        mtu: info.as_ref().and_then(|t| t.pmtu).unwrap_or(0),
+    };
+    tune(&link, cfg);
+    let cfg = &*cfg;
     ctrl.write(
         &wire::encode_json(&params(cfg).to_json()),
         "send the parameters",
@@ -215,7 +246,7 @@ fn connect_tcp(cfg: &Config, cookie: &wire::Cookie) -> Result<TcpStream> {
     if let Some(m) = cfg.mss {
         fatpipe_sys::tcp::set_mss(&s, m).map_err(|e| Iperf3Error::io("set the MSS (-M)", e))?;
     }
-    if let Some(c) = &cfg.congestion {
+    if let Some(c) = cfg.congestion.as_ref().or(cfg.local_congestion.as_ref()) {
         fatpipe_sys::tcp::set_congestion(&s, c)
             .map_err(|e| Iperf3Error::io(format!("set congestion control {c}"), e))?;
     }
@@ -363,7 +394,10 @@ fn finish(
     }
     // Acknowledged is not yet read: the server counts only what its
     // process read before TEST_END. Its reads catch up once the senders
-    // stop; the window it advertises stops changing when they have.
+    // stop, and the windows it advertises stop changing when they have
+    // (the kernel announces a window that at least doubled): wait until
+    // they held still for SETTLE. A server that is not reading at all
+    // (single-threaded iperf3 busy sending with --bidir) is given DRAIN.
     if cfg.protocol == Protocol::Tcp && !senders.is_empty() {
         let windows = || -> Vec<Option<u32>> {
             senders
@@ -375,7 +409,7 @@ fn finish(
         let mut last = windows();
         let mut still = Instant::now();
         while t1.elapsed() < DRAIN && still.elapsed() < SETTLE {
-            std::thread::sleep(SETTLE / 5);
+            std::thread::sleep(SETTLE / 10);
             let now = windows();
             if now != last {
                 (last, still) = (now, Instant::now());

@@ -83,8 +83,9 @@ pub struct Server {
 struct Inner {
     opts: Options,
     local: SocketAddr,
-    /// Sessions waiting for TCP data streams, by cookie.
-    pending: Mutex<HashMap<Cookie, SyncSender<TcpStream>>>,
+    /// Sessions waiting for TCP data streams, by cookie; each stream comes
+    /// with its place in the accept order.
+    pending: Mutex<HashMap<Cookie, SyncSender<(u64, TcpStream)>>>,
     /// Cookies of running sessions: a late stream is refused.
     active: Mutex<HashSet<Cookie>>,
     /// The session waiting for UDP hellos from each client IP.
@@ -152,7 +153,13 @@ impl Server {
         if let Err(e) = started {
             (self.inner.opts.logger)(&format!("iperf3: no UDP: cannot start its thread: {e}"));
         }
+        // Streams are numbered in the order they were accepted: their
+        // threads may read the cookies in another order, and iperf3 tells
+        // a stream's role and id only by its place.
+        let mut order: u64 = 0;
         for conn in self.listener.incoming() {
+            order += 1;
+            let seq = order;
             let sock = match conn {
                 Ok(s) => s,
                 Err(e) => {
@@ -169,7 +176,7 @@ impl Server {
             let inner = Arc::clone(&self.inner);
             let r = std::thread::Builder::new()
                 .name("iperf3 conn".into())
-                .spawn(move || connection(sock, &inner));
+                .spawn(move || connection(sock, seq, &inner));
             if r.is_err() {
                 self.inner.handshakes.fetch_sub(1, Ordering::AcqRel);
             }
@@ -219,7 +226,7 @@ impl Drop for Handshake<'_> {
 }
 
 /// Reads a connection's cookie and makes it a data stream or a session.
-fn connection(mut sock: TcpStream, inner: &Inner) {
+fn connection(mut sock: TcpStream, seq: u64, inner: &Inner) {
     let hs = Handshake(inner);
     let peer = sock.peer_addr().ok();
     let _ = sock.set_read_timeout(Some(inner.opts.handshake_timeout));
@@ -229,7 +236,7 @@ fn connection(mut sock: TcpStream, inner: &Inner) {
         return;
     }
     if let Some(tx) = lock(&inner.pending).get(&cookie) {
-        let _ = tx.try_send(sock);
+        let _ = tx.try_send((seq, sock));
         return;
     }
     if lock(&inner.active).contains(&cookie) {
@@ -416,9 +423,11 @@ fn tcp_streams(
         collect(&rx, total, inner.opts.handshake_timeout)
     })();
     lock(&inner.pending).remove(&cookie);
-    Ok(r?
+    let mut streams = r?;
+    streams.sort_by_key(|(seq, _)| *seq);
+    Ok(streams
         .into_iter()
-        .map(|s| {
+        .map(|(_, s)| {
             let _ = s.set_read_timeout(None);
             let _ = s.set_write_timeout(None);
             Sock::Tcp(s)

@@ -24,7 +24,7 @@ pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const DRAIN: Duration = Duration::from_secs(3);
 /// The windows the server advertises to this end's senders must hold
 /// still this long before `TEST_END` (its reads have caught up).
-pub(crate) const SETTLE: Duration = Duration::from_millis(100);
+pub(crate) const SETTLE: Duration = Duration::from_millis(250);
 /// Receivers stop once nothing arrived for this long after `TEST_END`.
 pub(crate) const QUIET: Duration = Duration::from_millis(250);
 

@@ -8,13 +8,17 @@
 //!
 //! [`bind_server`] is `fatpipe server --iperf3-port`'s side.
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::time::Duration;
 
-use fatpipe_iperf3::client::{self, Config, Progress};
+use fatpipe_iperf3::client::{self, Config, Link, Progress};
 use fatpipe_iperf3::wire;
 use fatpipe_memtest::msg::{Protocol, TestParams};
 use fatpipe_schema::test::TestStreamLine;
+use fatpipe_schema::tune::AutoTune;
+use fatpipe_tune::auto;
+use fatpipe_tune::plan::Policy;
 
 use super::test::{json_line, plan, print_end, print_interval, print_start, Args};
 
@@ -31,9 +35,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut cfg = config(&params)?;
     cfg.server = args.host.clone();
     cfg.addr = addr;
-    for w in notes(args, &params) {
+    for w in notes(&params) {
         eprintln!("fatpipe: warning: {w}");
     }
+    let record: RefCell<Option<AutoTune>> = RefCell::new(None);
+    let mut tune = |link: &Link, c: &mut Config| {
+        if wants_auto(args, &params) {
+            *record.borrow_mut() = auto_tune(args, link, c);
+        }
+    };
     let mut out = std::io::stdout();
     let mut io_err: Option<std::io::Error> = None;
     let mut on_progress = |p: Progress<'_>| {
@@ -43,7 +53,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let r = match (args.json, args.json_stream, p) {
             (false, false, Progress::Start(s)) => print_start(&mut out, s),
             (false, false, Progress::Interval(iv)) => print_interval(&mut out, &params, iv),
-            (_, true, Progress::Start(s)) => json_line(&mut out, &TestStreamLine::Start(s.clone())),
+            (_, true, Progress::Start(s)) => {
+                let mut s = s.clone();
+                s.auto.clone_from(&record.borrow());
+                json_line(&mut out, &TestStreamLine::Start(s))
+            }
             (_, true, Progress::Interval(iv)) => {
                 json_line(&mut out, &TestStreamLine::Interval(iv.clone()))
             }
@@ -53,11 +67,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             io_err = Some(e);
         }
     };
-    let report = client::run(&cfg, &mut on_progress)
+    let mut report = client::run(&cfg, &mut tune, &mut on_progress)
         .map_err(|e| anyhow::Error::new(e).context(format!("iperf3 test against {}", args.host)))?;
     if let Some(e) = io_err {
         return Err(e.into());
     }
+    report.start.auto = record.into_inner();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
@@ -143,13 +158,14 @@ fn config(p: &TestParams) -> anyhow::Result<Config> {
         congestion: p.congestion.clone(),
         fq_rate: p.fq_rate,
         zerocopy: p.zerocopy,
+        local_congestion: None,
         connect_timeout: Duration::from_secs(10),
     })
 }
 
 /// What the user should know before the test: roundings to iperf3's
 /// whole seconds, and what auto-tuning cannot do against iperf3.
-fn notes(a: &Args, p: &TestParams) -> Vec<String> {
+fn notes(p: &TestParams) -> Vec<String> {
     let mut out = Vec::new();
     if p.bytes.is_none() && !p.duration_ms.is_multiple_of(1000) {
         out.push(format!(
@@ -163,10 +179,63 @@ fn notes(a: &Args, p: &TestParams) -> Vec<String> {
             p.omit_ms.div_ceil(1000)
         ));
     }
-    if !a.no_auto && a.parallel.is_none() && p.protocol == Protocol::Tcp {
-        out.push("auto: off against iperf3 (no path probe there): 1 stream and the kernel's buffers unless -P/-w".into());
-    }
     out
+}
+
+/// True when auto-tuning has something to choose: TCP, no `--no-auto`,
+/// and streams or buffer left to it.
+fn wants_auto(a: &Args, p: &TestParams) -> bool {
+    !a.no_auto && p.protocol == Protocol::Tcp && (a.parallel.is_none() || p.window.is_none())
+}
+
+/// Plans from what the control connection showed (RTT, MTU) and this
+/// host's limits, within iperf3's: streams (≤ 128) and a buffer the
+/// server will grant; the congestion control only on this end's sockets.
+/// Prints the `auto:` line and what could not be learnt; `None` (and the
+/// flags as given) when it cannot plan.
+fn auto_tune(a: &Args, link: &Link, c: &mut Config) -> Option<AutoTune> {
+    let Some(rtt) = link.rtt else {
+        eprintln!(
+            "fatpipe: warning: auto-tuning off: no round trip seen on the control connection"
+        );
+        return None;
+    };
+    let policy = Policy {
+        max_streams: Policy::default().max_streams.min(wire::MAX_STREAMS),
+        ..Policy::default()
+    };
+    let pre = match auto::blind_live(rtt, link.mtu, &policy) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fatpipe: warning: auto-tuning off: {e}");
+            return None;
+        }
+    };
+    let overrides = auto::Overrides {
+        streams: a.parallel.map(|_| c.streams),
+        buffer: c.window,
+        congestion: c.congestion.clone(),
+        pacing_rate: c.fq_rate,
+    };
+    let s = auto::merge(&pre.plan, &overrides);
+    c.streams = s.streams.min(wire::MAX_STREAMS);
+    c.window = s.buffer.map(|b| b.min(wire::MAX_WINDOW));
+    c.fq_rate = s.pacing_rate;
+    if c.congestion.is_none() {
+        c.local_congestion = s.congestion.clone();
+    }
+    let mut rec = auto::record(&pre, &s, false);
+    rec.warnings
+        .push("no in-flight adjustment: iperf3 cannot add streams to a running test".into());
+    if c.congestion.is_none() {
+        rec.warnings
+            .push("congestion control set at this end only (the server may not offer it)".into());
+    }
+    eprintln!("{}", auto::line(&pre.plan, &s));
+    for w in &rec.warnings {
+        eprintln!("fatpipe: warning: auto: {w}");
+    }
+    Some(rec)
 }
 
 #[cfg(test)]

@@ -235,6 +235,23 @@ fn iperf3_client_tcp_counts_agree_with_the_stock_server() {
     );
     // A byte count ends the test, exactly.
     let (r, s) = against_stock(&dir, &["-n", "20M", "-P", "2"]);
+    // Auto-tuning chose the buffer (no -w) from the control connection's
+    // RTT and this host's limits, and says what it could not learn.
+    let auto = r.start.auto.as_ref().expect("auto-tuned without -w");
+    assert_eq!(
+        (auto.streams, auto.overridden.as_slice()),
+        (2, &["streams".to_string()][..])
+    );
+    assert_eq!(auto.facts.bottleneck_rate, None);
+    assert!(auto.facts.rtt_secs > 0.0, "{:?}", auto.facts);
+    assert!(
+        auto.warnings
+            .iter()
+            .any(|w| w.contains("rate and loss unknown")),
+        "{:?}",
+        auto.warnings
+    );
+    assert!(!auto.adjusting);
     assert_eq!(sum(&r, Direction::Up).bytes_sent, 20 << 20);
     assert_eq!(bytes(&s, "sum_received"), 20 << 20);
 }
