@@ -392,6 +392,10 @@ fn finish(
     while t0.elapsed() < DRAIN && !senders.iter().all(|s| drained(s)) {
         std::thread::sleep(Duration::from_millis(5));
     }
+    // The last byte reached the server about when it was acknowledged.
+    let acked_secs = Instant::now()
+        .duration_since(sampler.measured_from)
+        .as_secs_f64();
     // Acknowledged is not yet read: the server counts only what its
     // process read before TEST_END. Its reads catch up once the senders
     // stop, and the windows it advertises stop changing when they have
@@ -417,9 +421,11 @@ fn finish(
         }
     }
     ctrl.send_state(State::TestEnd)?;
-    // Receivers take what the server sent before it saw TEST_END.
+    // Receivers take what the server sent before it saw TEST_END; their
+    // time runs to the last arrival.
     let mut last = total_received(streams);
     let mut quiet_since = Instant::now();
+    let mut last_arrival = quiet_since;
     let t0 = Instant::now();
     while t0.elapsed() < DRAIN {
         std::thread::sleep(Duration::from_millis(20));
@@ -427,6 +433,7 @@ fn finish(
         if now != last {
             last = now;
             quiet_since = Instant::now();
+            last_arrival = quiet_since;
         } else if quiet_since.elapsed() >= QUIET {
             break;
         }
@@ -445,7 +452,10 @@ fn finish(
     let theirs = Results::parse(&ctrl.json(MAX_RESULTS_JSON, "reading the server's results")?)?;
     ctrl.expect(State::DisplayResults, "waiting for the end of the results")?;
     ctrl.send_state(State::IperfDone)?;
-    let end = end_record(cfg, streams, &totals, &theirs);
+    let received_secs = last_arrival
+        .duration_since(sampler.measured_from)
+        .as_secs_f64();
+    let end = end_record(cfg, streams, &totals, &theirs, (acked_secs, received_secs));
     Ok((end, theirs))
 }
 
@@ -458,13 +468,31 @@ fn total_received(streams: &[Stream]) -> u64 {
 }
 
 /// The totals: each direction's receiver bytes from whichever end received.
-fn end_record(cfg: &Config, streams: &[Stream], t: &Totals, theirs: &Results) -> TestEnd {
-    let (cpu, seconds) = (t.cpu, t.seconds);
-    let secs = seconds.max(1e-9);
+///
+/// Throughput is over the receiver's time, to the last arrival: for
+/// client-to-server streams until this end's data was all acknowledged,
+/// for the others until their last bytes came (`secs`: both, from the
+/// start of the measured time). The sender's time would leave out what
+/// was still queued on the path when it stopped; iperf3's server's own
+/// time would add this end's wait for its reads to catch up.
+fn end_record(
+    cfg: &Config,
+    streams: &[Stream],
+    t: &Totals,
+    theirs: &Results,
+    (acked_secs, received_secs): (f64, f64),
+) -> TestEnd {
+    let cpu = t.cpu;
+    let up_secs = acked_secs.max(t.seconds);
+    let down_secs = received_secs.max(t.seconds);
     let mut out = Vec::with_capacity(streams.len());
     for (s, ((now, retr), (b, bretr))) in streams.iter().zip(t.now.iter().zip(&t.base)) {
         let peer = theirs.streams.iter().find(|r| r.id == s.id);
         let ours = now.bytes.saturating_sub(b.bytes);
+        let seconds = match s.direction {
+            Direction::Up => up_secs,
+            Direction::Down => down_secs,
+        };
         let mut st = StreamStats {
             id: Some(s.id),
             direction: Some(s.direction),
@@ -514,12 +542,19 @@ fn end_record(cfg: &Config, streams: &[Stream], t: &Totals, theirs: &Results) ->
                 }
             }
         }
-        st.bits_per_second = st.bytes as f64 * 8.0 / secs;
+        st.bits_per_second = st.bytes as f64 * 8.0 / seconds.max(1e-9);
         out.push(st);
     }
     TestEnd {
-        seconds,
-        sums: sums(&out, seconds),
+        seconds: out.iter().map(|s| s.seconds).fold(t.seconds, f64::max),
+        sums: [(Direction::Up, up_secs), (Direction::Down, down_secs)]
+            .into_iter()
+            .flat_map(|(d, secs)| {
+                sums(&out, secs)
+                    .into_iter()
+                    .filter(move |x| x.direction == Some(d))
+            })
+            .collect(),
         streams: out,
         cpu_local: CpuUse {
             total_percent: cpu.total_pct,

@@ -220,13 +220,12 @@ fn iperf3_client_tcp_counts_agree_with_the_stock_server() {
     );
     assert_eq!(down.bytes_sent, bytes(&s, "sum_sent"));
     // Both ways at once: the client's senders are 1, the receivers 3.
+    // iperf3's server is single-threaded: busy sending, it may not catch
+    // up on its reads within the client's wait on a loaded machine, so
+    // this direction is held to 2 % rather than a block.
     let (r, s) = against_stock(&dir, &["--bidir", "-t", "1"]);
-    within(
-        "up",
-        sum(&r, Direction::Up).bytes_sent,
-        bytes(&s, "sum_received"),
-        BLOCK,
-    );
+    let (sent, got) = (sum(&r, Direction::Up).bytes_sent, bytes(&s, "sum_received"));
+    within("up", sent, got, BLOCK.max(sent / 50));
     within(
         "down",
         sum(&r, Direction::Down).bytes,
@@ -289,9 +288,10 @@ fn iperf3_client_udp_counts_agree_with_the_stock_server() {
     let sent = up.packets_sent.unwrap_or(0);
     assert!(sent > 500, "{up:?}");
     // Received and lost make up what was sent; the server stops counting
-    // at TEST_END, so a datagram in flight may be missing.
+    // at TEST_END, so a datagram in flight may be missing (and iperf3
+    // counts a reordered one as lost as well).
     assert!(
-        sent.abs_diff(got + lost) <= 2,
+        got <= sent && sent - got <= lost + 2,
         "sent {sent}, server got {got} and lost {lost}"
     );
     assert!(lost <= sent / 20, "loopback lost {lost} of {sent}");
@@ -510,4 +510,83 @@ fn iperf3_port_fed_garbage_keeps_serving() {
         assert!(bytes(&client_json(&out), "sum_received") > 0);
     }
     drop(silent);
+}
+
+/// `fatpipe test --iperf3` and stock `iperf3 -c` against the same stock
+/// iperf3 server across an emulated 200 Mbit/s, 20 ms link: the two
+/// clients' receiver throughputs agree within 10 %, both ways.
+#[test]
+fn lab_iperf3_client_agrees_with_stock_iperf3_on_one_server() {
+    use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
+    if !crate::util::need_root("lab_iperf3_client_agrees_with_stock_iperf3_on_one_server") {
+        return;
+    }
+    let name = "ip3-agree";
+    let _ = fatpipe_lab::down(name);
+    let spec = LinkSpec {
+        seed: 7,
+        ..LinkSpec::new(Duration::from_millis(20), 200_000_000)
+    };
+    let opts = UpOptions {
+        exe: Some(crate::util::bin()),
+        owner: Some(std::process::id()),
+    };
+    let lab = Lab::up(name, &spec, &opts).expect("lab up");
+    let b = lab.addr(End::B).to_string();
+    let srv = lab
+        .command(End::B, "iperf3")
+        .args(["-s", "-B", &b, "-p", "5201"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("iperf3 -s in the lab");
+    let _srv = Guard(srv);
+    std::thread::sleep(Duration::from_millis(500));
+    for dir_args in [&[][..], &["-R"]] {
+        let mut fp = lab.command(End::A, crate::util::bin());
+        fp.args([
+            "test",
+            "--iperf3",
+            &b,
+            "-t",
+            "3",
+            "-P",
+            "2",
+            "--no-auto",
+            "--json",
+        ])
+        .args(dir_args);
+        let out = run(&mut fp);
+        assert_exit(&out, 0);
+        let r: TestReport = serde_json::from_slice(&out.stdout).expect("fatpipe report");
+        let ours = r.end.sums[0].bits_per_second;
+        let mut ip = lab.command(End::A, "iperf3");
+        ip.args(["-c", &b, "-t", "3", "-P", "2", "-J"])
+            .args(dir_args);
+        let out = run(&mut ip);
+        assert_exit(&out, 0);
+        let v: Value = serde_json::from_slice(&out.stdout).expect("iperf3 -J");
+        let theirs = v["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        let ratio = ours / theirs.max(1.0);
+        eprintln!(
+            "{dir_args:?}: fatpipe --iperf3 {:.1} Mbit/s, iperf3 -c {:.1} Mbit/s, ratio {ratio:.3}",
+            ours / 1e6,
+            theirs / 1e6
+        );
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "{dir_args:?}: fatpipe {:.1} Mbit/s vs iperf3 {:.1} Mbit/s",
+            ours / 1e6,
+            theirs / 1e6
+        );
+        assert!(
+            ours > 100e6,
+            "{dir_args:?}: {:.1} Mbit/s on a 200 Mbit/s link",
+            ours / 1e6
+        );
+    }
+    drop(_srv);
+    drop(lab);
 }
