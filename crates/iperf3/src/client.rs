@@ -107,7 +107,15 @@ pub fn run(
     let mut ctrl = Control::new(sock);
     let cookie = wire::make_cookie(&random36());
     ctrl.write(&cookie, "send the cookie")?;
-    ctrl.expect(State::ParamExchange, "waiting for the parameter request")?;
+    match ctrl.expect(State::ParamExchange, "waiting for the parameter request") {
+        // A fatpipe server's first frame starts with a zero length byte.
+        Err(Iperf3Error::Wire(wire::WireError::UnknownState(0))) => {
+            return Err(Iperf3Error::Unsupported(
+                "not an iperf3 server: it answers like a fatpipe server; drop --iperf3".into(),
+            ))
+        }
+        r => r?,
+    }
     let info = fatpipe_sys::tcp_info(&ctrl.sock).ok();
     let link = Link {
         rtt: info
@@ -339,9 +347,7 @@ fn run_test(
             .iter()
             .find_map(|s| s.counters.failure().map(|f| (s.id, f)))
         {
-            return Err(Iperf3Error::Unsupported(format!(
-                "stream {id} failed: {why}"
-            )));
+            return Err(Iperf3Error::Stream(format!("stream {id} failed: {why}")));
         }
     }
 }

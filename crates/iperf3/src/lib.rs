@@ -25,13 +25,14 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum Iperf3Error {
     /// A socket operation failed.
-    #[error("{context}: {source}")]
+    /// (Not a `source`: the text already says it, and error chains would
+    /// print it twice.)
+    #[error("{context}: {error}")]
     Io {
         /// What was being done.
         context: String,
         /// The system's error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The peer's bytes did not decode.
     #[error(transparent)]
@@ -61,17 +62,35 @@ pub enum Iperf3Error {
     /// A step did not finish in time.
     #[error("timed out {0}")]
     Timeout(String),
-    /// The test asked for something this implementation cannot do.
+    /// The peer is not what was asked for, or the test asked for
+    /// something this implementation cannot do.
     #[error("{0}")]
     Unsupported(String),
+    /// A data stream failed while the test ran.
+    #[error("{0}")]
+    Stream(String),
+    /// The peer broke the protocol's order.
+    #[error("iperf3 peer sent {0}")]
+    Protocol(String),
 }
 
 impl Iperf3Error {
+    /// True when the user's flags or target are at fault (exit 2): a
+    /// parameter the server refused (iperf3's parameter errors are below
+    /// 100), or a peer that is not an iperf3 server.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Iperf3Error::Server { i_errno, .. } => (1..100).contains(i_errno),
+            Iperf3Error::Unsupported(_) => true,
+            _ => false,
+        }
+    }
+
     /// Wraps an I/O error with what was being done.
-    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+    pub fn io(context: impl Into<String>, error: io::Error) -> Self {
         Iperf3Error::Io {
             context: context.into(),
-            source,
+            error,
         }
     }
 }
@@ -111,3 +130,6 @@ fn server_error_text(i_errno: i32, errno: i32) -> String {
         format!("{what} (iperf3 error {i_errno}{sys})")
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -111,7 +111,7 @@ pub(crate) fn unexpected(m: Msg, waiting: &'static str) -> Iperf3Error {
         Msg::State(State::AccessDenied) => Iperf3Error::Busy,
         Msg::State(got) => Iperf3Error::Unexpected { got, waiting },
         Msg::Json(_) | Msg::Cookie(_) => {
-            Iperf3Error::Unsupported(format!("unexpected data while {waiting}"))
+            Iperf3Error::Protocol(format!("unexpected data while {waiting}"))
         }
     }
 }

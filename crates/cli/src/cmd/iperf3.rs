@@ -67,8 +67,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             io_err = Some(e);
         }
     };
-    let mut report = client::run(&cfg, &mut tune, &mut on_progress)
-        .map_err(|e| anyhow::Error::new(e).context(format!("iperf3 test against {}", args.host)))?;
+    let mut report = client::run(&cfg, &mut tune, &mut on_progress).map_err(|e| {
+        if e.is_usage() {
+            crate::exit::usage(format!("{}: {e}", args.host))
+        } else {
+            anyhow::Error::new(e).context(format!("iperf3 test against {}", args.host))
+        }
+    })?;
     if let Some(e) = io_err {
         return Err(e.into());
     }
