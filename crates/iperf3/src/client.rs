@@ -608,7 +608,14 @@ fn start_record(cfg: &Config, streams: &[Stream]) -> TestStart {
                 } else {
                     "copy".into()
                 },
-                recv_path: "copy".into(),
+                // Linux drops TCP data unread (the discarder falls back to
+                // copying elsewhere).
+                recv_path: match (&s.sock, s.direction) {
+                    (Sock::Tcp(_), Direction::Down) if cfg!(target_os = "linux") => {
+                        "recv_trunc".into()
+                    }
+                    _ => "copy".into(),
+                },
             }
         })
         .collect();

@@ -9,7 +9,7 @@
 //! flag within a fraction of a second.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -181,15 +181,17 @@ pub fn tcp_send(mut sock: TcpStream, len: usize, zerocopy: bool, shared: &Shared
     }
 }
 
-/// Reads and discards until told to stop or the peer closes.
-pub fn tcp_recv(mut sock: TcpStream, shared: &Shared, c: &Counters) {
+/// Receives and discards until told to stop or the peer closes; the
+/// kernel drops the data without copying it out where it can
+/// (`recv(MSG_TRUNC)`, `fatpipe_sys::Discarder`).
+pub fn tcp_recv(sock: TcpStream, shared: &Shared, c: &Counters) {
     let _ = sock.set_read_timeout(Some(POLL));
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut sink = fatpipe_sys::Discarder::new();
     while shared.receiving() {
-        match sock.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                c.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        match sink.recv(&sock, 4 << 20) {
+            Ok(t) if t.bytes == 0 => return,
+            Ok(t) => {
+                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
             }
             Err(e) if is_retry(&e) => {}
             Err(e) => {
