@@ -156,10 +156,7 @@ impl Server {
         // Streams are numbered in the order they were accepted: their
         // threads may read the cookies in another order, and iperf3 tells
         // a stream's role and id only by its place.
-        let mut order: u64 = 0;
-        for conn in self.listener.incoming() {
-            order += 1;
-            let seq = order;
+        for (seq, conn) in (1u64..).zip(self.listener.incoming()) {
             let sock = match conn {
                 Ok(s) => s,
                 Err(e) => {
