@@ -652,8 +652,8 @@ fn summary(protocol: Protocol, p: &Params, ours: &Results, seconds: f64) -> Stri
     };
     let bytes: u64 = ours.streams.iter().map(|s| s.bytes).sum();
     format!(
-        "{} {} x {}, {dir}: {} in {seconds:.2} s = {} (this end's count)",
-        p.client_version.as_deref().unwrap_or("iperf3"),
+        "client {} {} x {}, {dir}: {} in {seconds:.2} s = {} (this end's count)",
+        p.client_version.as_deref().unwrap_or("?"),
         p.parallel,
         protocol.as_str().to_uppercase(),
         units::format_bytes(bytes),
