@@ -468,6 +468,33 @@ fn twenty_stock_iperf3_clients_at_once() {
 }
 
 #[test]
+fn iperf3_sessions_past_the_limit_are_told_busy() {
+    let dir = setup();
+    let (_srv, port) = fatpipe_server(&dir, &["--max-sessions", "1", "--preauth-timeout", "3s"]);
+    // One session that sends its cookie and then nothing.
+    let mut hold = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    hold.write_all(&[b'h'; 36]).expect("write");
+    hold.write_all(&[0]).expect("write");
+    let mut first = [0u8; 1];
+    hold.read_exact(&mut first).expect("PARAM_EXCHANGE");
+    assert_eq!(first[0], 9);
+    let t0 = Instant::now();
+    let out = run(&mut stock_client(port, &["-t", "1"]));
+    assert!(t0.elapsed() < Duration::from_secs(3), "told at once");
+    let v = client_json(&out);
+    assert!(
+        v["error"].as_str().unwrap_or_default().contains("busy"),
+        "{v}"
+    );
+    // The stalled session ends at the timeout; the next client is served.
+    drop(hold);
+    std::thread::sleep(Duration::from_millis(200));
+    let out = run(&mut stock_client(port, &["-t", "1"]));
+    assert_exit(&out, 0);
+    assert!(bytes(&client_json(&out), "sum_received") > 0);
+}
+
+#[test]
 fn iperf3_port_fed_garbage_keeps_serving() {
     let dir = setup();
     let (_srv, port) = fatpipe_server(&dir, &["--preauth-timeout", "1s"]);
