@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# bench/vs-iperf.sh: fatpipe test against iperf3, iperf2 and nuttcp.
+# bench/vs-iperf.sh: fatpipe test against iperf3, iperf2 and nuttcp; and
+# stock iperf3 -c against fatpipe server --iperf3-port (tool iperf3-fp)
+# against iperf3 -s, the same client both times.
 #
 # Two network namespaces joined by a veth pair (198.18.0.1/24 server side,
 # 198.18.0.2/24 client side, RFC 2544 benchmarking range). Every tool runs
@@ -26,7 +28,9 @@
 #                             second build (e.g. before a change), with its
 #                             own server, alternating with the first; the
 #                             ratio table adds fatpipe-b/fatpipe
-#   TOOLS="fatpipe iperf3 iperf2 nuttcp"
+#   TOOLS="fatpipe iperf3 iperf2 nuttcp iperf3-fp"
+#                             iperf3-fp: iperf3 -c against a fatpipe server's
+#                             iperf3 port (its own server process)
 #   FATPIPE_ARGS="--no-auto"  (extra flags for fatpipe test)
 #   KEEP=1                    (keep every tool's raw output)
 set -euo pipefail
@@ -36,7 +40,7 @@ DURATION=${DURATION:-5}
 STREAMS=${STREAMS-"1 2 4"}
 ZC_STREAMS=${ZC_STREAMS-"1 4"}
 MTU=${MTU:-1500}
-TOOLS=${TOOLS:-"fatpipe iperf3 iperf2 nuttcp"}
+TOOLS=${TOOLS:-"fatpipe iperf3 iperf2 nuttcp iperf3-fp"}
 
 SERVER_IP=198.18.0.1
 CLIENT_IP=198.18.0.2
@@ -47,6 +51,8 @@ VETH_C="fpb$$c"
 PORT_FATPIPE=5301
 PORT_FATPIPE_B=5303
 PORT_IPERF3=5201
+PORT_IPERF3_FP=5202
+PORT_FATPIPE_I=5304
 PORT_IPERF2=5011
 PORT_NUTTCP_CTL=5100
 PORT_NUTTCP_DATA=5101
@@ -68,7 +74,7 @@ trap 'exit 130' INT TERM
 
 install_fatpipe_and_peers() {
     install_missing iperf3:iperf3 iperf:iperf nuttcp:nuttcp jq:jq /usr/bin/time:time
-    case " $TOOLS " in *" fatpipe "*) build_fatpipe ;; esac
+    case " $TOOLS " in *" fatpipe "* | *" iperf3-fp "*) build_fatpipe ;; esac
     case " $TOOLS " in
         *" fatpipe-b "*) [ -x "${FATPIPE_B:-}" ] || die "TOOLS has fatpipe-b: set FATPIPE_B to an executable" ;;
     esac
@@ -86,6 +92,7 @@ start_servers() {
             fatpipe) start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE ;;
             fatpipe-b) start fatpipe-b $PORT_FATPIPE_B "$FATPIPE_B" server --bind $SERVER_IP --port $PORT_FATPIPE_B ;;
             iperf3) start iperf3 $PORT_IPERF3 iperf3 -s -B $SERVER_IP -p $PORT_IPERF3 ;;
+            iperf3-fp) start iperf3-fp $PORT_IPERF3_FP "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE_I --iperf3-port $PORT_IPERF3_FP --quiet ;;
             iperf2) start iperf2 $PORT_IPERF2 iperf -s -B $SERVER_IP -p $PORT_IPERF2 ;;
             nuttcp) start nuttcp $PORT_NUTTCP_CTL nuttcp -S --nofork -P $PORT_NUTTCP_CTL ;;
             *) die "unknown tool $t" ;;
@@ -109,6 +116,8 @@ run_client() {
         iperf3)
             cmd=(iperf3 -c $SERVER_IP -p $PORT_IPERF3 -P "$n" -t "$DURATION" -J)
             [ "$zc" = 1 ] && cmd+=(-Z) ;;
+        iperf3-fp)
+            cmd=(iperf3 -c $SERVER_IP -p $PORT_IPERF3_FP -P "$n" -t "$DURATION" -J) ;;
         iperf2)
             cmd=(iperf -c $SERVER_IP -p $PORT_IPERF2 -P "$n" -t "$DURATION" -y C) ;;
         nuttcp)
@@ -123,7 +132,7 @@ run_client() {
     t1=$(proc_ticks "$spid")
     case $tool in
         fatpipe | fatpipe-b) gbps=$(jq -r '[.end.sums[] | select(.direction != "down") | .bits_per_second] | add / 1e9' "$out") ;;
-        iperf3) gbps=$(jq -r '.end.sum_received.bits_per_second / 1e9' "$out") ;;
+        iperf3 | iperf3-fp) gbps=$(jq -r '.end.sum_received.bits_per_second / 1e9' "$out") ;;
         iperf2) gbps=$(awk -F, '$6 != -1 { s += $9 } END { print s / 1e9 }' "$out") ;;
         nuttcp) gbps=$(sed -n 's/.*rate_Mbps=\([0-9.]*\).*/\1/p' "$out" | awk '{ print $1 / 1e3 }') ;;
     esac
@@ -211,6 +220,19 @@ main() {
         printf '%-8s %16s %16s %16s   iperf3 >= %sx: %s%s\n' "$label" "$r3" "$r2" "$rn" "$t3" \
             "$(verdict "$r3" "$t3")" "${t2:+; iperf2 >= ${t2}x: $(verdict "$r2" "$t2")}"
     done
+    if [[ " $TOOLS " == *" iperf3-fp "* ]]; then
+        echo
+        printf '%-8s %22s   %s\n' config "iperf3-fp/iperf3" "stock iperf3 -c: fatpipe server vs iperf3 -s (issue 15)"
+        for label in $(awk -F'|' '{ print $1 }' "$work/res" | tr ' ' '_' | awk '!seen[$0]++'); do
+            label=${label//_/ }
+            local rf
+            rf=$(ratio "$(col "$label" iperf3-fp 1)" "$(col "$label" iperf3 1)")
+            case $label in
+                P1 | P4) printf '%-8s %22s   >= 1.0x: %s\n' "$label" "$rf" "$(verdict "$rf" 1.0)" ;;
+                *) printf '%-8s %22s\n' "$label" "$rf" ;;
+            esac
+        done
+    fi
     if [[ " $TOOLS " == *" fatpipe-b "* ]]; then
         echo
         printf '%-8s %16s\n' config fatpipe-b/fatpipe

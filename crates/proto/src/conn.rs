@@ -92,15 +92,22 @@ pub enum ConnError {
     /// The session is not established (or already closed).
     #[error("the session is not established")]
     NotEstablished,
+    /// The server's first byte cannot start a fatpipe frame (whose length
+    /// is at most 64 KiB, so its first byte is 0): another program listens
+    /// there. iperf3 answers a connection at once with one state byte.
+    #[error("{}", not_fatpipe_text(*.0))]
+    NotFatpipe(u8),
 }
 
 impl ConnError {
-    /// True if this error means the keys do not match or are missing: the
-    /// user's configuration to fix (exit code 2 in the binary).
+    /// True if this error means the keys do not match or are missing, or
+    /// the address is not a fatpipe server at all: the user's configuration
+    /// to fix (exit code 2 in the binary), never worth a retry.
     pub fn is_auth(&self) -> bool {
         matches!(
             self,
-            ConnError::AuthRequired
+            ConnError::NotFatpipe(_)
+                | ConnError::AuthRequired
                 | ConnError::AuthFailed
                 | ConnError::ServerUnauthenticated
                 | ConnError::ServerProofFailed
@@ -109,6 +116,17 @@ impl ConnError {
                     ..
                 }
         )
+    }
+}
+
+/// The line for [`ConnError::NotFatpipe`]: names iperf3 when its state
+/// bytes (`PARAM_EXCHANGE` 9, `ACCESS_DENIED` -1, `SERVER_ERROR` -2) came.
+fn not_fatpipe_text(first: u8) -> String {
+    match first {
+        0x09 => "not a fatpipe server: it answers like an iperf3 server; run `fatpipe test --iperf3` against it".into(),
+        0xff => "not a fatpipe server: it answers like a busy iperf3 server (access denied); run `fatpipe test --iperf3` against it".into(),
+        0xfe => "not a fatpipe server: it answers like an iperf3 server reporting an error; run `fatpipe test --iperf3` against it".into(),
+        b => format!("not a fatpipe server: its first byte was 0x{b:02x} (a fatpipe server's is 0x00)"),
     }
 }
 
@@ -216,6 +234,9 @@ pub struct ClientConn {
     state: ClientState,
     deadline: Option<Instant>,
     decoder: FrameDecoder,
+    /// No byte has come from the server yet: the first one tells whether
+    /// it speaks this protocol at all.
+    silent: bool,
     out: Vec<u8>,
     events: VecDeque<ClientEvent>,
 }
@@ -230,6 +251,7 @@ impl ClientConn {
             nonce,
             state: ClientState::AwaitServerHello,
             decoder: FrameDecoder::new(),
+            silent: true,
             out: Vec::new(),
             events: VecDeque::new(),
         };
@@ -245,6 +267,15 @@ impl ClientConn {
     pub fn handle_input(&mut self, _now: Instant, data: &[u8]) {
         if self.state == ClientState::Closed {
             return;
+        }
+        if let (true, Some(&first)) = (self.silent, data.first()) {
+            self.silent = false;
+            if first != 0 {
+                // Not ours: say so now rather than wait for three more
+                // bytes that may never come (iperf3 sends one and waits).
+                self.fail_quiet(ConnError::NotFatpipe(first));
+                return;
+            }
         }
         self.decoder.push(data);
         loop {

@@ -566,3 +566,36 @@ fn frames_sent_while_the_server_decides_wait_for_its_answer() {
         Some(ServerEvent::Payload(b"eager".to_vec()))
     );
 }
+
+/// An iperf3 server answers a connection with one state byte and waits;
+/// the client must recognise it from that byte alone, not time out.
+#[test]
+fn client_recognises_a_server_that_is_not_fatpipe_from_its_first_byte() {
+    for (first, words) in [
+        (0x09u8, "iperf3 server; run `fatpipe test --iperf3`"),
+        (0xff, "busy iperf3 server"),
+        (b'S', "first byte was 0x53"),
+    ] {
+        let start = Instant::now();
+        let mut c = ClientConn::new(
+            ClientConfig {
+                key: None,
+                service: "test".into(),
+                params: vec![],
+                handshake_timeout: TIMEOUT,
+            },
+            start,
+            [0x11; 32],
+        );
+        assert!(c.poll_transmit().is_some(), "the hello goes out first");
+        c.handle_input(start, &[first]);
+        let err = match c.poll_event() {
+            Some(ClientEvent::Closed(e)) => e,
+            other => panic!("{first:#x}: {other:?}"),
+        };
+        assert_eq!(err, ConnError::NotFatpipe(first));
+        assert!(err.is_auth(), "the user's to fix: exit 2");
+        assert!(err.to_string().contains(words), "{err}");
+        assert!(c.poll_transmit().is_none(), "nothing more is sent to it");
+    }
+}

@@ -237,6 +237,57 @@ pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
     Ok(pre)
 }
 
+/// A pre-flight for a peer without a probe service (a stock iperf3
+/// server): only the round trip, from this end's control connection, and
+/// this host's limits are known. The peer is planned as this host (iperf3
+/// sets the buffer asked of it, within its own caps), the rate as unknown,
+/// and a buffer only up to this host's `SO_*BUF` caps (iperf3 refuses a
+/// buffer the kernel would not grant exactly); the warnings name what could
+/// not be learnt.
+pub fn blind(
+    rtt: Duration,
+    mtu: u32,
+    local: Result<HostLimits, String>,
+    policy: &Policy,
+) -> Result<Preflight, PreflightError> {
+    let local = local.map_err(|why| PreflightError::NoLimits {
+        local: why,
+        peer: "not asked (no probe service there)".into(),
+    })?;
+    let facts = PathFacts {
+        rtt_secs: rtt.as_secs_f64(),
+        bottleneck_rate: None,
+        loss_rate: 0.0,
+        mtu,
+    };
+    let mut plan = plan(&facts, &local, &local, policy);
+    let cap = local.rmem_max.min(local.wmem_max);
+    if plan.per_stream_buffer > cap {
+        plan.set_buffers = false;
+    }
+    plan.forced_buffers = false;
+    // The planner counts on the in-flight adjuster, which cannot run here.
+    plan.reason = plan
+        .reason
+        .replace("; streams are added if loss holds them back", "");
+    let warnings = vec![
+        "no path probe on this server: bottleneck rate and loss unknown, RTT from the control connection".to_string(),
+        "the server's host limits unknown: planned as if they were this host's".to_string(),
+    ];
+    Ok(Preflight {
+        facts,
+        plan,
+        probe_secs: 0.0,
+        rate_lower_bound: false,
+        warnings,
+    })
+}
+
+/// [`blind`] with this host's live limits.
+pub fn blind_live(rtt: Duration, mtu: u32, policy: &Policy) -> Result<Preflight, PreflightError> {
+    blind(rtt, mtu, Host::live().limits(is_privileged()), policy)
+}
+
 /// The limits a peer that keeps kernel autotuning really has: whatever
 /// buffer is asked of it, a socket's window grows only as far as
 /// autotuning takes it (about half of `tcp_*mem[2]`), and it forces nothing.
@@ -961,5 +1012,40 @@ pub(crate) mod tests {
         let json = serde_json::to_string(&r).unwrap();
         let back: AutoTune = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn blind_plans_for_an_unknown_rate_within_the_buffer_caps() {
+        let policy = Policy {
+            max_streams: 128,
+            ..Policy::default()
+        };
+        let local = limits(4 << 20, &["cubic", "bbr"], false);
+        let pre = blind(Duration::from_millis(50), 1500, Ok(local.clone()), &policy).unwrap();
+        assert_eq!(pre.facts.bottleneck_rate, None);
+        assert_eq!(pre.plan.streams, policy.unknown_rate_streams);
+        assert!(!pre.plan.forced_buffers);
+        assert!(
+            !pre.plan.set_buffers || pre.plan.per_stream_buffer <= 4 << 20,
+            "{:?}",
+            pre.plan
+        );
+        assert!(pre
+            .warnings
+            .iter()
+            .any(|w| w.contains("rate and loss unknown")));
+        // Autotuning past the SO_*BUF caps: no fixed buffer is asked for.
+        let mut big = local;
+        big.tcp_rmem[2] = 64 << 20;
+        big.tcp_wmem[2] = 64 << 20;
+        let pre = blind(Duration::from_millis(50), 1500, Ok(big), &policy).unwrap();
+        assert!(!pre.plan.set_buffers, "{:?}", pre.plan);
+        assert!(blind(
+            Duration::from_millis(50),
+            1500,
+            Err("no /proc".into()),
+            &policy
+        )
+        .is_err());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Binds, prints `listening on IP:PORT` as its first stdout line (scripts
 //! and tests read it; with `--port 0` it is how they learn the port; with
-//! `--metrics`, `metrics on IP:PORT` follows), then serves until SIGTERM or
+//! `--metrics`, `metrics on IP:PORT` follows, then with `--iperf3-port`
+//! `iperf3 listening on IP:PORT`), then serves until SIGTERM or
 //! SIGINT, on which it drains (the engine refuses new sessions, running
 //! tests end with "the server is shutting down", sessions left after
 //! `--drain-timeout` are closed with that reason) and exits 0. Each
@@ -51,6 +52,11 @@ pub struct Args {
     pub drain_timeout: String,
     #[command(flatten)]
     pub metrics: super::metrics::MetricsArgs,
+    /// Also serve stock iperf3 clients on this port (TCP and UDP; 5201 is
+    /// iperf3's; 0 picks one, printed on the second line). Off unless
+    /// given; no key applies there (docs/iperf3.md).
+    #[arg(long, value_name = "PORT")]
+    pub iperf3_port: Option<u16>,
 }
 
 /// Binds and serves until the process is stopped.
@@ -95,11 +101,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .drain_timeout(drain)
         .bind(SocketAddr::new(args.bind, args.port))
         .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let iperf3 = match args.iperf3_port {
+        Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
     if let Some((registry, addr)) = &metrics {
         registry.declare_services(&server.services());
         writeln!(out, "metrics on {addr}")?;
+    }
+    if let Some(s) = &iperf3 {
+        writeln!(out, "iperf3 listening on {}", s.local_addr())?;
     }
     out.flush()?;
     drop(out);
@@ -108,6 +121,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         logger(&format!("{signal}: shutting down"));
         stop.trigger();
     })?;
+    if let Some(s) = iperf3 {
+        s.spawn()?;
+    }
     server.run()?;
     Ok(())
 }

@@ -116,6 +116,10 @@ pub struct Args {
     /// HOST, or as --archive=LOCATION.
     #[arg(long, value_name = "LOCATION", num_args = 0..=1, default_missing_value = "")]
     pub archive: Option<String>,
+    /// The server is a stock iperf3 server (default port 5201): speak
+    /// iperf3's protocol (docs/iperf3.md).
+    #[arg(long, conflicts_with_all = ["key_file", "rfc6349"])]
+    pub iperf3: bool,
 }
 
 /// Runs the test and prints it; stores it when `--archive` or
@@ -130,6 +134,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
+    if args.iperf3 {
+        return super::iperf3::run(&args, rec);
+    }
     let mut params = plan(&args)?;
     fatpipe_engine::raise_fd_limit();
     let addr = super::common::resolve(&args.host, args.port)?;
@@ -366,7 +373,7 @@ enum Output {
 }
 
 /// Turns the raw flags into test parameters.
-fn plan(a: &Args) -> anyhow::Result<TestParams> {
+pub(super) fn plan(a: &Args) -> anyhow::Result<TestParams> {
     let usage = |e: units::UnitError| crate::exit::usage(e.to_string());
     let streams = a.parallel.unwrap_or(1);
     if streams == 0 || streams > MAX_STREAMS {
@@ -476,13 +483,13 @@ fn classify(e: EngineError, plan: &TestPlan) -> anyhow::Error {
     }
 }
 
-fn json_line(out: &mut impl Write, line: &TestStreamLine) -> std::io::Result<()> {
+pub(super) fn json_line(out: &mut impl Write, line: &TestStreamLine) -> std::io::Result<()> {
     serde_json::to_writer(&mut *out, line)?;
     writeln!(out)?;
     out.flush()
 }
 
-fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
+pub(super) fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Result<()> {
     let dir = match s.direction {
         Direction::Down => "reverse (server sends)",
         Direction::Both => "bidirectional",
@@ -607,7 +614,11 @@ fn row(
     }
 }
 
-fn print_interval(out: &mut impl Write, p: &TestParams, iv: &TestInterval) -> std::io::Result<()> {
+pub(super) fn print_interval(
+    out: &mut impl Write,
+    p: &TestParams,
+    iv: &TestInterval,
+) -> std::io::Result<()> {
     if iv.index == 0 {
         header(out, p)?;
     }
@@ -631,7 +642,11 @@ fn print_interval(out: &mut impl Write, p: &TestParams, iv: &TestInterval) -> st
     out.flush()
 }
 
-fn print_end(out: &mut impl Write, p: &TestParams, end: &TestEnd) -> std::io::Result<()> {
+pub(super) fn print_end(
+    out: &mut impl Write,
+    p: &TestParams,
+    end: &TestEnd,
+) -> std::io::Result<()> {
     writeln!(
         out,
         "- - - - - - - - - - - - - - - - - - - - - - - - - - - - - -"

@@ -1,0 +1,315 @@
+//! `fatpipe test --iperf3 HOST[:PORT]`: the same test against a stock
+//! iperf3 server, rendered and emitted exactly like a fatpipe test.
+//!
+//! The flags are validated by `test`'s own plan first, then held to
+//! iperf3's limits here (128 streams, whole seconds, its block sizes),
+//! each refusal one usage line; `fatpipe_iperf3::client` runs the test and
+//! returns a `fatpipe.test` report; `test`'s renderers print it.
+//!
+//! [`bind_server`] is `fatpipe server --iperf3-port`'s side.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::time::Duration;
+
+use fatpipe_iperf3::client::{self, Config, Link, Progress};
+use fatpipe_iperf3::wire;
+use fatpipe_memtest::msg::{Protocol, TestParams};
+use fatpipe_schema::test::TestStreamLine;
+use fatpipe_schema::tune::AutoTune;
+use fatpipe_tune::auto;
+use fatpipe_tune::plan::Policy;
+
+use super::test::{json_line, plan, print_end, print_interval, print_start, Args};
+
+/// Runs `fatpipe test --iperf3`.
+pub fn run(args: &Args, rec: Option<&super::archive::Recorder>) -> anyhow::Result<()> {
+    let params = plan(args)?;
+    // `-p` defaults to fatpipe's port; an iperf3 server's is 5201.
+    let port = if args.port == fatpipe_engine::server::DEFAULT_PORT {
+        wire::DEFAULT_PORT
+    } else {
+        args.port
+    };
+    let addr = super::common::resolve(&args.host, port)?;
+    let mut cfg = config(&params)?;
+    cfg.server = args.host.clone();
+    cfg.addr = addr;
+    for w in notes(&params) {
+        eprintln!("fatpipe: warning: {w}");
+    }
+    let record: RefCell<Option<AutoTune>> = RefCell::new(None);
+    let mut tune = |link: &Link, c: &mut Config| {
+        if wants_auto(args, &params) {
+            *record.borrow_mut() = auto_tune(args, link, c);
+        }
+    };
+    let mut out = std::io::stdout();
+    let mut io_err: Option<std::io::Error> = None;
+    let mut on_progress = |p: Progress<'_>| {
+        if io_err.is_some() {
+            return;
+        }
+        let r = match (args.json, args.json_stream, p) {
+            (false, false, Progress::Start(s)) => print_start(&mut out, s),
+            (false, false, Progress::Interval(iv)) => print_interval(&mut out, &params, iv),
+            (_, true, Progress::Start(s)) => {
+                let mut s = s.clone();
+                s.auto.clone_from(&record.borrow());
+                json_line(&mut out, &TestStreamLine::Start(s))
+            }
+            (_, true, Progress::Interval(iv)) => {
+                json_line(&mut out, &TestStreamLine::Interval(iv.clone()))
+            }
+            (true, false, _) => Ok(()),
+        };
+        if let Err(e) = r {
+            io_err = Some(e);
+        }
+    };
+    let mut report = client::run(&cfg, &mut tune, &mut on_progress).map_err(|e| {
+        if e.is_usage() {
+            crate::exit::usage(format!("{}: {e}", args.host))
+        } else {
+            anyhow::Error::new(e).context(format!("iperf3 test against {}", args.host))
+        }
+    })?;
+    if let Some(e) = io_err {
+        return Err(e.into());
+    }
+    report.start.auto = record.into_inner();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else if args.json_stream {
+        json_line(&mut out, &TestStreamLine::End(report.end.clone()))?;
+    } else {
+        print_end(&mut out, &params, &report.end)?;
+    }
+    out.flush()?;
+    if let Some(r) = rec {
+        r.test(&report)?;
+    }
+    Ok(())
+}
+
+/// Binds `fatpipe server --iperf3-port`'s iperf3 server beside the
+/// fatpipe one: the same address, sessions cap and handshake timeout.
+pub fn bind_server(
+    a: &super::server::Args,
+    port: u16,
+    handshake: Duration,
+) -> anyhow::Result<fatpipe_iperf3::server::Server> {
+    let logger: fatpipe_iperf3::server::Logger = if a.quiet {
+        std::sync::Arc::new(|_| {})
+    } else {
+        std::sync::Arc::new(|line| eprintln!("fatpipe server: {line}"))
+    };
+    let opts = fatpipe_iperf3::server::Options {
+        max_sessions: a.max_sessions,
+        handshake_timeout: handshake,
+        logger,
+    };
+    fatpipe_iperf3::server::Server::bind(std::net::SocketAddr::new(a.bind, port), opts)
+        .map_err(|e| crate::exit::usage(format!("--iperf3-port: {e}")))
+}
+
+/// Holds a validated plan to what iperf3 accepts.
+fn config(p: &TestParams) -> anyhow::Result<Config> {
+    let usage = |m: &str| crate::exit::usage(m);
+    if p.streams > wire::MAX_STREAMS {
+        return Err(crate::exit::usage(format!(
+            "-P/--parallel: an iperf3 server takes at most {} streams",
+            wire::MAX_STREAMS
+        )));
+    }
+    match p.protocol {
+        Protocol::Tcp if p.length > wire::MAX_TCP_BLOCK => {
+            return Err(usage("-l/--length: iperf3 takes at most 1M for TCP"));
+        }
+        Protocol::Udp if !wire::UDP_BLOCK.contains(&p.length) => {
+            return Err(usage("-l/--length: iperf3 takes 16..65507 for UDP"));
+        }
+        _ => {}
+    }
+    if p.window.is_some_and(|w| w > wire::MAX_WINDOW) {
+        return Err(usage("-w/--window: iperf3 takes at most 512M"));
+    }
+    if p.mss.is_some_and(|m| m > wire::MAX_MSS) {
+        return Err(crate::exit::usage(format!(
+            "-M/--mss: iperf3 takes at most {}",
+            wire::MAX_MSS
+        )));
+    }
+    let time_s = p.duration_ms.div_ceil(1000);
+    let omit_s = p.omit_ms.div_ceil(1000);
+    if p.bytes.is_none() && time_s > wire::MAX_TIME {
+        return Err(usage("-t/--time: iperf3 takes at most 86400 s"));
+    }
+    if omit_s > wire::MAX_OMIT {
+        return Err(usage("-O/--omit: iperf3 3.12 takes at most 600 s"));
+    }
+    Ok(Config {
+        server: String::new(),
+        addr: ([127, 0, 0, 1], wire::DEFAULT_PORT).into(),
+        protocol: p.protocol,
+        direction: p.direction,
+        streams: p.streams,
+        time_s,
+        bytes: p.bytes,
+        omit_s,
+        interval: Duration::from_millis(p.interval_ms),
+        length: p.length,
+        bitrate: p.bitrate,
+        window: p.window,
+        mss: p.mss,
+        congestion: p.congestion.clone(),
+        fq_rate: p.fq_rate,
+        zerocopy: p.zerocopy,
+        local_congestion: None,
+        connect_timeout: Duration::from_secs(10),
+    })
+}
+
+/// What the user should know before the test: roundings to iperf3's
+/// whole seconds, and what auto-tuning cannot do against iperf3.
+fn notes(p: &TestParams) -> Vec<String> {
+    let mut out = Vec::new();
+    if p.bytes.is_none() && !p.duration_ms.is_multiple_of(1000) {
+        out.push(format!(
+            "iperf3 counts whole seconds: -t rounded up to {} s",
+            p.duration_ms.div_ceil(1000)
+        ));
+    }
+    if !p.omit_ms.is_multiple_of(1000) {
+        out.push(format!(
+            "iperf3 counts whole seconds: -O rounded up to {} s",
+            p.omit_ms.div_ceil(1000)
+        ));
+    }
+    out
+}
+
+/// True when auto-tuning has something to choose: TCP, no `--no-auto`,
+/// and streams or buffer left to it.
+fn wants_auto(a: &Args, p: &TestParams) -> bool {
+    !a.no_auto && p.protocol == Protocol::Tcp && (a.parallel.is_none() || p.window.is_none())
+}
+
+/// Plans from what the control connection showed (RTT, MTU) and this
+/// host's limits, within iperf3's: streams (≤ 128) and a buffer the
+/// server will grant; the congestion control only on this end's sockets.
+/// Prints the `auto:` line and what could not be learnt; `None` (and the
+/// flags as given) when it cannot plan.
+fn auto_tune(a: &Args, link: &Link, c: &mut Config) -> Option<AutoTune> {
+    let Some(rtt) = link.rtt else {
+        eprintln!(
+            "fatpipe: warning: auto-tuning off: no round trip seen on the control connection"
+        );
+        return None;
+    };
+    let policy = Policy {
+        max_streams: Policy::default().max_streams.min(wire::MAX_STREAMS),
+        ..Policy::default()
+    };
+    let pre = match auto::blind_live(rtt, link.mtu, &policy) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fatpipe: warning: auto-tuning off: {e}");
+            return None;
+        }
+    };
+    let overrides = auto::Overrides {
+        streams: a.parallel.map(|_| c.streams),
+        buffer: c.window,
+        congestion: c.congestion.clone(),
+        pacing_rate: c.fq_rate,
+    };
+    let s = auto::merge(&pre.plan, &overrides);
+    c.streams = s.streams.min(wire::MAX_STREAMS);
+    c.window = s.buffer.map(|b| b.min(wire::MAX_WINDOW));
+    c.fq_rate = s.pacing_rate;
+    if c.congestion.is_none() {
+        c.local_congestion = s.congestion.clone();
+    }
+    let mut rec = auto::record(&pre, &s, false);
+    rec.warnings
+        .push("no in-flight adjustment: iperf3 cannot add streams to a running test".into());
+    if c.congestion.is_none() {
+        rec.warnings
+            .push("congestion control set at this end only (the server may not offer it)".into());
+    }
+    eprintln!("{}", auto::line(&pre.plan, &s));
+    for w in &rec.warnings {
+        eprintln!("fatpipe: warning: auto: {w}");
+    }
+    Some(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn cfg(argv: &[&str]) -> anyhow::Result<Config> {
+        let mut full = vec!["fatpipe-test", "--iperf3"];
+        full.extend_from_slice(argv);
+        let cli = Cli::try_parse_from(full)?;
+        config(&plan(&cli.args)?)
+    }
+
+    #[test]
+    fn flags_map_to_iperf3_parameters() {
+        let c = cfg(&[
+            "h", "-P", "4", "-R", "-w", "4M", "-M", "1400", "-C", "reno", "-t", "3", "-O", "1",
+            "-Z",
+        ])
+        .unwrap();
+        assert_eq!((c.streams, c.time_s, c.omit_s), (4, 3, 1));
+        assert_eq!(c.direction, fatpipe_schema::test::TestDirection::Down);
+        let p = client::params(&c);
+        assert!(p.reverse && !p.bidirectional);
+        assert_eq!(
+            (p.window, p.mss, p.len),
+            (Some(4 << 20), Some(1400), Some(128 * 1024))
+        );
+        assert_eq!(p.congestion.as_deref(), Some("reno"));
+        assert!(p.check().is_ok());
+        let c = cfg(&["h", "-u", "-b", "10m", "-l", "1200", "--bidir", "-n", "1M"]).unwrap();
+        let p = client::params(&c);
+        assert_eq!(p.transport, Some(wire::Transport::Udp));
+        assert_eq!(
+            (p.bandwidth, p.len, p.num, p.time),
+            (Some(10_000_000), Some(1200), 1 << 20, 0)
+        );
+        assert!(p.bidirectional);
+        assert_eq!(
+            cfg(&["h", "-t", "1.5s"]).unwrap().time_s,
+            2,
+            "whole seconds, rounded up"
+        );
+    }
+
+    #[test]
+    fn iperf3_limits_are_usage_errors() {
+        for argv in [
+            &["h", "-P", "129"][..],
+            &["h", "-l", "2M"],
+            &["h", "-w", "1G"],
+            &["h", "-M", "40000"],
+        ] {
+            let err = cfg(argv).unwrap_err();
+            assert!(
+                err.chain().any(|e| e.is::<crate::exit::UsageError>()),
+                "{argv:?}: {err}"
+            );
+        }
+        assert!(cfg(&["h", "-P", "128"]).is_ok());
+    }
+}
