@@ -71,7 +71,7 @@ median() {
         awk -v fmt="${1:-%g}" -v na="$NA" '{ v[NR] = $1 }
             END {
                 if (NR == 0) print na
-                else if (NR % 2) print v[(NR + 1) / 2]
+                else if (NR % 2) printf fmt "\n", v[(NR + 1) / 2]
                 else printf fmt "\n", (v[NR / 2] + v[NR / 2 + 1]) / 2
             }'
 }
