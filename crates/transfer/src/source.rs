@@ -357,7 +357,7 @@ impl Source {
             }
             first = false;
             pos += p as u64;
-            self.progress.bytes.fetch_add(p as u64, Ordering::Relaxed);
+            self.progress.moved(p as u64);
         }
         w.write_all(hasher.finish().as_bytes()).map_err(net)?;
         self.count_file(size, off, len);
