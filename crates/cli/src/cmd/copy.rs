@@ -102,6 +102,10 @@ pub struct Args {
     /// No progress bar and no summary (errors still go to stderr).
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Print auto-tuning's whole reasoning and every pre-flight warning,
+    /// not only the one-line choice.
+    #[arg(short = 'v', long, conflicts_with = "quiet")]
+    pub verbose: bool,
 }
 
 /// A validated copy request.
@@ -482,9 +486,17 @@ fn auto_tune(
             return Ok(None);
         }
     };
-    if !args.quiet {
+    // One line by default: what was chosen for which path. The planner's
+    // reasoning and the warnings that only explain it are for -v (and are
+    // in the JSON); a warning the user should act on is always shown.
+    if args.verbose {
         eprintln!("{}", tuned.line);
         for w in &tuned.record.warnings {
+            eprintln!("fatpipe: copy: warning: auto: {w}");
+        }
+    } else if !args.quiet {
+        eprintln!("{}", tuned.short);
+        for w in &tuned.act_on {
             eprintln!("fatpipe: copy: warning: auto: {w}");
         }
     }
@@ -775,6 +787,13 @@ mod tests {
 
     fn is_usage(e: &anyhow::Error) -> bool {
         e.chain().any(|c| c.is::<crate::exit::UsageError>())
+    }
+
+    #[test]
+    fn verbose_and_quiet_exclude_each_other() {
+        assert!(args(&["-v", "a", "h:x/"]).verbose);
+        assert!(!args(&["a", "h:x/"]).verbose);
+        assert!(T::try_parse_from(["copy", "-v", "-q", "a", "h:x/"]).is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use fatpipe_lab::{Dir, End, Lab, LinkSpec};
+use fatpipe_lab::{End, Lab, LinkSpec};
 use fatpipe_schema::test::{TestReport, TestStreamLine};
 use fatpipe_schema::tune::Action;
 
@@ -181,7 +181,10 @@ fn lab_adjust_leaves_a_clean_link_at_rate_alone() {
         r.start.streams, auto.decisions
     );
     // 88 % of what TCP can carry through the framed link (941.5 Mbit/s).
-    let ceiling = spec.tcp_goodput_ceiling(Dir::AtoB).unwrap_or(0.0) / 1e6;
+    let ceiling = spec
+        .tcp_goodput_ceiling(fatpipe_lab::Dir::AtoB)
+        .unwrap_or(0.0)
+        / 1e6;
     assert!(
         steady > 0.88 * ceiling,
         "not at rate ({ceiling:.0} Mbit/s): {:?}",

@@ -10,7 +10,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use fatpipe_lab::{Dir, End, Lab, LinkSpec};
+use fatpipe_lab::{End, Lab, LinkSpec};
 use fatpipe_schema::copy::CopyReport;
 use fatpipe_schema::test::TestReport;
 
@@ -161,7 +161,16 @@ fn copy_without_flags_is_auto_tuned_and_no_auto_is_not() {
     let auto = r.auto.as_ref().expect("auto in the copy JSON");
     assert!(auto.plan.reason.starts_with("auto: RTT"), "{auto:?}");
     assert!(auto.streams >= 4, "{auto:?}");
-    assert!(err.contains("auto: RTT"), "{err}");
+    // By default one short line says what was chosen; the reasoning is in
+    // the JSON and behind -v (issue 18).
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("auto: {} streams", auto.streams)),
+        "{err}"
+    );
+    assert!(!err.contains("auto: RTT"), "{err}");
+    let (_, verbose) = copy(&["-v"], "v.bin");
+    assert!(verbose.contains("auto: RTT"), "{verbose}");
     let (r, err) = copy(&["--no-auto"], "b.bin");
     assert!(r.auto.is_none());
     assert!(!err.contains("auto:"), "{err}");
@@ -198,7 +207,10 @@ fn lab_auto_fills_1gbit_93ms() {
     assert!((92.0..100.0).contains(&rtt), "probed RTT {rtt} ms");
     // 88 % of what TCP can carry through the link's Ethernet framing
     // (941.5 Mbit/s): slow start is left out, so little else is lost.
-    let ceiling = spec.tcp_goodput_ceiling(Dir::AtoB).unwrap_or(0.0) / 1e9;
+    let ceiling = spec
+        .tcp_goodput_ceiling(fatpipe_lab::Dir::AtoB)
+        .unwrap_or(0.0)
+        / 1e9;
     assert!(
         auto_rate >= 0.88 * ceiling,
         "auto-tuned: {auto_rate:.3} of {ceiling:.3} Gbit/s ({})",
