@@ -169,6 +169,31 @@ fn copy_without_flags_is_auto_tuned_and_no_auto_is_not() {
         "{err}"
     );
     assert!(!err.contains("auto: RTT"), "{err}");
+    // The start-up timeline: every step, in its order, within the command.
+    let t = r.timeline.as_ref().expect("a timeline");
+    let steps = [
+        t.connected_at,
+        t.request_at,
+        t.accepted_at,
+        t.data_open_at,
+        t.first_byte_sent_at,
+        t.last_byte_at,
+        t.done_at,
+    ];
+    let mut last = 0.0;
+    for (i, s) in steps.iter().enumerate() {
+        let s = s.unwrap_or_else(|| panic!("step {i} missing: {t:?}"));
+        // last_byte_at is sampled every 100 ms; the rest are exact.
+        assert!(s + 0.11 >= last, "step {i} at {s} before {last}: {t:?}");
+        last = last.max(s);
+    }
+    assert!(last <= t.wall_secs, "{t:?}");
+    assert!(
+        t.plan_at
+            .is_some_and(|p| p <= t.request_at.unwrap_or(0.0) + 1e-3),
+        "{t:?}"
+    );
+    assert_eq!(t.first_byte_on_disk_at, None, "a push: {t:?}");
     let (_, verbose) = copy(&["-v"], "v.bin");
     assert!(verbose.contains("auto: RTT"), "{verbose}");
     let (r, err) = copy(&["--no-auto"], "b.bin");
