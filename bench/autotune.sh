@@ -39,9 +39,10 @@
 #   iperf3-8bbr     iperf3 -P 8 -C bbr, iperf3's best hand-tuned setting
 #
 # A second table gives, per cell, the copies' start-up from their JSON
-# timeline (medians): first payload byte after the command started, and
-# the ramp to 90 % of the final rate (ramp_secs), push and pull, and the
-# pull/push ratio of their goodputs (issue 18: within 5 %).
+# timeline (medians): first payload byte after the command started (push:
+# the first byte sent; pull: the first chunk verified on this end's disk),
+# and the ramp to 90 % of the final rate (ramp_secs), push and pull, and
+# the pull/push ratio of their goodputs (issue 18: within 5 %).
 #
 # The table shows per cell the medians (Gbit/s, receiver), the ratios
 # fatpipe test / each iperf3 variant, and whether fatpipe test and fatpipe
@@ -307,8 +308,10 @@ cell() {
             got[$t]+="$g "
             case $t in
                 fatpipe-copy | fatpipe-pull)
-                    first[$t]+="$(jq -r '.timeline | (.first_byte_sent_at // .first_byte_on_disk_at // "nan")' "$f" 2>/dev/null || echo nan) "
-                    ramp[$t]+="$(jq -r '.timeline.ramp_secs // "nan"' "$f" 2>/dev/null || echo nan) "
+                    first[$t]+="$(jq -r '.timeline | (.first_byte_sent_at // .first_byte_on_disk_at // "nan") |
+                        if type == "number" then (. * 100 | round / 100) else . end' "$f" 2>/dev/null || echo nan) "
+                    ramp[$t]+="$(jq -r '.timeline.ramp_secs // "nan" |
+                        if type == "number" then (. * 100 | round / 100) else . end' "$f" 2>/dev/null || echo nan) "
                     ;;
             esac
             echo "  $rate ${rtt} ms loss $loss run $run $t: $g Gbit/s$([ -e "$f.bad" ] && echo " (BAD: $(cat "$f.bad"))")" >&2

@@ -38,12 +38,13 @@ pub struct Ramp {
 pub fn measure(samples: &[(f64, u64)], first: f64, fraction: f64, window: f64) -> Option<Ramp> {
     let total = samples.last()?.1;
     let end = samples.iter().find(|s| s.1 >= total)?.0;
-    if total == 0 || !(window > 0.0) || end - first < 2.0 * window {
+    // `is_nan` and `<=` together, so a NaN window or rate counts as none.
+    if total == 0 || window.is_nan() || window <= 0.0 || end - first < 2.0 * window {
         return None;
     }
     let mid = first + (end - first) / 2.0;
     let final_rate = (total as f64 - bytes_at(samples, mid)) * 8.0 / (end - mid);
-    if !(final_rate > 0.0) {
+    if final_rate.is_nan() || final_rate <= 0.0 {
         return None;
     }
     let secs = samples
@@ -106,10 +107,10 @@ impl SlowStart {
     pub fn transfer_secs(&self, bytes: u64) -> f64 {
         let rtt = self.rtt.as_secs_f64();
         let per_rtt = self.rate / 8.0 * rtt;
-        if !(self.rate > 0.0) {
+        if self.rate.is_nan() || self.rate <= 0.0 {
             return f64::INFINITY;
         }
-        if !(per_rtt > 0.0) {
+        if per_rtt.is_nan() || per_rtt <= 0.0 {
             return bytes as f64 * 8.0 / self.rate;
         }
         let mut window = (self.initial_window as f64 * f64::from(self.streams.max(1))).max(1.0);
