@@ -123,7 +123,7 @@ pub struct CopyTimeline {
     pub accepted_at: Option<f64>,
     /// Every data connection asked for was open.
     pub data_open_at: Option<f64>,
-    /// Push: this end wrote its first payload byte to a data socket.
+    /// Push: this end began writing its first chunk to a data socket.
     pub first_byte_sent_at: Option<f64>,
     /// Pull: the first chunk was verified and on this end's disk (a push's
     /// server writes; the wire does not report when).

@@ -68,10 +68,20 @@ impl Progress {
     /// Counts `n` bytes this run moved (not ones an earlier run had
     /// completed), and the time of the first.
     pub fn moved(&self, n: u64) {
-        if n > 0 && self.first_at.get().is_none() {
-            let _ = self.first_at.set(Instant::now());
+        if n > 0 {
+            self.started();
         }
         self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Marks the first payload byte now, if none was marked: a sender calls
+    /// it before its first write, because a write returns only once the
+    /// socket took the whole piece, which on a fresh connection with a
+    /// small send buffer takes round trips of slow start.
+    pub fn started(&self) {
+        if self.first_at.get().is_none() {
+            let _ = self.first_at.set(Instant::now());
+        }
     }
 }
 

@@ -319,6 +319,7 @@ impl Source {
             offset: off,
             len,
         };
+        self.progress.started();
         w.write_all(&h.encode()).map_err(net)?;
         if use_sendfile {
             w.flush().map_err(net)?;
