@@ -25,6 +25,10 @@
 #                   its chunks (files_verified 1, files_failed 0) and the
 #                   destination has the source's size; the destination file
 #                   is removed after each run.
+#   fatpipe-pull    `fatpipe copy B:src/FILE DIR/` with no flags: the same
+#                   file pulled back from the copy server's second export
+#                   (its source directory), counted and checked the same
+#                   way (wall clock of the whole command, verified, size)
 #   iperf3-default  iperf3 -c B, IPERF_DURATION seconds
 #   iperf3-bdp      iperf3 -w min(1 BDP, host cap): iperf3 uses plain
 #                   SO_SNDBUF/SO_RCVBUF and refuses to run when the kernel
@@ -33,6 +37,12 @@
 #                   the table says which, because that cap is exactly what
 #                   fatpipe's planner works around with more streams
 #   iperf3-8bbr     iperf3 -P 8 -C bbr, iperf3's best hand-tuned setting
+#
+# A second table gives, per cell, the copies' start-up from their JSON
+# timeline (medians): first payload byte after the command started (push:
+# the first byte sent; pull: the first chunk verified on this end's disk),
+# and the ramp to 90 % of the final rate (ramp_secs), push and pull, and
+# the pull/push ratio of their goodputs (issue 18: within 5 %).
 #
 # The table shows per cell the medians (Gbit/s, receiver), the ratios
 # fatpipe test / each iperf3 variant, and whether fatpipe test and fatpipe
@@ -55,7 +65,9 @@
 #                      needs twice COPY_SIZE free)
 #   STRETCH=1          also run STRETCH_RATE=5gbit x STRETCH_RTT=93 ms, no
 #                      loss, against STRETCH_TARGET=4.5 (Gbit/s)
-#   TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr"
+#   TOOLS="fatpipe fatpipe-copy fatpipe-pull iperf3-default iperf3-bdp iperf3-8bbr"
+#                      (issue 18's copy rows: TOOLS="fatpipe-copy fatpipe-pull"
+#                      COPY_SIZE=2G LOSSES="0.01% 0.1% 1%")
 #   LAB=fpat$$         lab name
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
 #   FATPIPE_B=path/to/other/fatpipe  with TOOLS including fatpipe-b and/or
@@ -84,7 +96,7 @@ STRETCH=${STRETCH:-0}
 STRETCH_RATE=${STRETCH_RATE:-5gbit}
 STRETCH_RTT=${STRETCH_RTT:-93}
 STRETCH_TARGET=${STRETCH_TARGET:-4.5}
-ALL_TOOLS="fatpipe fatpipe-copy iperf3-default iperf3-bdp iperf3-8bbr fatpipe-b fatpipe-copy-b"
+ALL_TOOLS="fatpipe fatpipe-copy fatpipe-pull iperf3-default iperf3-bdp iperf3-8bbr fatpipe-b fatpipe-copy-b"
 TOOLS=${TOOLS:-$ALL_TOOLS}
 LAB=${LAB:-fpat$$}
 PORT_FATPIPE=5301
@@ -163,9 +175,10 @@ start_servers() {
         start_server "$ns" fatpipe $PORT_FATPIPE "$FATPIPE" server --port $PORT_FATPIPE --quiet ||
             die "fatpipe server did not start"
     fi
-    if has_tool fatpipe-copy; then
+    if has_tool fatpipe-copy || has_tool fatpipe-pull; then
         start_server "$ns" fatpipe-copy $PORT_COPY "$FATPIPE" server --port $PORT_COPY --quiet \
-            --export "dst=$data/dst:public" || die "fatpipe copy server did not start"
+            --export "dst=$data/dst:public" --export "src=$data/src:public" ||
+            die "fatpipe copy server did not start"
     fi
     if has_tool fatpipe-b; then
         start_server "$ns" fatpipe-b $PORT_FATPIPE_B "$FATPIPE_B" server --port $PORT_FATPIPE_B --quiet ||
@@ -178,16 +191,22 @@ start_servers() {
     start_server "$ns" iperf3 $PORT_IPERF3 iperf3 -s -p $PORT_IPERF3 || die "iperf3 server did not start"
 }
 
-# copy_one OUT [BIN PORT]: one push of SRC_FILE (with FATPIPE to
-# PORT_COPY unless given); prints Gbit/s, or nan if it failed or did not
-# verify (the reason goes to OUT.bad).
+# copy_one OUT [BIN PORT [pull]]: one push of SRC_FILE (with FATPIPE to
+# PORT_COPY unless given), or with "pull" one pull of it from the server's
+# src export into the dst directory; prints Gbit/s, or nan if it failed or
+# did not verify (the reason goes to OUT.bad).
 copy_one() {
-    local out=$1 bin=${2:-$FATPIPE} port=${3:-$PORT_COPY} dst
+    local out=$1 bin=${2:-$FATPIPE} port=${3:-$PORT_COPY} way=${4:-push} dst
     dst="$data/dst/$(basename "$SRC_FILE")"
     # A fresh destination: no leftover (or journal) to resume from.
     find "$data/dst" -mindepth 1 -delete
     local t0=$EPOCHREALTIME rc=0
-    lab_exec a "$bin" copy --port "$port" --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err" || rc=$?
+    if [ "$way" = pull ]; then
+        lab_exec a "$bin" copy --port "$port" --json "$B_IP:src/$(basename "$SRC_FILE")" "$data/dst/" \
+            >"$out" 2>"$out.err" || rc=$?
+    else
+        lab_exec a "$bin" copy --port "$port" --json "$SRC_FILE" "$B_IP:dst/" >"$out" 2>"$out.err" || rc=$?
+    fi
     # The wall clock of the whole command: pre-flight probe, set-up and
     # slow start included (the JSON's seconds start after the probe).
     local wall
@@ -226,6 +245,9 @@ run_one() {
             ;;
         fatpipe-copy)
             copy_one "$out" | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
+            ;;
+        fatpipe-pull)
+            copy_one "$out" "$FATPIPE" $PORT_COPY pull | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
             ;;
         iperf3-*)
             local extra=()
@@ -276,19 +298,28 @@ cell() {
     local rate=$1 rtt=$2 loss=$3 target=$4
     shift 4
     local tools=("$@") n=$# run k t f g what
-    declare -A got=()
-    for t in "${tools[@]}"; do got[$t]=""; done
+    declare -A got=() first=() ramp=()
+    for t in "${tools[@]}"; do got[$t]="" first[$t]="" ramp[$t]=""; done
     for run in $(seq "$RUNS"); do
         for k in $(seq 0 $((n - 1))); do
             t=${tools[$(((k + run) % n))]}
             f="$work/$rate-$rtt-${loss//%/pct}-$t-$run.json"
             g=$(run_one "$t" "$f")
             got[$t]+="$g "
+            case $t in
+                fatpipe-copy | fatpipe-pull)
+                    first[$t]+="$(jq -r '.timeline | (.first_byte_sent_at // .first_byte_on_disk_at // "nan") |
+                        if type == "number" then (. * 100 | round / 100) else . end' "$f" 2>/dev/null || echo nan) "
+                    ramp[$t]+="$(jq -r '.timeline.ramp_secs // "nan" |
+                        if type == "number" then (. * 100 | round / 100) else . end' "$f" 2>/dev/null || echo nan) "
+                    ;;
+            esac
             echo "  $rate ${rtt} ms loss $loss run $run $t: $g Gbit/s$([ -e "$f.bad" ] && echo " (BAD: $(cat "$f.bad"))")" >&2
             if [ "$run" = 1 ]; then
                 case $t in
                     fatpipe) what=test ;;
                     fatpipe-copy) what=copy ;;
+                    fatpipe-pull) what=pull ;;
                     *) what= ;;
                 esac
                 [ -z "$what" ] ||
@@ -304,6 +335,20 @@ cell() {
             m[$t]=-
         fi
     done
+    local cmed
+    declare -A fm=() rm=()
+    for t in fatpipe-copy fatpipe-pull; do
+        if [ -n "${first[$t]+set}" ]; then
+            fm[$t]=$(tr ' ' '\n' <<<"${first[$t]}" | median %.2f)
+            rm[$t]=$(tr ' ' '\n' <<<"${ramp[$t]}" | median %.2f)
+        else
+            fm[$t]=- rm[$t]=-
+        fi
+    done
+    cmed=$(ratio "${m[fatpipe-pull]}" "${m[fatpipe-copy]}" %.3f)
+    [ "${m[fatpipe-pull]}" = - ] && cmed=-
+    startrows+=("$(printf "$START_ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe-copy]}" "${m[fatpipe-pull]}" "$cmed" \
+        "${fm[fatpipe-copy]}" "${rm[fatpipe-copy]}" "${fm[fatpipe-pull]}" "${rm[fatpipe-pull]}")")
     local r_d r_b r_8
     r_d=$(ratio "${m[fatpipe]}" "${m[iperf3-default]}" "%.1fx")
     r_b=$(ratio "${m[fatpipe]}" "${m[iperf3-bdp]}" "%.1fx")
@@ -322,8 +367,10 @@ cell() {
 # one table row: link RTT loss, 5 medians, 3 ratios, goal, 2 marks
 ROW='| %6s | %6s | %5s | %7s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %5s | %5s |'
 AB_ROW='| %6s | %6s | %5s | %7s | %7s | %6s | %7s | %7s | %6s |'
+START_ROW='| %6s | %6s | %5s | %7s | %7s | %6s | %7s | %7s | %7s | %7s |'
 CAP=$(sysctl -n net.core.rmem_max net.core.wmem_max | sort -n | head -1)
-has_tool fatpipe-copy && make_copy_data
+{ has_tool fatpipe-copy || has_tool fatpipe-pull; } && make_copy_data
+startrows=()
 rows=()
 abrows=()
 autolines=()
@@ -360,6 +407,14 @@ if has_tool fatpipe-b || has_tool fatpipe-copy-b; then
     printf "$AB_ROW\n" link RTT loss "test A" "test B" "B/A" "copy A" "copy B" "B/A"
     echo "|---|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${abrows[@]}"
+fi
+if has_tool fatpipe-copy || has_tool fatpipe-pull; then
+    echo
+    echo "copy start-up ($COPY_SIZE, medians; goodput over the whole command's wall clock; seconds since the command started):"
+    printf "$START_ROW\n" link RTT loss "push" "pull" "pull/" "push 1st" "push" "pull 1st" "pull"
+    printf "$START_ROW\n" "" "" "" "Gbit/s" "Gbit/s" "push" "byte s" "ramp s" "byte s" "ramp s"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${startrows[@]}"
 fi
 echo
 echo "what auto-tuning chose (first run of each cell):"

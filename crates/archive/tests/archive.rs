@@ -938,6 +938,7 @@ fn sample_copy_report() -> CopyReport {
         failures: vec![],
         problems: vec![],
         auto: None,
+        timeline: None,
     }
 }
 

@@ -61,6 +61,7 @@ mod sys;
 pub use control::LabStats;
 pub use error::Error;
 pub use lab::{down, down_all, list, run_link, set, stats, Lab, LabInfo, UpOptions};
+pub use model::ETHERNET_OVERHEAD;
 pub use pipe::DirStats;
 pub use spec::{Dir, LinkChange, LinkSpec, QueueSpec};
 pub use state::{netns_name, LabRecord, NS_PREFIX, RUN_DIR};

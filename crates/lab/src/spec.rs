@@ -13,8 +13,16 @@ use std::time::Duration;
 use fatpipe_schema::units;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{DirConfig, Nanos};
+use crate::model::{DirConfig, Nanos, ETHERNET_OVERHEAD};
 use crate::Error;
+
+/// The largest per-packet overhead accepted (far above any real framing;
+/// a bound so a typo does not make a link crawl).
+pub const MAX_OVERHEAD: u32 = 1000;
+
+/// IPv4 + TCP headers of a full-sized Linux segment: 20 + 20 + 12 bytes of
+/// timestamp option.
+const TCP_IPV4_HEADERS: u32 = 52;
 
 /// Which way through the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +113,11 @@ pub struct LinkSpec {
     pub queue: QueueSpec,
     /// MTU of both ends' devices.
     pub mtu: u32,
+    /// Bytes of framing each packet costs the bottleneck on top of its IP
+    /// bytes ([`ETHERNET_OVERHEAD`] by default, 0 counts IP bytes only).
+    /// Records written before this field existed had none, hence 0 there.
+    #[serde(default)]
+    pub overhead: u32,
     /// Bit error rate (each bit flipped with this probability).
     pub corrupt: f64,
     /// Seed of the link's random generators.
@@ -122,6 +135,7 @@ impl Default for LinkSpec {
             jitter: Duration::ZERO,
             queue: QueueSpec::Bdp(1.0),
             mtu: 1500,
+            overhead: ETHERNET_OVERHEAD,
             corrupt: 0.0,
             seed: 1,
         }
@@ -145,6 +159,9 @@ pub struct LinkChange {
     pub queue: Option<QueueSpec>,
     /// New bit error rate.
     pub corrupt: Option<f64>,
+    /// New per-packet framing overhead in bytes.
+    #[serde(default)]
+    pub overhead: Option<u32>,
     /// Take the link down for this long, starting now.
     pub down: Option<Duration>,
 }
@@ -179,6 +196,9 @@ impl LinkSpec {
         if !(1280..=65_535).contains(&self.mtu) {
             return bad("--mtu must lie in 1280..65535 (IPv6 needs 1280)");
         }
+        if self.overhead > MAX_OVERHEAD {
+            return bad("--overhead must be at most 1000 (bytes per packet)");
+        }
         Ok(())
     }
 
@@ -206,6 +226,9 @@ impl LinkSpec {
         if let Some(v) = c.corrupt {
             self.corrupt = v;
         }
+        if let Some(v) = c.overhead {
+            self.overhead = v;
+        }
     }
 
     /// The rate of one direction in bit/s (0 = unlimited).
@@ -225,6 +248,7 @@ impl LinkSpec {
         };
         DirConfig {
             rate_bps: rate,
+            overhead: self.overhead,
             delay: (self.rtt / 2).as_nanos() as Nanos,
             jitter: (self.jitter / 2).as_nanos() as Nanos,
             loss: self.loss,
@@ -234,6 +258,21 @@ impl LinkSpec {
             down,
             seed: self.seed ^ salt,
         }
+    }
+
+    /// The most TCP payload one direction can carry, in bit/s (`None` when
+    /// its rate is unlimited): each full-sized segment carries `mtu - 52`
+    /// bytes (IPv4 and TCP headers with the timestamp option Linux sends)
+    /// and costs the link `mtu + overhead`. 1 Gbit/s at MTU 1500 with
+    /// Ethernet framing: 1448/1538 of it, 941.5 Mbit/s. Tests and benches
+    /// derive their bounds from this rather than from a constant.
+    pub fn tcp_goodput_ceiling(&self, dir: Dir) -> Option<f64> {
+        let rate = self.rate(dir);
+        if rate == 0 {
+            return None;
+        }
+        let payload = f64::from(self.mtu.saturating_sub(TCP_IPV4_HEADERS));
+        Some(rate as f64 * payload / f64::from(self.mtu + self.overhead))
     }
 
     /// One line for people: "93.0 ms, 1.00 Gbit/s, loss 0.01%, queue 1bdp".
@@ -268,6 +307,9 @@ impl LinkSpec {
             s += &format!(", ber {:e}", self.corrupt);
         }
         s += &format!(", queue {}, mtu {}", self.queue, self.mtu);
+        if self.overhead != ETHERNET_OVERHEAD {
+            s += &format!(", overhead {} B", self.overhead);
+        }
         s
     }
 }
@@ -338,6 +380,35 @@ mod tests {
     }
 
     #[test]
+    fn ethernet_framing_by_default_and_the_goodput_it_leaves() {
+        let spec = LinkSpec::new(Duration::from_millis(93), 1_000_000_000);
+        assert_eq!(spec.overhead, 38);
+        assert_eq!(spec.dir_config(Dir::AtoB, None).overhead, 38);
+        // 1448 payload bytes per 1538 on the wire: what a real NIC carries.
+        let eth = spec.tcp_goodput_ceiling(Dir::AtoB).unwrap_or(0.0);
+        assert!((eth - 941.48e6).abs() < 0.01e6, "{eth}");
+        let ip_only = LinkSpec {
+            overhead: 0,
+            ..spec.clone()
+        };
+        let ip = ip_only.tcp_goodput_ceiling(Dir::BtoA).unwrap_or(0.0);
+        assert!((ip - 965.33e6).abs() < 0.01e6, "{ip}");
+        assert!(ip_only.summary().contains("overhead 0 B"));
+        assert!(!spec.summary().contains("overhead"), "{}", spec.summary());
+        assert_eq!(LinkSpec::default().tcp_goodput_ceiling(Dir::AtoB), None);
+        // A record from before the field existed counted IP bytes only.
+        let mut old = serde_json::to_value(&spec).expect("json");
+        old.as_object_mut().map(|o| o.remove("overhead"));
+        let old: LinkSpec = serde_json::from_value(old).expect("old record");
+        assert_eq!(old.overhead, 0);
+        let too_big = LinkSpec {
+            overhead: MAX_OVERHEAD + 1,
+            ..spec
+        };
+        assert!(too_big.validate().is_err());
+    }
+
+    #[test]
     fn validation_and_live_changes() {
         let mut spec = LinkSpec::default();
         assert!(spec.validate().is_ok());
@@ -349,6 +420,11 @@ mod tests {
         assert_eq!(spec.loss, 0.001);
         assert_eq!(spec.rtt, Duration::from_millis(200));
         assert!(spec.summary().contains("loss 0.1%"), "{}", spec.summary());
+        spec.apply(&LinkChange {
+            overhead: Some(0),
+            ..LinkChange::default()
+        });
+        assert_eq!((spec.overhead, spec.loss), (0, 0.001));
         spec.mtu = 1000;
         assert!(spec.validate().is_err());
         spec.mtu = 9000;

@@ -96,6 +96,50 @@ pub struct CopyReport {
     /// off (`--no-auto`, `-P` given, or the probe failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<crate::tune::AutoTune>,
+    /// Where the command's seconds went before and while data flowed.
+    /// Absent in documents from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<CopyTimeline>,
+}
+
+/// The copy's start-up timeline: every time in seconds since the command
+/// started, `None` when that step did not happen or this end cannot see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct CopyTimeline {
+    /// Wall-clock seconds of the whole command, pre-flight, set-up and
+    /// verification included.
+    pub wall_secs: f64,
+    /// When the pre-flight had its plan (it starts at 0, beside the
+    /// connection set-up).
+    pub plan_at: Option<f64>,
+    /// Seconds the pre-flight's probe took.
+    pub probe_secs: Option<f64>,
+    /// The control connection was open: connected, authenticated, service
+    /// named.
+    pub connected_at: Option<f64>,
+    /// The request went out (after the plan, which it carries).
+    pub request_at: Option<f64>,
+    /// The server accepted the request.
+    pub accepted_at: Option<f64>,
+    /// Every data connection asked for was open.
+    pub data_open_at: Option<f64>,
+    /// Push: this end began writing its first chunk to a data socket.
+    pub first_byte_sent_at: Option<f64>,
+    /// Pull: the first chunk was verified and on this end's disk (a push's
+    /// server writes; the wire does not report when).
+    pub first_byte_on_disk_at: Option<f64>,
+    /// Seconds from the first byte until the rate over one second reached
+    /// 90 % of `final_rate`; `None` for a copy under two seconds of data.
+    pub ramp_secs: Option<f64>,
+    /// The rate of the data's second half (bit/s), what the ramp is
+    /// measured against.
+    pub final_rate: Option<u64>,
+    /// When the last payload byte moved (sent, or verified on disk).
+    pub last_byte_at: Option<f64>,
+    /// When the session ended with every file verified or failed.
+    pub done_at: Option<f64>,
+    /// When each of the in-flight adjuster's changes was made.
+    pub adjust_at: Vec<f64>,
 }
 
 /// A file that could not be copied.

@@ -271,6 +271,13 @@ const PARAMS: &[(&str, Kind, Scope, u8, &str)] = &[
     ("queue", Kind::Queue, Scope::Lab, ALL, "lab queue limit"),
     ("mtu", Kind::Int(576, 65535), Scope::Lab, ALL, "lab MTU"),
     (
+        "overhead",
+        Kind::Int(0, 1000),
+        Scope::Lab,
+        ALL,
+        "lab per-packet framing charged at the bottleneck [38, Ethernet]",
+    ),
+    (
         "tuning",
         Kind::Word(&["default", "tuned"]),
         Scope::Lab,

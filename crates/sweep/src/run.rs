@@ -746,6 +746,9 @@ fn link_spec(p: &BTreeMap<String, Param>) -> Result<LinkSpec, SweepError> {
     if let Some(v) = arg(p, "mtu") {
         s.mtu = v.parse().map_err(|_| bad("mtu", v.clone()))?;
     }
+    if let Some(v) = arg(p, "overhead") {
+        s.overhead = v.parse().map_err(|_| bad("overhead", v.clone()))?;
+    }
     Ok(s)
 }
 
@@ -760,6 +763,7 @@ fn change_to(want: &LinkSpec) -> LinkChange {
         jitter: Some(want.jitter),
         queue: Some(want.queue),
         corrupt: Some(want.corrupt),
+        overhead: Some(want.overhead),
         down: None,
     }
 }

@@ -42,7 +42,9 @@ pub mod source;
 pub mod tuner;
 pub mod wire;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Live counters for a progress display; both halves update them.
 #[derive(Debug, Default)]
@@ -56,6 +58,31 @@ pub struct Progress {
     pub total_bytes: AtomicU64,
     /// Files in the manifest.
     pub total_files: AtomicU64,
+    /// When this run moved its first payload byte: the sender's first
+    /// write to a data socket, or the receiver's first chunk verified and
+    /// on disk (for the copy's start-up timeline).
+    pub first_at: OnceLock<Instant>,
+}
+
+impl Progress {
+    /// Counts `n` bytes this run moved (not ones an earlier run had
+    /// completed), and the time of the first.
+    pub fn moved(&self, n: u64) {
+        if n > 0 {
+            self.started();
+        }
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Marks the first payload byte now, if none was marked: a sender calls
+    /// it before its first write, because a write returns only once the
+    /// socket took the whole piece, which on a fresh connection with a
+    /// small send buffer takes round trips of slow start.
+    pub fn started(&self) {
+        if self.first_at.get().is_none() {
+            let _ = self.first_at.set(Instant::now());
+        }
+    }
 }
 
 /// One file that could not be copied, and why (one line).

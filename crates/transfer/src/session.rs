@@ -172,9 +172,29 @@ pub struct Job {
     pub corrupt_chunk: Option<u64>,
 }
 
+/// When the client's first session reached each step of its opening and
+/// when the last one ended: the copy's start-up timeline is built from
+/// these (reconnects keep the first session's opening).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// The control connection was open: connected, authenticated, the
+    /// service named.
+    pub connected: Option<Instant>,
+    /// The job was complete ([`Prepare`] returned, or there was none).
+    pub prepared: Option<Instant>,
+    /// The server accepted the request.
+    pub accepted: Option<Instant>,
+    /// Every data connection the request asked for was open.
+    pub data_open: Option<Instant>,
+    /// The last session ended with every file verified or failed.
+    pub done: Option<Instant>,
+}
+
 /// What a finished copy reports.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
+    /// The opening and end of the sessions, for the start-up timeline.
+    pub marks: Marks,
     /// The receiver's counters (from the last session).
     pub summary: Summary,
     /// Files that failed, one line each.
@@ -1299,6 +1319,7 @@ fn client_session(
     tuner: Option<&Tuner<'_>>,
 ) -> Result<(), CopyError> {
     let (mut conn, mut ctrl) = client_open(link)?;
+    report.marks.connected.get_or_insert_with(Instant::now);
     if let Some(p) = prepare.take() {
         let waited = Instant::now();
         p(job)?;
@@ -1308,6 +1329,7 @@ fn client_session(
             (conn, ctrl) = client_open(link)?;
         }
     }
+    report.marks.prepared.get_or_insert_with(Instant::now);
     let job = &*job;
     write_msg(
         &mut ctrl,
@@ -1348,6 +1370,7 @@ fn client_session(
         }
     };
     let tags: Vec<u32> = (1..=u32::from(streams)).collect();
+    let data_open = std::sync::OnceLock::new();
     std::thread::scope(|scope| {
         let dialing = scope.spawn(|| open_data(&open, &tags));
         // The server may walk a large tree before answering a pull.
@@ -1372,10 +1395,17 @@ fn client_session(
         }
         report.streams = accept.streams;
         report.remote_io = accept.io.clone();
+        report.marks.accepted.get_or_insert_with(Instant::now);
+        let first_open = report.marks.data_open.is_none();
+        let data_open = &data_open;
         let data: DataConns<'_> = Box::new(move || {
-            dialing
+            let conns = dialing
                 .join()
-                .unwrap_or_else(|_| Err(CopyError::Failed("a dialing thread panicked".into())))
+                .unwrap_or_else(|_| Err(CopyError::Failed("a dialing thread panicked".into())));
+            if first_open {
+                let _ = data_open.set(Instant::now());
+            }
+            conns
         });
         let live = Arc::new(Live::new(job.direction, accept));
         let grow = Grow::Client {
@@ -1392,6 +1422,12 @@ fn client_session(
             r
         });
         report.streams = report.streams.max(live.streams());
+        if let Some(&at) = data_open.get() {
+            report.marks.data_open = Some(at);
+        }
+        if r.is_ok() {
+            report.marks.done = Some(Instant::now());
+        }
         r
     })
 }

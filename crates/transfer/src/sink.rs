@@ -496,9 +496,7 @@ impl Sink {
             }
             drop(st);
             self.written.fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.progress
-                .bytes
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.progress.moved(data.len() as u64);
             self.verified.fetch_add(1, Ordering::Relaxed);
             self.progress.files.fetch_add(1, Ordering::Relaxed);
             self.settle();
@@ -532,9 +530,7 @@ impl Sink {
         }
         st.remaining = st.remaining.saturating_sub(1);
         self.written.fetch_add(u64::from(len), Ordering::Relaxed);
-        self.progress
-            .bytes
-            .fetch_add(u64::from(len), Ordering::Relaxed);
+        self.progress.moved(u64::from(len));
         if st.remaining == 0 {
             let open = st.open.take();
             match self.finalize(idx, slot, open) {

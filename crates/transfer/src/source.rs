@@ -319,6 +319,7 @@ impl Source {
             offset: off,
             len,
         };
+        self.progress.started();
         w.write_all(&h.encode()).map_err(net)?;
         if use_sendfile {
             w.flush().map_err(net)?;
@@ -357,7 +358,7 @@ impl Source {
             }
             first = false;
             pos += p as u64;
-            self.progress.bytes.fetch_add(p as u64, Ordering::Relaxed);
+            self.progress.moved(p as u64);
         }
         w.write_all(hasher.finish().as_bytes()).map_err(net)?;
         self.count_file(size, off, len);

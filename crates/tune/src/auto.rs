@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use fatpipe_engine::ClientOptions;
 use fatpipe_schema::tune::{AutoTune, HostLimits, PathFacts, Plan};
-use fatpipe_schema::units::{format_bytes_iec, format_rate};
+use fatpipe_schema::units::{format_bytes, format_bytes_iec, format_duration, format_rate};
 
 use crate::plan::{plan, Policy};
 use fatpipe_audit::host::{is_privileged, Host};
@@ -107,6 +107,10 @@ pub struct Preflight {
     /// What could not be known (a limit unread, a rate that is only a
     /// lower bound); the plan was made anyway.
     pub warnings: Vec<String>,
+    /// The warnings among `warnings` that the user should act on (a
+    /// server too old to probe the direction the data takes); the rest
+    /// only explain the plan.
+    pub actionable: Vec<String>,
 }
 
 /// Why there is no plan.
@@ -233,7 +237,8 @@ pub fn preflight(cfg: &PreflightConfig) -> Result<Preflight, PreflightError> {
         &cfg.policy,
         cfg.peer_sets_buffers,
     )?;
-    pre.warnings.extend(fallback);
+    pre.warnings.extend(fallback.clone());
+    pre.actionable.extend(fallback);
     Ok(pre)
 }
 
@@ -279,6 +284,9 @@ pub fn blind(
         plan,
         probe_secs: 0.0,
         rate_lower_bound: false,
+        // Against an iperf3 server each of these is worth acting on: the
+        // user may want a fatpipe server there instead.
+        actionable: warnings.clone(),
         warnings,
     })
 }
@@ -369,6 +377,7 @@ pub fn from_outcome(
         probe_secs: o.elapsed.as_secs_f64(),
         rate_lower_bound: lower_bound,
         warnings,
+        actionable: Vec::new(),
     })
 }
 
@@ -567,8 +576,14 @@ pub struct Tuned {
     pub start_window: Option<(u64, Duration)>,
     /// The record for the command's JSON (`adjusting` still false).
     pub record: AutoTune,
-    /// The `auto:` line for stderr; the record's warnings follow it.
+    /// The `auto:` line for stderr with the planner's whole reasoning
+    /// (`-v`, and the JSON); the record's warnings follow it.
     pub line: String,
+    /// The one short `auto:` line printed by default ([`short_line`]).
+    pub short: String,
+    /// The warnings the user should act on (printed by default); the
+    /// others are in the record and shown with `-v`.
+    pub act_on: Vec<String>,
 }
 
 /// The whole pre-flight: probe, plan, lay the flags over it, the start
@@ -593,6 +608,8 @@ pub fn settle(pre: Preflight, req: &Request) -> Tuned {
         line += &format!("; {} uses {} streams ({})", f.who, settings.streams, f.why);
     }
     let start_window = start_window(&pre, &settings, &req.preflight.policy);
+    let short = short_line(&pre, &settings);
+    let act_on = pre.actionable.clone();
     let mut record = record(&pre, &settings, false);
     if req.rate_cap.is_some() && settings.pacing_rate.is_some() {
         record.pacing_rate = None;
@@ -604,7 +621,45 @@ pub fn settle(pre: Preflight, req: &Request) -> Tuned {
         start_window,
         record,
         line,
+        short,
+        act_on,
     }
+}
+
+/// One line saying what was chosen and for what path, the default output
+/// (the planner's reasoning is [`Tuned::line`]): streams, buffer,
+/// congestion control and pacing, then the probed rate (`≥` when it is only
+/// a lower bound), RTT, loss and BDP that made them.
+pub fn short_line(pre: &Preflight, s: &Settings) -> String {
+    let mut out = format!("auto: {} streams", s.streams);
+    match s.buffer {
+        Some(b) => out += &format!(" × {}", format_bytes_iec(b)),
+        None => out += ", kernel buffers",
+    }
+    if let Some(cc) = &s.congestion {
+        out += &format!(", {cc}");
+    }
+    if let Some(p) = s.pacing_rate {
+        out += &format!(", paced at {} each", format_rate(p as f64));
+    }
+    let f = &pre.facts;
+    let rtt = Duration::from_secs_f64(f.rtt_secs.clamp(0.0, 3600.0));
+    out += &match f.bottleneck_rate {
+        Some(r) if pre.rate_lower_bound => format!(" for ≥ {}", format_rate(r as f64)),
+        Some(r) => format!(" for {}", format_rate(r as f64)),
+        None => " for an unknown rate".to_string(),
+    };
+    out += &format!(" × {}", format_duration(rtt));
+    if f.loss_rate > 0.0 {
+        out += &format!(", loss {}", crate::plan::format_loss(f.loss_rate));
+    }
+    if let Some(bdp) = pre.plan.bdp {
+        out += &format!(" (BDP {})", format_bytes(bdp));
+    }
+    if !s.overridden.is_empty() {
+        out += &format!("; flags set {}", s.overridden.join(", "));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -984,6 +1039,71 @@ pub(crate) mod tests {
         assert_eq!(t.record.pacing_rate, None);
         assert_eq!(t.record.overridden, ["pacing"]);
         assert_eq!(t.settings.pacing_rate, Some(250_000_000));
+    }
+
+    #[test]
+    fn the_short_line_says_what_was_chosen_for_which_path_on_one_line() {
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        let mut o = outcome(228, Some(979e6), Ok(l.clone()));
+        o.train_packets = (10_000, 9_995);
+        let pre = from_outcome(&o, Ok(l), Role::Sender, &Policy::default(), true).unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
+        let req = Request {
+            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
+            overrides: Overrides::default(),
+            floor: None,
+            rate_cap: None,
+        };
+        let t = settle(pre.clone(), &req);
+        let s = &t.short;
+        assert!(
+            s.starts_with(&format!(
+                "auto: {} streams × {}, {}",
+                t.settings.streams,
+                format_bytes_iec(t.settings.buffer.unwrap_or(0)),
+                t.settings.congestion.as_deref().unwrap_or("?")
+            )),
+            "{s}"
+        );
+        assert!(s.contains(" for 979 Mbit/s × 228"), "{s}");
+        assert!(
+            s.contains("loss 0.05%") && s.contains("(BDP 27.9 MB)"),
+            "{s}"
+        );
+        // Short: no reasoning, no line break, far shorter than the reason.
+        assert!(
+            !s.contains('\n') && !s.contains("because") && s.len() < 120,
+            "{s}"
+        );
+        assert!(t.line.len() > s.len());
+        assert!(t.act_on.is_empty());
+        // A lower bound says so in one character, not in a warning.
+        if let Some(r) = o.rate.as_mut() {
+            r.sender_limited = true;
+        }
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        let low = from_outcome(&o, Ok(l), Role::Sender, &Policy::default(), true).unwrap();
+        let t = settle(low, &req);
+        assert!(t.short.contains(" for ≥ 979 Mbit/s"), "{}", t.short);
+        assert!(
+            t.act_on.is_empty(),
+            "nothing for the user to do: {:?}",
+            t.act_on
+        );
+        // Flags are named.
+        let flagged = Request {
+            overrides: Overrides {
+                streams: Some(3),
+                ..Overrides::default()
+            },
+            ..req
+        };
+        let t = settle(pre, &flagged);
+        assert!(
+            t.short.starts_with("auto: 3 streams") && t.short.ends_with("; flags set streams"),
+            "{}",
+            t.short
+        );
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //!   interval while data flows, which adds streams or switches to BBR when
 //!   loss holds a transfer below the path rate. It reads no clock.
 //!   [`adjust::AdjustConfig::for_transfer`] sets it up for either command.
+//! * **Start-up** ([`ramp`], pure): the time a transfer takes to reach its
+//!   rate, measured from its progress and modelled (slow start on a path),
+//!   for the copy's timeline and for bounds that tests derive from a path.
 //! * **Driver** ([`steer`]): runs the adjuster beside a transfer and
 //!   carries out its decisions through the [`steer::Steerable`] trait,
 //!   which each steerable service implements.
@@ -25,6 +28,7 @@
 pub mod adjust;
 pub mod auto;
 pub mod plan;
+pub mod ramp;
 pub mod steer;
 
 pub use adjust::{AdjustConfig, Adjuster, Sample};

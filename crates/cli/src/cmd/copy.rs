@@ -28,7 +28,7 @@ use anyhow::Context;
 use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_schema::copy::{
-    CopyDirection, CopyFailure, CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION,
+    CopyDirection, CopyFailure, CopyReport, CopyTimeline, COPY_SCHEMA, COPY_SCHEMA_VERSION,
 };
 use fatpipe_schema::tune::{Action, AutoTune};
 use fatpipe_schema::units;
@@ -111,6 +111,10 @@ pub struct Args {
     /// the paths, or as --archive=LOCATION.
     #[arg(long, value_name = "LOCATION", num_args = 0..=1, default_missing_value = "")]
     pub archive: Option<String>,
+    /// Print auto-tuning's whole reasoning and every pre-flight warning,
+    /// not only the one-line choice.
+    #[arg(short = 'v', long, conflicts_with = "quiet")]
+    pub verbose: bool,
 }
 
 /// A validated copy request.
@@ -303,6 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
+    let t0 = Instant::now();
     let plan = plan(&args)?;
     let addr = super::common::resolve(&plan.host, plan.port)?;
     let key = match &args.key_file {
@@ -373,9 +378,17 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
             t.run(live, &mut |e| print_tuner_event(&e, quiet, trace));
         }
     };
+    // Progress every 100 ms, for the timeline's ramp.
+    let samples = Sampler::start(Arc::clone(&progress), t0);
+    let planned: OnceLock<Instant> = OnceLock::new();
     let result = std::thread::scope(|scope| {
         let mut prepare = auto_on.then(|| {
-            let mut probe = Some(scope.spawn(|| auto_tune(&args, &plan, addr, key.clone())));
+            let (planned, args, plan, key) = (&planned, &args, &plan, key.clone());
+            let mut probe = Some(scope.spawn(move || {
+                let t = auto_tune(args, plan, addr, key);
+                let _ = planned.set(Instant::now());
+                t
+            }));
             let (tuning, link, auto, start_bar) = (&tuning, &link, &auto, &start_bar);
             move |job: &mut Job| -> Result<(), CopyError> {
                 let tuned = probe
@@ -419,6 +432,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     if let Some(b) = lock(&bar).take() {
         let _ = b.join();
     }
+    let samples = samples.finish();
     let report = match result {
         Ok(r) => r,
         Err(CopyError::Usage(m)) => return Err(crate::exit::usage(m)),
@@ -431,6 +445,15 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         rec.decisions = t.decisions();
         rec.streams = rec.streams.max(out.streams);
     }
+    out.timeline = Some(timeline(
+        t0,
+        &report.marks,
+        planned.get().copied(),
+        &progress,
+        &samples,
+        plan.job.push,
+        auto.as_ref(),
+    ));
     out.auto = auto;
     if args.json {
         let mut stdout = std::io::stdout().lock();
@@ -486,9 +509,17 @@ fn auto_tune(
             return Ok(None);
         }
     };
-    if !args.quiet {
+    // One line by default: what was chosen for which path. The planner's
+    // reasoning and the warnings that only explain it are for -v (and are
+    // in the JSON); a warning the user should act on is always shown.
+    if args.verbose {
         eprintln!("{}", tuned.line);
         for w in &tuned.record.warnings {
+            eprintln!("fatpipe: copy: warning: auto: {w}");
+        }
+    } else if !args.quiet {
+        eprintln!("{}", tuned.short);
+        for w in &tuned.act_on {
             eprintln!("fatpipe: copy: warning: auto: {w}");
         }
     }
@@ -588,6 +619,83 @@ fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyRe
             .collect(),
         problems: r.problems.clone(),
         auto: None,
+        timeline: None,
+    }
+}
+
+/// Samples a copy's progress (seconds since `t0`, bytes so far) every
+/// 100 ms on a thread of its own, until [`Sampler::finish`].
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(f64, u64)>>,
+}
+
+impl Sampler {
+    fn start(p: Arc<Progress>, t0: Instant) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            loop {
+                let done = s.load(Ordering::SeqCst);
+                out.push((t0.elapsed().as_secs_f64(), p.bytes.load(Ordering::Relaxed)));
+                if done {
+                    return out;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Sampler { stop, thread }
+    }
+
+    fn finish(self) -> Vec<(f64, u64)> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// Where the seconds went (docs/json-schema.md, `timeline`): the session's
+/// marks, the plan's arrival and the progress samples turned into seconds
+/// since the command started, and the ramp measured on the samples.
+fn timeline(
+    t0: Instant,
+    marks: &session::Marks,
+    planned: Option<Instant>,
+    progress: &Progress,
+    samples: &[(f64, u64)],
+    push: bool,
+    auto: Option<&AutoTune>,
+) -> CopyTimeline {
+    let at = |i: Option<Instant>| i.map(|i| i.saturating_duration_since(t0).as_secs_f64());
+    let first = at(progress.first_at.get().copied());
+    let ramp = first.and_then(|f| fatpipe_tune::ramp::measure(samples, f, 0.9, 1.0));
+    let accepted = at(marks.accepted);
+    let last = samples
+        .last()
+        .and_then(|&(_, total)| samples.iter().find(|s| s.1 >= total && total > 0))
+        .map(|s| s.0);
+    CopyTimeline {
+        wall_secs: t0.elapsed().as_secs_f64(),
+        plan_at: at(planned),
+        probe_secs: auto.map(|a| a.probe_secs),
+        connected_at: at(marks.connected),
+        request_at: at(marks.prepared),
+        accepted_at: accepted,
+        data_open_at: at(marks.data_open),
+        first_byte_sent_at: first.filter(|_| push),
+        first_byte_on_disk_at: first.filter(|_| !push),
+        ramp_secs: ramp.and_then(|r| r.secs),
+        final_rate: ramp.map(|r| r.final_rate as u64),
+        last_byte_at: last,
+        done_at: at(marks.done),
+        adjust_at: auto
+            .map(|a| {
+                a.decisions
+                    .iter()
+                    .map(|d| accepted.unwrap_or(0.0) + d.at_secs)
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 
@@ -702,6 +810,13 @@ mod tests {
 
     fn is_usage(e: &anyhow::Error) -> bool {
         e.chain().any(|c| c.is::<crate::exit::UsageError>())
+    }
+
+    #[test]
+    fn verbose_and_quiet_exclude_each_other() {
+        assert!(args(&["-v", "a", "h:x/"]).verbose);
+        assert!(!args(&["a", "h:x/"]).verbose);
+        assert!(T::try_parse_from(["copy", "-v", "-q", "a", "h:x/"]).is_err());
     }
 
     #[test]

@@ -98,6 +98,11 @@ struct UpArgs {
     /// MTU of both ends (1500, 9000, ...).
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
+    /// Bytes of framing each packet costs the bottleneck on top of its IP
+    /// bytes: 38 is Ethernet's (a 1 Gbit/s link then carries what a 1 Gbit/s
+    /// NIC does); 0 counts IP bytes only.
+    #[arg(long, value_name = "BYTES", default_value_t = fatpipe_lab::ETHERNET_OVERHEAD)]
+    overhead: u32,
     /// Bit error rate: each bit flipped with this probability (1e-6).
     #[arg(long, default_value = "0", value_parser = probability)]
     corrupt: f64,
@@ -137,6 +142,9 @@ struct SetArgs {
     /// New bit error rate.
     #[arg(long, value_parser = probability)]
     corrupt: Option<f64>,
+    /// New per-packet framing overhead in bytes (38 Ethernet, 0 IP only).
+    #[arg(long, value_name = "BYTES")]
+    overhead: Option<u32>,
     /// Cut the link for this long, starting now.
     #[arg(long, value_parser = duration)]
     down: Option<Duration>,
@@ -170,6 +178,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         jitter: a.jitter,
         queue: a.queue,
         mtu: a.mtu,
+        overhead: a.overhead,
         corrupt: a.corrupt,
         seed,
     };
@@ -283,11 +292,12 @@ fn set(a: SetArgs) -> anyhow::Result<()> {
         jitter: a.jitter,
         queue: a.queue,
         corrupt: a.corrupt,
+        overhead: a.overhead,
         down: a.down,
     };
     if change == LinkChange::default() {
         return Err(crate::exit::usage(
-            "lab set: give at least one of --rtt --rate --asym-rate --loss --loss-burst --jitter --queue --corrupt --down",
+            "lab set: give at least one of --rtt --rate --asym-rate --loss --loss-burst --jitter --queue --corrupt --overhead --down",
         ));
     }
     let spec = fatpipe_lab::set(&a.name, &change).map_err(lab_err)?;
@@ -443,6 +453,12 @@ mod tests {
             (d.name.as_str(), d.rate, d.queue),
             ("fp0", 0, QueueSpec::Bdp(1.0))
         );
+        // Ethernet-true rates unless told otherwise.
+        assert_eq!(d.overhead, 38);
+        let Ok(Cmd::Up(ip)) = parse(&["up", "--overhead", "0"]) else {
+            panic!("--overhead 0");
+        };
+        assert_eq!(ip.overhead, 0);
     }
 
     #[test]
@@ -452,6 +468,7 @@ mod tests {
             &["up", "--rate", "1gbyte"],
             &["up", "--loss", "150%"],
             &["up", "--asym-rate", "1G"],
+            &["up", "--overhead", "-1"],
             &["down", "x", "--all"],
             &["exec", "x", "a"],
         ] {
@@ -473,10 +490,20 @@ mod tests {
     #[test]
     fn set_takes_live_changes() {
         let Ok(Cmd::Set(s)) = parse(&[
-            "set", "fp0", "--loss", "0.1%", "--rtt", "200ms", "--down", "5s",
+            "set",
+            "fp0",
+            "--loss",
+            "0.1%",
+            "--rtt",
+            "200ms",
+            "--down",
+            "5s",
+            "--overhead",
+            "24",
         ]) else {
             panic!("set should parse");
         };
+        assert_eq!(s.overhead, Some(24));
         assert_eq!(s.loss, Some(0.001));
         assert_eq!(s.rtt, Some(Duration::from_millis(200)));
         assert_eq!(s.down, Some(Duration::from_secs(5)));

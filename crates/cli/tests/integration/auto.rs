@@ -161,7 +161,41 @@ fn copy_without_flags_is_auto_tuned_and_no_auto_is_not() {
     let auto = r.auto.as_ref().expect("auto in the copy JSON");
     assert!(auto.plan.reason.starts_with("auto: RTT"), "{auto:?}");
     assert!(auto.streams >= 4, "{auto:?}");
-    assert!(err.contains("auto: RTT"), "{err}");
+    // By default one short line says what was chosen; the reasoning is in
+    // the JSON and behind -v (issue 18).
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("auto: {} streams", auto.streams)),
+        "{err}"
+    );
+    assert!(!err.contains("auto: RTT"), "{err}");
+    // The start-up timeline: every step, in its order, within the command.
+    let t = r.timeline.as_ref().expect("a timeline");
+    let steps = [
+        t.connected_at,
+        t.request_at,
+        t.accepted_at,
+        t.data_open_at,
+        t.first_byte_sent_at,
+        t.last_byte_at,
+        t.done_at,
+    ];
+    let mut last = 0.0;
+    for (i, s) in steps.iter().enumerate() {
+        let s = s.unwrap_or_else(|| panic!("step {i} missing: {t:?}"));
+        // last_byte_at is sampled every 100 ms; the rest are exact.
+        assert!(s + 0.11 >= last, "step {i} at {s} before {last}: {t:?}");
+        last = last.max(s);
+    }
+    assert!(last <= t.wall_secs, "{t:?}");
+    assert!(
+        t.plan_at
+            .is_some_and(|p| p <= t.request_at.unwrap_or(0.0) + 1e-3),
+        "{t:?}"
+    );
+    assert_eq!(t.first_byte_on_disk_at, None, "a push: {t:?}");
+    let (_, verbose) = copy(&["-v"], "v.bin");
+    assert!(verbose.contains("auto: RTT"), "{verbose}");
     let (r, err) = copy(&["--no-auto"], "b.bin");
     assert!(r.auto.is_none());
     assert!(!err.contains("auto:"), "{err}");
@@ -196,9 +230,15 @@ fn lab_auto_fills_1gbit_93ms() {
     assert!(u.start.auto.is_none());
     let rtt = auto.facts.rtt_secs * 1e3;
     assert!((92.0..100.0).contains(&rtt), "probed RTT {rtt} ms");
+    // 88 % of what TCP can carry through the link's Ethernet framing
+    // (941.5 Mbit/s): slow start is left out, so little else is lost.
+    let ceiling = spec
+        .tcp_goodput_ceiling(fatpipe_lab::Dir::AtoB)
+        .unwrap_or(0.0)
+        / 1e9;
     assert!(
-        auto_rate >= 0.85,
-        "auto-tuned: {auto_rate:.3} Gbit/s ({})",
+        auto_rate >= 0.88 * ceiling,
+        "auto-tuned: {auto_rate:.3} of {ceiling:.3} Gbit/s ({})",
         auto.plan.reason
     );
     assert!(

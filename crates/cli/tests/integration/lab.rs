@@ -265,6 +265,12 @@ fn lab_tcp_fills_a_1gbit_link_and_never_exceeds_it() {
     let _s = serial();
     // 1 Gbit/s x 20 ms = 2.5 MB: a window that fits rmem_max (4 MiB) here.
     let lab = LabGuard::up("it-tcp", &["--rtt", "20ms", "--rate", "1gbit"]);
+    // The most TCP payload the link carries with its default Ethernet
+    // framing (941.5 Mbit/s): the bounds below are fractions of it, so a
+    // lab that stopped charging the framing (965 Mbit/s) fails the first.
+    let ceiling = fatpipe_lab::LinkSpec::new(Duration::from_millis(20), 1_000_000_000)
+        .tcp_goodput_ceiling(fatpipe_lab::Dir::AtoB)
+        .expect("a rate");
     // A loaded machine can starve the endpoints (not the link) in one run;
     // the link must reach the bar in one of two and never beat the rate.
     let mut best = 0.0f64;
@@ -274,18 +280,25 @@ fn lab_tcp_fills_a_1gbit_link_and_never_exceeds_it() {
         let got = j["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .expect("receiver rate");
-        assert!(got <= 1.0e9, "TCP got {got} bit/s through a 1 Gbit/s link");
+        // 0.5 % for where the receiver's first and last second fall.
+        assert!(
+            got <= 1.005 * ceiling,
+            "TCP got {got} bit/s through a link that carries {ceiling}"
+        );
         // No interval may beat the rate either (1% slack for timer edges).
         for i in j["intervals"].as_array().expect("intervals") {
             let r = i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0);
-            assert!(r <= 1.01e9, "an interval ran at {r} bit/s");
+            assert!(r <= 1.01 * ceiling, "an interval ran at {r} bit/s");
         }
         best = best.max(got);
-        if best >= 0.92e9 {
+        if best >= 0.95 * ceiling {
             break;
         }
     }
-    assert!(best >= 0.92e9, "TCP reached only {best} bit/s");
+    assert!(
+        best >= 0.95 * ceiling,
+        "TCP reached only {best} bit/s of {ceiling}"
+    );
     let s = lab.stats();
     let peak = s["a_to_b"]["link"]["peak_queue_bytes"]
         .as_u64()

@@ -17,6 +17,8 @@
 //! 2. [`Bottleneck`]: the drop-tail queue in front of the serializer, then
 //!    transmission at the link rate. Queue and rate are one stage because
 //!    the queue's fill level *is* how far the serializer is booked ahead.
+//!    Each segment is charged its IP bytes plus the link's per-packet
+//!    framing ([`DirConfig::overhead`]), as a NIC's line rate is.
 //! 3. [`Loss`]: random loss on the wire (Bernoulli or Gilbert–Elliott); a
 //!    lost segment still used its slot on the bottleneck, as on a real path.
 //! 4. [`DelayLine`]: propagation delay plus jitter that never reorders.
@@ -36,6 +38,12 @@ pub use outage::Outage;
 pub use rate::Bottleneck;
 
 use serde::{Deserialize, Serialize};
+
+/// Bytes Ethernet puts on the wire around each IP packet: preamble and
+/// start delimiter (8), MAC header (14), frame check sequence (4) and the
+/// inter-frame gap (12). A 1500-byte packet occupies 1538 bytes of a line's
+/// time, so TCP at MTU 1500 gets at most 1448/1538 of a 1 Gbit/s NIC.
+pub const ETHERNET_OVERHEAD: u32 = 38;
 
 /// Nanoseconds on the driver's monotonic clock (or a test's virtual one).
 pub type Nanos = u64;
@@ -90,6 +98,10 @@ pub enum Verdict {
 pub struct DirConfig {
     /// Bottleneck rate in bit/s; 0 means no rate limit (and no queue).
     pub rate_bps: u64,
+    /// Bytes the bottleneck charges per segment on top of its IP bytes: the
+    /// framing a TUN device never sees (Ethernet: [`ETHERNET_OVERHEAD`]).
+    /// Counted in the serialization time and the queue, not in `len`.
+    pub overhead: u32,
     /// One-way propagation delay.
     pub delay: Nanos,
     /// Jitter amplitude: the delay varies within `delay ± jitter`.
@@ -113,6 +125,7 @@ impl Default for DirConfig {
     fn default() -> DirConfig {
         DirConfig {
             rate_bps: 0,
+            overhead: 0,
             delay: 0,
             jitter: 0,
             loss: 0.0,

@@ -7,6 +7,12 @@
 //! so the drop-tail decision needs no list of queued packets either. That is
 //! what lets the driver hold a BDP-sized backlog without bookkeeping per
 //! packet beyond its bytes and due time.
+//!
+//! A segment costs the serializer its IP bytes plus the per-packet framing
+//! (`overhead`, 38 bytes for Ethernet): a TUN device never sees the frame,
+//! but a real line spends time on it, and charging it here is what makes a
+//! lab "1 Gbit/s" carry what a 1 Gbit/s NIC carries. The queue is counted
+//! in the same wire bytes, as the serializer's booked time says.
 
 use super::{Counters, DirConfig, DropReason, Nanos, Segment, Stage, Verdict};
 
@@ -16,6 +22,7 @@ const NS_PER_S: u128 = 1_000_000_000;
 #[derive(Debug, Default)]
 pub struct Bottleneck {
     rate_bps: u64,
+    overhead: u32,
     queue_bytes: u64,
     busy_until: Nanos,
     /// Remainder of `bits * 1e9 / rate` not yet turned into a nanosecond,
@@ -41,9 +48,10 @@ impl Stage for Bottleneck {
             return Verdict::Pass;
         }
         let backlog = self.backlog(seg.at);
+        let wire = u64::from(seg.len) + u64::from(self.overhead);
         // The segment in transmission counts towards the queue, as in a
         // byte-limited pfifo: a queue of N bytes holds N bytes in total.
-        if backlog + u64::from(seg.len) > self.queue_bytes {
+        if backlog + wire > self.queue_bytes {
             return Verdict::Drop(DropReason::Queue);
         }
         let start = if self.busy_until > seg.at {
@@ -53,12 +61,12 @@ impl Stage for Bottleneck {
             self.carry = 0;
             seg.at
         };
-        let total = u128::from(seg.len) * 8 * NS_PER_S + self.carry;
+        let total = u128::from(wire) * 8 * NS_PER_S + self.carry;
         let rate = u128::from(self.rate_bps);
         let tx = (total / rate) as Nanos;
         self.carry = total % rate;
         self.busy_until = start + tx;
-        self.peak = self.peak.max(backlog + u64::from(seg.len));
+        self.peak = self.peak.max(backlog + wire);
         seg.at = self.busy_until;
         Verdict::Pass
     }
@@ -68,6 +76,7 @@ impl Stage for Bottleneck {
             self.carry = 0;
         }
         self.rate_bps = cfg.rate_bps;
+        self.overhead = cfg.overhead;
         self.queue_bytes = cfg.queue_bytes;
     }
 

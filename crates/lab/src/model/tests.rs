@@ -51,6 +51,71 @@ fn delivery_time_is_serialization_plus_delay() {
 }
 
 #[test]
+fn framing_overhead_is_charged_per_segment_on_the_wire() {
+    // 1500 + 38 bytes at 1 Gbit/s take 12.304 us, not 12.
+    let mut link = Link::new(&DirConfig {
+        rate_bps: 1_000_000_000,
+        overhead: ETHERNET_OVERHEAD,
+        delay: 10 * MS,
+        ..cfg()
+    });
+    let due = run(&mut link, 3, 1500, |_| 0);
+    assert_eq!(
+        due,
+        vec![
+            Some(10 * MS + 12_304),
+            Some(10 * MS + 24_608),
+            Some(10 * MS + 36_912)
+        ]
+    );
+    // The counters stay in IP bytes: what the ends sent.
+    assert_eq!(link.counters().delivered_bytes, 4500);
+}
+
+#[test]
+fn ethernet_framing_leaves_a_nic_s_tcp_goodput() {
+    // A saturated 1 Gbit/s link of full-sized TCP segments (1448 payload
+    // bytes in 1500-byte packets) for one virtual second: with Ethernet's
+    // 38 bytes the payload delivered is 1448/1538 of the rate (941.5
+    // Mbit/s), without it 1448/1500 (965.3 Mbit/s), to one segment.
+    for (overhead, want) in [(ETHERNET_OVERHEAD, 941.48e6), (0, 965.33e6)] {
+        let mut link = Link::new(&DirConfig {
+            rate_bps: 1_000_000_000,
+            overhead,
+            ..cfg()
+        });
+        let mut payload = 0u64;
+        for _ in 0..200_000 {
+            let mut s = Segment::new(1500, 0);
+            link.process(&mut s);
+            if s.at > 1_000_000_000 {
+                break;
+            }
+            payload += 1448;
+        }
+        let got = payload as f64 * 8.0;
+        assert!((got - want).abs() <= 1448.0 * 8.0, "{overhead}: {got}");
+    }
+}
+
+#[test]
+fn queue_limit_counts_the_framing_too() {
+    // 15,380 bytes hold ten framed 1500-byte segments, not more.
+    let mut link = Link::new(&DirConfig {
+        rate_bps: 1_000_000_000,
+        overhead: ETHERNET_OVERHEAD,
+        queue_bytes: 15_380,
+        ..cfg()
+    });
+    let kept = run(&mut link, 20, 1500, |_| 0)
+        .iter()
+        .filter(|d| d.is_some())
+        .count();
+    assert_eq!(kept, 10);
+    assert_eq!(link.counters().peak_queue_bytes, 15_380);
+}
+
+#[test]
 fn no_rate_means_pure_delay() {
     let mut link = Link::new(&DirConfig {
         delay: 46_500 * US,
