@@ -29,7 +29,7 @@ FEATURES=(--features fatpipe/test-hooks)
 say() { printf '\n==> %s\n' "$*"; }
 
 # --- what the tests need -----------------------------------------------------
-APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish)
+APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -72,6 +72,8 @@ pub struct Config {
     pub zerocopy: bool,
     /// TCP connect limit.
     pub connect_timeout: Duration,
+    /// iperf3's RSA authentication, when the server asks for it.
+    pub auth: Option<crate::auth::Credentials>,
 }
 
 /// What the control connection showed of the path before the test.
@@ -126,11 +128,21 @@ pub fn run(
     };
     tune(&link, cfg);
     let cfg = &*cfg;
-    ctrl.write(
-        &wire::encode_json(&params(cfg).to_json()),
-        "send the parameters",
-    )?;
-    ctrl.expect(State::CreateStreams, "waiting for the stream request")?;
+    let mut p = params(cfg);
+    if let Some(c) = &cfg.auth {
+        p.authtoken = Some(crate::auth::token(c, unix_now())?);
+    }
+    ctrl.write(&wire::encode_json(&p.to_json()), "send the parameters")?;
+    match ctrl.expect(State::CreateStreams, "waiting for the stream request") {
+        // iperf3 (3.12 at least) closes the connection on a refused token
+        // without saying why: with credentials sent, that is the reason.
+        Err(Iperf3Error::Closed(_)) if cfg.auth.is_some() => {
+            return Err(Iperf3Error::Auth(crate::auth::AuthError::Refused(
+                "the iperf3 server closed the connection after the credentials (wrong user, password or key, or clocks more than its skew apart)".into(),
+            )))
+        }
+        r => r?,
+    }
     let streams = connect_streams(cfg, &cookie)?;
     ctrl.expect(State::TestStart, "waiting for the test to start")?;
     ctrl.expect(State::TestRunning, "waiting for the test to run")?;
@@ -203,6 +215,13 @@ pub fn params(cfg: &Config) -> Params {
         client_version: Some(format!("fatpipe {}", env!("CARGO_PKG_VERSION"))),
         ..Params::default()
     }
+}
+
+/// Seconds since the Unix epoch, as iperf3's authentication dates a token.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Opens every stream in iperf3's order: with `--bidir`, the client's

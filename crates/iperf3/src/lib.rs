@@ -13,6 +13,7 @@
 //! This is not an engine service: iperf3 has its own port, handshake and
 //! cookie, so it shares no session framework with fatpipe's protocol.
 
+pub mod auth;
 pub mod client;
 pub mod data;
 pub mod server;
@@ -37,6 +38,9 @@ pub enum Iperf3Error {
     /// The peer's bytes did not decode.
     #[error(transparent)]
     Wire(#[from] wire::WireError),
+    /// This end's RSA authentication could not be set up.
+    #[error(transparent)]
+    Auth(#[from] auth::AuthError),
     /// The server refused the test or failed (`SERVER_ERROR`).
     #[error("the iperf3 server reported an error: {}", server_error_text(*.i_errno, *.errno))]
     Server {
@@ -80,7 +84,10 @@ impl Iperf3Error {
     /// 100), or a peer that is not an iperf3 server.
     pub fn is_usage(&self) -> bool {
         match self {
-            Iperf3Error::Server { i_errno, .. } => (1..100).contains(i_errno),
+            Iperf3Error::Server { i_errno, .. } => {
+                (1..100).contains(i_errno) || *i_errno == wire::errno::AUTHTEST
+            }
+            Iperf3Error::Auth(_) => true,
             Iperf3Error::Unsupported(_) => true,
             _ => false,
         }

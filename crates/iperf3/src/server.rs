@@ -61,6 +61,9 @@ pub struct Options {
     pub handshake_timeout: Duration,
     /// Where session lines go.
     pub logger: Logger,
+    /// iperf3's RSA authentication: when set, every client must present
+    /// a token this admits.
+    pub auth: Option<Arc<crate::auth::Authorizer>>,
 }
 
 impl std::fmt::Debug for Options {
@@ -68,6 +71,7 @@ impl std::fmt::Debug for Options {
         f.debug_struct("Options")
             .field("max_sessions", &self.max_sessions)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("auth", &self.auth.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -316,6 +320,17 @@ fn session(
     };
     let p = Params::parse(&doc).map_err(|e| Refusal::new(errno::RECVPARAMS, e.to_string()))?;
     p.check().map_err(|e| Refusal::from(Iperf3Error::from(e)))?;
+    if let Some(a) = &inner.opts.auth {
+        // The client hears only iperf3's "test authorization failed"; why
+        // goes to this server's log.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let user = a
+            .check(p.authtoken.as_deref(), now)
+            .map_err(|e| Refusal::new(errno::AUTHTEST, e.to_string()))?;
+        (inner.opts.logger)(&format!("iperf3: {} authenticated as {user:?}", show(peer)));
+    }
     let protocol = match p.transport {
         Some(Transport::Tcp) => Protocol::Tcp,
         Some(Transport::Udp) => Protocol::Udp,

@@ -15,6 +15,7 @@ fn server() -> std::net::SocketAddr {
         max_sessions: 4,
         handshake_timeout: Duration::from_secs(5),
         logger: Arc::new(|_| {}),
+        auth: None,
     };
     let s = Server::bind(([127, 0, 0, 1], 0).into(), opts).expect("bind");
     let addr = s.local_addr();
@@ -46,6 +47,7 @@ fn config(addr: std::net::SocketAddr, protocol: Protocol, direction: TestDirecti
         fq_rate: None,
         zerocopy: false,
         connect_timeout: Duration::from_secs(5),
+        auth: None,
     }
 }
 

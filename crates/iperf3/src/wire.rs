@@ -518,6 +518,9 @@ impl Params {
         if let Some(v) = &self.client_version {
             m.insert("client_version".into(), json!(v));
         }
+        if let Some(t) = &self.authtoken {
+            m.insert("authtoken".into(), json!(t));
+        }
         Value::Object(m)
     }
 

@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::io::Write;
 use std::time::Duration;
 
+use fatpipe_iperf3::auth;
 use fatpipe_iperf3::client::{self, Config, Link, Progress};
 use fatpipe_iperf3::wire;
 use fatpipe_memtest::msg::{Protocol, TestParams};
@@ -35,6 +36,7 @@ pub fn run(args: &Args, rec: Option<&super::archive::Recorder>) -> anyhow::Resul
     let mut cfg = config(&params)?;
     cfg.server = args.host.clone();
     cfg.addr = addr;
+    cfg.auth = credentials(args)?;
     for w in notes(&params) {
         eprintln!("fatpipe: warning: {w}");
     }
@@ -105,10 +107,23 @@ pub fn bind_server(
     } else {
         std::sync::Arc::new(|line| eprintln!("fatpipe server: {line}"))
     };
+    let auth = match (&a.iperf3_rsa_private_key, &a.iperf3_authorized_users) {
+        (Some(key), Some(users)) => Some(std::sync::Arc::new(
+            auth::Authorizer::load(key, users, a.iperf3_time_skew)
+                .map_err(|e| crate::exit::usage(e.to_string()))?,
+        )),
+        (None, None) => None,
+        _ => {
+            return Err(crate::exit::usage(
+                "--iperf3-rsa-private-key and --iperf3-authorized-users go together",
+            ))
+        }
+    };
     let opts = fatpipe_iperf3::server::Options {
         max_sessions: a.max_sessions,
         handshake_timeout: handshake,
         logger,
+        auth,
     };
     fatpipe_iperf3::server::Server::bind(std::net::SocketAddr::new(a.bind, port), opts)
         .map_err(|e| crate::exit::usage(format!("--iperf3-port: {e}")))
@@ -168,7 +183,40 @@ fn config(p: &TestParams) -> anyhow::Result<Config> {
         zerocopy: p.zerocopy,
         local_congestion: None,
         connect_timeout: Duration::from_secs(10),
+        auth: None,
     })
+}
+
+/// iperf3's RSA credentials from `--iperf3-username`, the public key and
+/// `IPERF3_PASSWORD` (iperf3 reads its password there too).
+fn credentials(args: &Args) -> anyhow::Result<Option<auth::Credentials>> {
+    let (Some(user), Some(key)) = (&args.iperf3_username, &args.iperf3_rsa_public_key) else {
+        return Ok(None);
+    };
+    if user.is_empty() || user.chars().any(char::is_whitespace) {
+        return Err(crate::exit::usage(
+            "--iperf3-username: a name without spaces (iperf3's format cannot carry them)",
+        ));
+    }
+    let password = std::env::var("IPERF3_PASSWORD").map_err(|_| {
+        crate::exit::usage("--iperf3-username: set the password in IPERF3_PASSWORD, as for iperf3")
+    })?;
+    if password.is_empty() || password.chars().any(char::is_whitespace) {
+        return Err(crate::exit::usage(
+            "IPERF3_PASSWORD: a password without spaces (iperf3's format cannot carry them)",
+        ));
+    }
+    let key = auth::load_public_key(key).map_err(|e| crate::exit::usage(e.to_string()))?;
+    Ok(Some(auth::Credentials {
+        user: user.clone(),
+        password,
+        key,
+        padding: if args.iperf3_oaep {
+            auth::Padding::Oaep
+        } else {
+            auth::Padding::Pkcs1v15
+        },
+    }))
 }
 
 /// What the user should know before the test: roundings to iperf3's

@@ -57,6 +57,19 @@ pub struct Args {
     /// given; no key applies there (docs/iperf3.md).
     #[arg(long, value_name = "PORT")]
     pub iperf3_port: Option<u16>,
+    /// iperf3 clients must authenticate (iperf3's RSA scheme): this
+    /// server's private key (PEM), as iperf3's --rsa-private-key-path.
+    #[arg(long, requires_all = ["iperf3_port", "iperf3_authorized_users"], value_name = "FILE")]
+    pub iperf3_rsa_private_key: Option<PathBuf>,
+    /// The users iperf3 clients may authenticate as: lines USER,SHA256HEX
+    /// of "{USER}PASSWORD", as iperf3's --authorized-users-path.
+    #[arg(long, requires = "iperf3_rsa_private_key", value_name = "FILE")]
+    pub iperf3_authorized_users: Option<PathBuf>,
+    /// Largest difference, in seconds, between an iperf3 client's clock
+    /// and this server's that authentication accepts (iperf3's
+    /// --time-skew-threshold).
+    #[arg(long, default_value_t = fatpipe_iperf3::auth::DEFAULT_SKEW_S, value_name = "SECONDS")]
+    pub iperf3_time_skew: u64,
 }
 
 /// Binds and serves until the process is stopped.

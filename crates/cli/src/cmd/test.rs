@@ -120,6 +120,19 @@ pub struct Args {
     /// iperf3's protocol (docs/iperf3.md).
     #[arg(long, conflicts_with_all = ["key_file", "rfc6349"])]
     pub iperf3: bool,
+    /// With --iperf3: authenticate as this user (iperf3's --username; the
+    /// password comes from IPERF3_PASSWORD, as for iperf3).
+    #[arg(long, requires_all = ["iperf3", "iperf3_rsa_public_key"], value_name = "USER")]
+    pub iperf3_username: Option<String>,
+    /// With --iperf3: the server's RSA public key (PEM), as iperf3's
+    /// --rsa-public-key-path.
+    #[arg(long, requires = "iperf3_username", value_name = "FILE")]
+    pub iperf3_rsa_public_key: Option<PathBuf>,
+    /// With --iperf3 authentication: OAEP padding, for iperf3 3.17 and
+    /// later (default PKCS#1 v1.5, which older servers and
+    /// `--use-pkcs1-padding` expect).
+    #[arg(long, requires = "iperf3_username")]
+    pub iperf3_oaep: bool,
 }
 
 /// Runs the test and prints it; stores it when `--archive` or

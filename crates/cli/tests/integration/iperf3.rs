@@ -617,3 +617,154 @@ fn lab_iperf3_client_agrees_with_stock_iperf3_on_one_server() {
     drop(_srv);
     drop(lab);
 }
+
+/// An RSA key pair made by `openssl` (as iperf3's documentation makes
+/// them: a traditional private key, a `PUBLIC KEY` public one) and an
+/// authorized-users file admitting mario / rossi.
+fn auth_files(dir: &Dir) -> (String, String, String) {
+    let key = dir.path().join("private.pem");
+    let public = dir.path().join("public.pem");
+    let users = dir.path().join("users.csv");
+    let ok = |c: &mut Command| {
+        let out = c.output().expect("run openssl (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(Command::new("openssl")
+        .args(["genrsa", "-traditional", "-out"])
+        .arg(&key)
+        .arg("2048"));
+    ok(Command::new("openssl")
+        .args(["rsa", "-in"])
+        .arg(&key)
+        .args(["-outform", "PEM", "-pubout", "-out"])
+        .arg(&public));
+    std::fs::write(
+        &users,
+        format!(
+            "# user,sha256 of {{user}}password\nmario,{}\n",
+            fatpipe_iperf3::auth::user_hash("mario", "rossi")
+        ),
+    )
+    .expect("write users");
+    let s = |p: std::path::PathBuf| p.display().to_string();
+    (s(key), s(public), s(users))
+}
+
+#[test]
+fn iperf3_auth_stock_clients_against_a_fatpipe_server() {
+    let dir = setup();
+    let (key, public, users) = auth_files(&dir);
+    let (_srv, port) = fatpipe_server(
+        &dir,
+        &[
+            "--iperf3-rsa-private-key",
+            &key,
+            "--iperf3-authorized-users",
+            &users,
+        ],
+    );
+    let auth = ["--username", "mario", "--rsa-public-key-path", &public];
+    // The right password: the test runs.
+    let out = stock_client(port, &["-t", "1"])
+        .args(auth)
+        .env("IPERF3_PASSWORD", "rossi")
+        .output()
+        .expect("run iperf3 -c");
+    let v = client_json(&out);
+    assert!(v["error"].is_null(), "{}", v["error"]);
+    assert!(v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0) > 0);
+    // A wrong password, and no credentials at all: iperf3's own refusal.
+    for (args, password) in [(&auth[..], "verdi"), (&[][..], "rossi")] {
+        let out = stock_client(port, &["-t", "1"])
+            .args(args)
+            .env("IPERF3_PASSWORD", password)
+            .output()
+            .expect("run iperf3 -c");
+        let v = client_json(&out);
+        let err = v["error"].as_str().unwrap_or("");
+        assert!(err.contains("authorization failed"), "{v}");
+    }
+}
+
+#[test]
+fn iperf3_auth_fatpipe_client_against_a_stock_server() {
+    let dir = setup();
+    let (key, public, users) = auth_files(&dir);
+    let stock = || {
+        let port = free_port();
+        let child = Command::new("iperf3")
+            .args(["-s", "-1", "-p", &port.to_string()])
+            .args([
+                "--rsa-private-key-path",
+                &key,
+                "--authorized-users-path",
+                &users,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn iperf3 -s");
+        let start = Instant::now();
+        while !listening(port) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "iperf3 -s did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (Guard(child), port)
+    };
+    let test = |port: u16, password: &str| {
+        run(dir
+            .cmd()
+            .args([
+                "test",
+                "--iperf3",
+                &format!("127.0.0.1:{port}"),
+                "-t",
+                "1",
+                "--json",
+            ])
+            .args([
+                "--iperf3-username",
+                "mario",
+                "--iperf3-rsa-public-key",
+                &public,
+            ])
+            .env("IPERF3_PASSWORD", password))
+    };
+    let (_srv, port) = stock();
+    let out = test(port, "rossi");
+    assert_exit(&out, 0);
+    let r: TestReport = serde_json::from_slice(&out.stdout).expect("a fatpipe.test report");
+    assert!(sum(&r, Direction::Up).bytes > 0);
+    let (_srv, port) = stock();
+    let out = test(port, "verdi");
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("authentication failed"), "{err}");
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("fatpipe: ") && !l.contains("warning"))
+            .count(),
+        1,
+        "{err}"
+    );
+    // Without IPERF3_PASSWORD: one line, before anything is sent.
+    let out = run(dir
+        .cmd()
+        .args(["test", "--iperf3", "127.0.0.1:1", "-t", "1"])
+        .args([
+            "--iperf3-username",
+            "mario",
+            "--iperf3-rsa-public-key",
+            &public,
+        ])
+        .env_remove("IPERF3_PASSWORD"));
+    assert_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("IPERF3_PASSWORD"));
+}
