@@ -74,6 +74,18 @@ fn value(text: &str, series: &str) -> f64 {
     sample(text, series).unwrap_or(0.0)
 }
 
+/// The metrics once the server has closed its `ok` session number `n`: the
+/// client can exit before the server has finished its side of the
+/// session, so a scrape right after the client may be a moment early.
+fn settled(maddr: &str, n: f64) -> String {
+    let mut text = String::new();
+    wait_for(Duration::from_secs(10), "the session to be counted", || {
+        text = get(maddr, "/metrics").1;
+        value(&text, OK) >= n && value(&text, ACTIVE) == 0.0
+    });
+    text
+}
+
 fn report(out: &std::process::Output) -> TestReport {
     assert_exit(out, 0);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -133,7 +145,7 @@ fn metrics_count_tests_during_and_after_by_the_right_amounts() {
     );
     assert_eq!(sample(&during, STREAMS), Some(2.0), "{during}");
     let up = report(&client.wait_with_output().expect("wait for the test"));
-    let (_, after_up) = get(&maddr, "/metrics");
+    let after_up = settled(&maddr, 1.0);
     let got = &up.end.sums[0];
     assert_eq!(value(&after_up, UP), got.bytes as f64, "{after_up}");
     // Under load the scrape "during" can land after the last interval's
@@ -162,7 +174,7 @@ fn metrics_count_tests_during_and_after_by_the_right_amounts() {
         .args(["test", &target, "--key-file", "key", "--no-auto"])
         .args(["-R", "-t", "1", "--json"]));
     let down = report(&out);
-    let (_, after_down) = get(&maddr, "/metrics");
+    let after_down = settled(&maddr, 2.0);
     assert_eq!(
         value(&after_down, DOWN),
         down.end.sums[0].bytes_sent as f64,
