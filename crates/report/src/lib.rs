@@ -19,6 +19,7 @@
 //! of them), so any parameter of a sweep can be a row, a column or a split.
 
 pub mod metric;
+pub mod plot;
 pub mod tables;
 
 use serde::Serialize;

@@ -454,12 +454,12 @@ fn show(v: &Value) -> String {
 
 /// How values sort: by what they mean when they are quantities.
 #[derive(Debug, Clone, PartialEq, PartialOrd)]
-enum SortKey {
+pub(crate) enum SortKey {
     Number(f64),
     Text(String),
 }
 
-fn sort_key(v: &Value) -> SortKey {
+pub(crate) fn sort_key(v: &Value) -> SortKey {
     match v {
         Value::Number(n) => SortKey::Number(n.as_f64().unwrap_or(0.0)),
         Value::Bool(b) => SortKey::Number(f64::from(u8::from(*b))),
