@@ -18,6 +18,7 @@
 //! A cell's parameters come from its key (the sweep stores canonical JSON
 //! of them), so any parameter of a sweep can be a row, a column or a split.
 
+pub mod html;
 pub mod metric;
 pub mod plot;
 pub mod tables;

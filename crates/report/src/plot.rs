@@ -99,6 +99,9 @@ pub struct Axis {
     pub label: String,
     /// Log scale (positions are log2 of the value).
     pub log: bool,
+    /// Words, not quantities: evenly spaced, and points are not joined
+    /// (a line between `cubic` and `bbr` would mean nothing).
+    pub categorical: bool,
     /// Tick positions and their labels, one per value.
     pub ticks: Vec<(f64, String)>,
 }
@@ -716,11 +719,17 @@ fn axis_for(k: &str, xs: &[Value]) -> Axis {
             (u, false) => format!("{k} ({u})"),
             (u, true) => format!("{k} ({u}, log scale)"),
         };
-        Axis { label, log, ticks }
+        Axis {
+            label,
+            log,
+            categorical: false,
+            ticks,
+        }
     } else {
         Axis {
             label: k.to_string(),
             log: false,
+            categorical: true,
             ticks: xs
                 .iter()
                 .enumerate()
@@ -910,7 +919,13 @@ fn draw_line<DB: DrawingBackend>(
         xs.iter().copied().fold(f64::INFINITY, f64::min),
         xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
     );
-    let pad = if x1 > x0 { (x1 - x0) * 0.05 } else { 1.0 };
+    let pad = if p.x.categorical {
+        0.5
+    } else if x1 > x0 {
+        (x1 - x0) * 0.05
+    } else {
+        1.0
+    };
     let (plot_area, note_area) = if p.notes.is_empty() {
         (area.clone(), None)
     } else {
@@ -991,9 +1006,29 @@ fn draw_line<DB: DrawingBackend>(
         .bold_line_style(RGBColor(0xDD, 0xDD, 0xDD))
         .draw()
         .map_err(draw_err)?;
+    let nser = p.series.len();
     for (i, s) in p.series.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
-        if s.points.len() > 1 {
+        // Series beside each other at a word's place, not on top.
+        let dodge = if p.x.categorical {
+            (i as f64 - (nser as f64 - 1.0) / 2.0) * (0.6 / nser.max(1) as f64)
+        } else {
+            0.0
+        };
+        let s = &Series {
+            label: s.label.clone(),
+            points: s
+                .points
+                .iter()
+                .map(|q| Point {
+                    x: q.x + dodge,
+                    ..*q
+                })
+                .collect(),
+        };
+        // Bands of more than three series hide each other; the error bars
+        // still show each one's spread.
+        if s.points.len() > 1 && p.series.len() <= 3 && !p.x.categorical {
             let mut band: Vec<(f64, f64)> = s.points.iter().map(|q| (q.x, fy(q.hi))).collect();
             band.extend(s.points.iter().rev().map(|q| (q.x, fy(q.lo))));
             chart
@@ -1008,11 +1043,13 @@ fn draw_line<DB: DrawingBackend>(
                 ErrorBar::new_vertical(q.x, fy(q.lo), fy(q.y), fy(q.hi), color.stroke_width(1), 8)
             }))
             .map_err(draw_err)?;
+        let joined = if p.x.categorical {
+            Vec::new()
+        } else {
+            s.points.iter().map(|q| (q.x, fy(q.y))).collect()
+        };
         let anno = chart
-            .draw_series(LineSeries::new(
-                s.points.iter().map(|q| (q.x, fy(q.y))),
-                color.stroke_width(3),
-            ))
+            .draw_series(LineSeries::new(joined, color.stroke_width(3)))
             .map_err(draw_err)?;
         if !s.label.is_empty() {
             legend(anno.label(s.label.clone()), i, color);
@@ -1291,7 +1328,7 @@ fn draw_history<DB: DrawingBackend>(
                 [(*t, y0), (*t, y1)],
                 6,
                 4,
-                BLACK.stroke_width(2).into(),
+                BLACK.stroke_width(2),
             ))
             .map_err(draw_err)?;
         let pa = chart.plotting_area().strip_coord_spec();
@@ -1431,7 +1468,7 @@ fn draw_seed<DB: DrawingBackend>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use chrono::TimeZone;
     use fatpipe_archive::{Metrics, RunKind, SweepRef};

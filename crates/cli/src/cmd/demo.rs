@@ -11,6 +11,12 @@
 //!
 //! then prints a short report comparing them and removes the link.
 //!
+//! Every demo's runs go into an archive of its own (`demo.sqlite` in the
+//! report directory, under the user's data directory by default), as a
+//! sweep named `demo` whose cells are the three steps, so repeated demos
+//! pile up as repetitions; and each demo writes the HTML report of that
+//! archive beside it (`fatpipe report --html`), and says where.
+//!
 //! The demo drives the real `fatpipe` binary (this executable) as separate
 //! processes with `--json`, exactly as a user or script would, and reads the
 //! results through the shared schema: what it shows is what `test` and
@@ -23,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use fatpipe_archive::Run;
 use fatpipe_lab::{End, Lab, LinkSpec, UpOptions};
 use fatpipe_schema::copy::CopyReport;
 use fatpipe_schema::test::TestReport;
@@ -54,6 +61,11 @@ pub struct Args {
     /// Run on loopback even when root could bring up the emulated link.
     #[arg(long)]
     loopback: bool,
+    /// Where the demo's archive (demo.sqlite) and HTML report
+    /// (demo-report.html) go [default: fatpipe/demo in the user's data
+    /// directory].
+    #[arg(long, value_name = "DIR")]
+    report_dir: Option<PathBuf>,
 }
 
 /// Where the demo runs: through a lab link, or on this host's loopback.
@@ -212,7 +224,88 @@ fn steps(args: &Args, exe: &Path, work: &Path, place: &Place) -> anyhow::Result<
     if let Some(w) = tuned.start.warnings.first() {
         println!("  note: {w}");
     }
+    let (archive, html) = keep(args, place, &baseline, &tuned, &copy)?;
+    println!("  archive {}", archive.display());
+    println!("  report  {}", html.display());
     Ok(())
+}
+
+/// Stores the demo's three runs in its archive and writes the archive's
+/// HTML report; returns where both are.
+fn keep(
+    args: &Args,
+    place: &Place,
+    baseline: &TestReport,
+    tuned: &TestReport,
+    copy: &CopyReport,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let dir = match &args.report_dir {
+        Some(d) => d.clone(),
+        None => match fatpipe_archive::Location::default_sqlite() {
+            Ok(fatpipe_archive::Location::Sqlite(p)) => p
+                .parent()
+                .map(|d| d.join("demo"))
+                .ok_or_else(|| anyhow!("demo: no data directory; give --report-dir"))?,
+            _ => bail!(
+                "demo: no data directory (HOME and XDG_DATA_HOME are unset); give --report-dir"
+            ),
+        },
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("demo: create {}", dir.display()))?;
+    let archive = dir.join("demo.sqlite");
+    let html = dir.join("demo-report.html");
+    let location = archive.to_string_lossy().into_owned();
+    let mut store = super::archive::open(Some(&location))?;
+    let rep = store
+        .done_runs("demo")?
+        .iter()
+        .map(|d| d.repetition + 1)
+        .max()
+        .unwrap_or(0);
+    let (path, link) = match place {
+        Place::Lab(lab) => (
+            "lab:demo".to_string(),
+            serde_json::to_value(lab.spec()).ok(),
+        ),
+        Place::Loopback => ("loopback".to_string(), None),
+    };
+    let now = chrono::Utc::now();
+    let host = super::archive::host_facts();
+    let cell = |step: &str| serde_json::json!({ "step": step }).to_string();
+    let runs = [
+        Run::from_test(baseline, &path, host.clone(), now)?.with_sweep(
+            "demo",
+            cell("1 test, default settings"),
+            rep,
+        ),
+        Run::from_test(tuned, &path, host.clone(), now)?.with_sweep(
+            "demo",
+            cell("2 test, auto-tuned"),
+            rep,
+        ),
+        Run::from_copy(copy, &path, host, now)?.with_sweep("demo", cell("3 copy, auto-tuned"), rep),
+    ];
+    let runs: Vec<Run> = runs
+        .into_iter()
+        .map(|mut r| {
+            r.link = link.clone();
+            r
+        })
+        .collect();
+    store.insert_runs(&runs)?;
+    drop(store);
+    super::report::write(super::report::Args {
+        select: super::archive::Select {
+            archive: Some(location),
+            sweep: Some("demo".into()),
+            ..Default::default()
+        },
+        rows: Some("step".into()),
+        format: "text".into(),
+        html: Some(html.clone()),
+        ..Default::default()
+    })?;
+    Ok((archive, html))
 }
 
 fn print_test_row(label: &str, r: &TestReport) {

@@ -12,8 +12,10 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::PathBuf;
 
-use fatpipe_archive::Annotation;
+use fatpipe_archive::{Annotation, RunFilter};
+use fatpipe_report::html::Page;
 use fatpipe_report::metric::{Metric, Stat};
+use fatpipe_report::plot::{self, Caption, Plot};
 use fatpipe_report::tables::{self, PivotSpec};
 use fatpipe_report::{render, Format, Table};
 use fatpipe_sweep::Experiment;
@@ -22,7 +24,7 @@ use super::archive::Select;
 use crate::exit::usage;
 
 /// Arguments of `fatpipe report`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct Args {
     /// An experiment file: report its sweep, laid out as its [report] says,
     /// with the source document's figures beside fatpipe's.
@@ -55,10 +57,36 @@ pub struct Args {
     /// Output format: text, markdown, csv or json.
     #[arg(long, default_value = "text")]
     pub format: String,
+    /// Draw a plot instead of tables: a swept parameter to plot the measure
+    /// against (window, streams, length, ...; `line` for --rows), `heatmap`
+    /// (--rows × --columns, one panel per --split value), `history` (the
+    /// path's runs over time with its annotations) or `seed` (the source
+    /// document's figures beside fatpipe's). Needs --out.
+    #[arg(long, value_name = "KIND", requires = "out")]
+    pub plot: Option<String>,
+    /// One line per value of these parameters in a line plot [default:
+    /// --columns and --split].
+    #[arg(long, value_delimiter = ',')]
+    pub series: Vec<String>,
+    /// Where the plot goes: FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE", requires = "plot")]
+    pub out: Option<PathBuf>,
+    /// Write one self-contained HTML report (plots and tables) to FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "plot")]
+    pub html: Option<PathBuf>,
 }
 
 /// Runs `fatpipe report`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(file) = write(args)? {
+        println!("wrote {}", file.display());
+    }
+    Ok(())
+}
+
+/// Makes the report `args` ask for: tables on stdout, or a plot or an HTML
+/// file, whose path it returns.
+pub fn write(args: Args) -> anyhow::Result<Option<PathBuf>> {
     let format = Format::parse(&args.format).ok_or_else(|| {
         usage(format!(
             "--format: '{}' is not text, markdown, csv or json",
@@ -147,6 +175,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(usage("--columns and --split need --rows"));
     }
 
+    let rows_param = rows.clone();
+    let columns_param = columns.clone();
+    let split_params = split.clone();
     let mut out_tables: Vec<Table> = Vec::new();
     if let Some(rows) = rows {
         out_tables.extend(tables::pivot(
@@ -192,9 +223,388 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ));
         }
     }
+    if args.plot.is_some() || args.html.is_some() {
+        let sample = store
+            .runs(&RunFilter {
+                ok: Some(true),
+                limit: Some(1),
+                ..filter.clone()
+            })?
+            .into_iter()
+            .next();
+        let notes = match runs.first() {
+            Some(r) => store.annotations(Some(&r.path))?,
+            None => Vec::new(),
+        };
+        let ctx = Context {
+            runs: &runs,
+            notes: &notes,
+            context: context_line(sample.as_ref(), &runs),
+            exp: exp.as_ref(),
+            rows: rows_param.as_deref(),
+            columns: columns_param.as_deref(),
+            split: &split_params,
+            series: &args.series,
+            metric,
+            stat,
+        };
+        if let (Some(kind), Some(file)) = (&args.plot, &args.out) {
+            let plot = plot_of(kind, &ctx)?;
+            write_plot(&plot, file)?;
+            return Ok(Some(file.clone()));
+        }
+        if let Some(file) = &args.html {
+            let page = page_of(
+                &ctx,
+                &heading,
+                out_tables,
+                &store.location(),
+                sample.as_ref(),
+            );
+            let html = fatpipe_report::html::render(&page)?;
+            write_file(file, html.as_bytes())?;
+            return Ok(Some(file.clone()));
+        }
+    }
     let mut out = std::io::stdout().lock();
     out.write_all(render(&heading, &out_tables, format).as_bytes())?;
-    Ok(out.flush()?)
+    out.flush()?;
+    Ok(None)
+}
+
+/// What the plots of a report are drawn from.
+struct Context<'a> {
+    runs: &'a [fatpipe_archive::Measurement],
+    notes: &'a [Annotation],
+    context: String,
+    exp: Option<&'a Experiment>,
+    rows: Option<&'a str>,
+    columns: Option<&'a str>,
+    split: &'a [String],
+    series: &'a [String],
+    metric: Metric,
+    stat: Stat,
+}
+
+impl Context<'_> {
+    fn caption(&self, title: String) -> Caption {
+        Caption {
+            title,
+            context: self.context.clone(),
+        }
+    }
+
+    /// The parameter a line plot puts on x when none is named: the
+    /// layout's rows, else the first swept parameter that is a quantity
+    /// people plot against.
+    fn default_x(&self) -> Option<String> {
+        if let Some(r) = self.rows {
+            return Some(r.to_string());
+        }
+        let groups = tables::groups(self.runs);
+        let vary = tables::varying(&groups);
+        [
+            "window", "streams", "length", "mss", "rate", "rtt", "loss", "mtu",
+        ]
+        .into_iter()
+        .find(|k| vary.iter().any(|v| v == k))
+        .map(str::to_string)
+        .or_else(|| vary.first().cloned())
+    }
+
+    /// Series of a line plot over `x`: --series, else the layout's columns
+    /// and split, else what else varies (at most one parameter).
+    fn series_for(&self, x: &str) -> Vec<String> {
+        if !self.series.is_empty() {
+            return self.series.to_vec();
+        }
+        let mut s: Vec<String> = self.columns.iter().map(|c| c.to_string()).collect();
+        s.extend(self.split.iter().cloned());
+        if s.is_empty() && self.rows.is_none() {
+            let groups = tables::groups(self.runs);
+            s.extend(
+                tables::varying(&groups)
+                    .into_iter()
+                    .filter(|k| k != x && k != "phase")
+                    .take(1),
+            );
+        }
+        s.retain(|k| k != x);
+        s
+    }
+
+    fn line(&self, x: &str) -> anyhow::Result<Plot> {
+        let series = self.series_for(x);
+        let title = format!(
+            "{} against {x}{}",
+            self.metric.label(),
+            if series.is_empty() {
+                String::new()
+            } else {
+                format!(", by {}", series.join(" and "))
+            }
+        );
+        Ok(Plot::Line(
+            plot::line_data(
+                self.runs,
+                x,
+                &series,
+                self.metric,
+                self.stat,
+                self.caption(title),
+            )
+            .map_err(|e| usage(e.to_string()))?,
+        ))
+    }
+
+    fn heatmap(&self) -> anyhow::Result<Plot> {
+        let (Some(r), Some(c)) = (self.rows, self.columns) else {
+            return Err(usage(
+                "--plot heatmap needs --rows and --columns (or an experiment's [report])",
+            ));
+        };
+        Ok(Plot::Heatmap(
+            plot::heatmap_data(
+                self.runs,
+                r,
+                c,
+                self.split,
+                self.metric,
+                self.stat,
+                self.caption(format!("{}, {r} × {c}", self.metric.label())),
+            )
+            .map_err(|e| usage(e.to_string()))?,
+        ))
+    }
+
+    fn history(&self) -> anyhow::Result<Plot> {
+        let title = match self.notes.len() {
+            0 => format!("{} over time", self.metric.label()),
+            _ => format!("{} over time, with the path's notes", self.metric.label()),
+        };
+        Ok(Plot::History(
+            plot::history_data(self.runs, self.notes, self.metric, self.caption(title))
+                .map_err(|e| usage(e.to_string()))?,
+        ))
+    }
+
+    fn seed(&self) -> anyhow::Result<Plot> {
+        let Some(e) = self.exp else {
+            return Err(usage(
+                "--plot seed needs an experiment file with [[seed_figure]]s",
+            ));
+        };
+        Ok(Plot::Seed(
+            plot::seed_data(
+                self.runs,
+                &e.seed_figures,
+                self.caption(format!(
+                    "source document {} beside fatpipe",
+                    e.seed.as_deref().unwrap_or(&e.name)
+                )),
+            )
+            .map_err(|e| usage(e.to_string()))?,
+        ))
+    }
+}
+
+/// The plot `--plot KIND` names.
+fn plot_of(kind: &str, ctx: &Context<'_>) -> anyhow::Result<Plot> {
+    match kind {
+        "heatmap" => ctx.heatmap(),
+        "history" => ctx.history(),
+        "seed" => ctx.seed(),
+        "line" => match ctx.default_x() {
+            Some(x) => ctx.line(&x),
+            None => Err(usage(
+                "--plot line: these runs sweep no parameter; try --plot history",
+            )),
+        },
+        param => ctx.line(param),
+    }
+}
+
+/// The plots an HTML report carries: the measure against the layout's
+/// rows (or the first swept quantity), the heat map when there are rows
+/// and columns, the source document's figures, and the history when the
+/// path has notes or the runs are not a sweep.
+fn page_plots(ctx: &Context<'_>) -> Vec<(Plot, String)> {
+    let mut out = Vec::new();
+    let spread = "line: the statistic over the repetitions; band and bars: their p10–p90";
+    if let Some(x) = ctx.default_x() {
+        if let Ok(p) = ctx.line(&x) {
+            out.push((
+                p,
+                format!(
+                    "{} ({}) against {x}. {spread}.",
+                    ctx.metric.label(),
+                    ctx.stat.name()
+                ),
+            ));
+        }
+    }
+    if ctx.rows.is_some() && ctx.columns.is_some() {
+        if let Ok(p) = ctx.heatmap() {
+            out.push((
+                p,
+                format!(
+                    "{} ({}) in each cell; lighter is higher.",
+                    ctx.metric.label(),
+                    ctx.stat.name()
+                ),
+            ));
+        }
+    }
+    if ctx.exp.is_some_and(|e| !e.seed_figures.is_empty()) {
+        if let Ok(p) = ctx.seed() {
+            out.push((p, "grey: the figure as the source document quotes it; blue: the same statistic of fatpipe's runs in the cells it names.".into()));
+        }
+    }
+    let swept = ctx.runs.iter().any(|m| m.sweep.is_some());
+    if !ctx.notes.is_empty() || !swept {
+        if let Ok(p) = ctx.history() {
+            out.push((p, "each run, or per time bucket its median and p10–p90; dashed lines: the archive's notes on the path.".into()));
+        }
+    }
+    out
+}
+
+fn page_of(
+    ctx: &Context<'_>,
+    heading: &str,
+    tables: Vec<Table>,
+    location: &str,
+    sample: Option<&fatpipe_archive::Run>,
+) -> Page {
+    let mut facts = vec![("runs".to_string(), {
+        let failed = ctx.runs.iter().filter(|m| !m.ok).count();
+        format!("{} ({failed} failed)", ctx.runs.len())
+    })];
+    if let (Some(a), Some(b)) = (
+        ctx.runs.iter().map(|m| m.started).min(),
+        ctx.runs.iter().map(|m| m.started).max(),
+    ) {
+        facts.push((
+            "from, to".into(),
+            format!(
+                "{} — {}",
+                a.format("%Y-%m-%d %H:%M UTC"),
+                b.format("%Y-%m-%d %H:%M UTC")
+            ),
+        ));
+    }
+    if let Some(r) = sample {
+        facts.push(("path".into(), r.path.clone()));
+        if let Some(l) = r.link.as_ref().and_then(link_text) {
+            facts.push(("link".into(), l));
+        }
+        let h = &r.host;
+        let about: Vec<String> = [
+            format!("{} {}", h.os, h.kernel).trim().to_string(),
+            match (h.cpu_count, h.cpu_model.as_str()) {
+                (0, _) => String::new(),
+                (n, "") => format!("{n} CPUs"),
+                (n, m) => format!("{n} × {m}"),
+            },
+        ]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+        facts.push((
+            "host".into(),
+            format!("{} ({})", h.hostname, about.join(", ")),
+        ));
+        if let Some(cc) = h.sysctls.get("net.ipv4.tcp_congestion_control") {
+            facts.push(("congestion control".into(), cc.clone()));
+        }
+        facts.push(("fatpipe".into(), h.fatpipe_version.clone()));
+    }
+    if let Some(e) = ctx.exp {
+        facts.push(("experiment".into(), e.file.display().to_string()));
+    }
+    for n in ctx.notes {
+        facts.push((
+            format!("note {}", n.at.format("%Y-%m-%d %H:%M UTC")),
+            n.note.clone(),
+        ));
+    }
+    Page {
+        title: heading.to_string(),
+        subtitle: ctx.context.clone(),
+        facts,
+        plots: page_plots(ctx),
+        tables,
+        source: location.to_string(),
+    }
+}
+
+/// `path lab:x · link 1 Gbit/s, 93 ms, 0.1 % loss · host dtn1 (Linux 6.1)`.
+fn context_line(
+    sample: Option<&fatpipe_archive::Run>,
+    runs: &[fatpipe_archive::Measurement],
+) -> String {
+    let mut parts = Vec::new();
+    let mut paths: Vec<&str> = runs.iter().map(|m| m.path.as_str()).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    match paths.as_slice() {
+        [one] => parts.push(format!("path {one}")),
+        many => parts.push(format!("{} paths", many.len())),
+    }
+    if let Some(r) = sample {
+        if let Some(l) = r.link.as_ref().and_then(link_text) {
+            parts.push(format!("link {l}"));
+        }
+        let os = format!("{} {}", r.host.os, r.host.kernel);
+        parts.push(match os.trim() {
+            "" => format!("host {}", r.host.hostname),
+            os => format!("host {} ({os})", r.host.hostname),
+        });
+    }
+    parts.join(" · ")
+}
+
+/// A lab link's spec for people: `1 Gbit/s, 93 ms RTT, 0.1% loss, MTU 1500`.
+fn link_text(v: &serde_json::Value) -> Option<String> {
+    let dur = |k: &str| -> Option<f64> {
+        let d = v.get(k)?;
+        Some(d.get("secs")?.as_f64()? + d.get("nanos")?.as_f64()? / 1e9)
+    };
+    let mut parts = Vec::new();
+    match v.get("rate_up").and_then(|r| r.as_f64()) {
+        Some(r) if r > 0.0 => parts.push(fatpipe_schema::units::format_rate(r)),
+        Some(_) => parts.push("unlimited rate".into()),
+        None => {}
+    }
+    if let Some(rtt) = dur("rtt") {
+        parts.push(format!("{:.0} ms RTT", rtt * 1e3));
+    }
+    if let Some(l) = v.get("loss").and_then(|l| l.as_f64()).filter(|l| *l > 0.0) {
+        parts.push(format!("{}% loss", fatpipe_schema::units::format_loss(l)));
+    }
+    if let Some(m) = v.get("mtu").and_then(|m| m.as_u64()) {
+        parts.push(format!("MTU {m}"));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+fn write_plot(plot: &Plot, file: &std::path::Path) -> anyhow::Result<()> {
+    match file.extension().and_then(|e| e.to_str()) {
+        Some("svg") => write_file(file, plot.svg()?.as_bytes()),
+        Some("png") => {
+            plot.png(file)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            Ok(())
+        }
+        _ => Err(usage(format!(
+            "--out {}: the file must end in .svg or .png",
+            file.display()
+        ))),
+    }
+}
+
+fn write_file(file: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(file, bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
 }
 
 /// The annotation `which` names: its id, or the first whose note contains

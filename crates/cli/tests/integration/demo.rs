@@ -27,6 +27,24 @@ fn demo_on_loopback_runs_every_step() {
     ] {
         assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
     }
+    // Its runs in an archive of its own, its report beside it, and both
+    // named in the output.
+    let here = dir.path().join(".data/fatpipe/demo");
+    let html = here.join("demo-report.html");
+    assert!(
+        stdout.contains(&format!("report  {}", html.display())),
+        "report path missing:\n{stdout}"
+    );
+    let page = std::fs::read_to_string(&html).expect("the demo's HTML report");
+    assert!(page.contains("<svg "), "no plot in the demo's report");
+    assert!(page.contains("2 test, auto-tuned"));
+    let listed = run(dir
+        .cmd()
+        .args(["archive", "list", "--archive"])
+        .arg(here.join("demo.sqlite")));
+    assert_exit(&listed, 0);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.matches("demo").count() >= 3, "{listed}");
 }
 
 /// On an emulated long fat link (root): the same steps through the lab, and

@@ -31,6 +31,10 @@ impl Dir {
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(bin());
         c.current_dir(self.path());
+        // The user's own archive (and anything else under their data
+        // directory) is never touched by a test.
+        c.env("XDG_DATA_HOME", self.path().join(".data"))
+            .env_remove("FATPIPE_ARCHIVE");
         c
     }
 }
