@@ -938,7 +938,7 @@ fn draw_line<DB: DrawingBackend>(
         .margin_right(28)
         .margin_bottom(8)
         .x_label_area_size(56)
-        .y_label_area_size(86)
+        .y_label_area_size(112)
         .build_cartesian_2d(x0 - pad..x1 + pad, y0..y1)
         .map_err(draw_err)?;
     let yfmt = |v: &f64| num(*v);
@@ -1259,7 +1259,7 @@ fn draw_history<DB: DrawingBackend>(
         .margin_right(28)
         .margin_bottom(8)
         .x_label_area_size(56)
-        .y_label_area_size(86)
+        .y_label_area_size(112)
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(draw_err)?;
     let fmt = if span > 3.0 * 86_400.0 {

@@ -209,12 +209,16 @@ pub fn write(args: Args) -> anyhow::Result<Option<PathBuf>> {
             e.path,
             heading_extra
         ),
-        None => format!(
-            "{} runs from {}{}",
-            runs.len(),
-            store.location(),
-            heading_extra
-        ),
+        None => match (&filter.sweep, &filter.path) {
+            (Some(sw), _) => format!("sweep {sw}: {} runs{heading_extra}", runs.len()),
+            (None, Some(p)) => format!("path {p}: {} runs{heading_extra}", runs.len()),
+            (None, None) => format!(
+                "{} runs from {}{}",
+                runs.len(),
+                store.location(),
+                heading_extra
+            ),
+        },
     };
     if left_out > 0 {
         if let Some(t) = out_tables.last_mut() {
@@ -572,7 +576,11 @@ fn link_text(v: &serde_json::Value) -> Option<String> {
     };
     let mut parts = Vec::new();
     match v.get("rate_up").and_then(|r| r.as_f64()) {
-        Some(r) if r > 0.0 => parts.push(fatpipe_schema::units::format_rate(r)),
+        Some(r) if r > 0.0 => parts.push(
+            fatpipe_schema::units::format_rate(r)
+                .replace(".00 ", " ")
+                .replace(".0 ", " "),
+        ),
         Some(_) => parts.push("unlimited rate".into()),
         None => {}
     }
@@ -580,7 +588,7 @@ fn link_text(v: &serde_json::Value) -> Option<String> {
         parts.push(format!("{:.0} ms RTT", rtt * 1e3));
     }
     if let Some(l) = v.get("loss").and_then(|l| l.as_f64()).filter(|l| *l > 0.0) {
-        parts.push(format!("{}% loss", fatpipe_schema::units::format_loss(l)));
+        parts.push(format!("{} loss", fatpipe_schema::units::format_loss(l)));
     }
     if let Some(m) = v.get("mtu").and_then(|m| m.as_u64()) {
         parts.push(format!("MTU {m}"));

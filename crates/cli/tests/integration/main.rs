@@ -16,6 +16,7 @@ mod lab;
 mod lab_copy;
 mod metrics;
 mod path;
+mod report;
 mod rfc6349;
 mod server_test;
 mod sweep;
