@@ -16,6 +16,10 @@
 # directory, run as the postgres user) and stops it on exit; otherwise they
 # skip with a message, unless FATPIPE_TEST_POSTGRES already names a server.
 #
+# The HTML report's test opens it in Debian's headless Chromium (installed
+# here with fonts-dejavu-core) and inspects the screenshot; without it the
+# test skips outside CI and fails in CI.
+#
 # Environment:
 #   FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips fuzzing)
 #   FATPIPE_TEST_POSTGRES  postgres:// URL of a server to test the archive
@@ -29,7 +33,7 @@ FEATURES=(--features fatpipe/test-hooks)
 say() { printf '\n==> %s\n' "$*"; }
 
 # --- what the tests need -----------------------------------------------------
-APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl)
+APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
