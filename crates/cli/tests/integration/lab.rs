@@ -353,8 +353,16 @@ fn lab_set_loss_and_rtt_live() {
         &fatpipe(&["lab", "set", "it-loss", "--loss", "0", "--rtt", "30ms"]),
         0,
     );
-    let m = median(ping_rtts(&lab, &addr("it-loss", "b", "ipv4"), 5));
-    assert!((m - 30.0).abs() <= 0.5, "after set --rtt 30ms: {m} ms");
+    // The emulator never delivers early, so the fastest ping is at least
+    // the new delay; a busy machine (CI shares two cores with the build)
+    // only adds to the others, so the fastest is also the one to hold to
+    // a tight upper bound.
+    let rtts = ping_rtts(&lab, &addr("it-loss", "b", "ipv4"), 5);
+    let m = rtts.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(
+        (29.5..=31.5).contains(&m),
+        "after set --rtt 30ms: fastest of {rtts:?} ms"
+    );
     assert_exit(&fatpipe(&["lab", "set", "it-loss", "--down", "2s"]), 0);
     let b = addr("it-loss", "b", "ipv4");
     let out = util::run(&mut lab.exec("a", &["ping", "-n", "-c", "3", "-i", "0.2", "-W", "1", &b]));
