@@ -1106,6 +1106,9 @@ fn draw_heatmap<DB: DrawingBackend>(
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (div, unit) = unit_for(h.metric, hi);
+    // Colours on a log scale when the values span decades (throughput
+    // against window), else the small windows' cells all look alike.
+    let logc = lo > 0.0 && hi / lo >= 50.0;
     let weights: Vec<u32> = h
         .panels
         .iter()
@@ -1122,11 +1125,12 @@ fn draw_heatmap<DB: DrawingBackend>(
         };
         let (panel, below) = rest.split_vertically(this_h);
         rest = below;
+        let scale = if logc { ", log colour scale" } else { "" };
         let title = if p.label.is_empty() {
-            format!("{} ({}, {unit})", h.metric.label(), h.stat.name())
+            format!("{} ({}, {unit}{scale})", h.metric.label(), h.stat.name())
         } else {
             format!(
-                "{}: {} ({}, {unit})",
+                "{}: {} ({}, {unit}{scale})",
                 p.label,
                 h.metric.label(),
                 h.stat.name()
@@ -1142,47 +1146,52 @@ fn draw_heatmap<DB: DrawingBackend>(
             .y_label_area_size(96)
             .build_cartesian_2d(0f64..nc as f64, 0f64..nr as f64)
             .map_err(draw_err)?;
-        let cols = p.columns.clone();
-        let rows = p.rows.clone();
-        let xfmt = move |v: &f64| {
-            let i = (v - 0.5).round();
-            if (v - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
-                cols.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        };
-        let yfmt = move |v: &f64| {
-            let i = (v - 0.5).round();
-            if (v - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
-                // Rows are stored top first; the axis counts from the bottom.
-                rows.get(nr.saturating_sub(1 + i as usize))
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            }
-        };
         chart
             .configure_mesh()
             .disable_mesh()
             .x_desc(h.x_param.clone())
             .y_desc(h.y_param.clone())
             .axis_desc_style(text(18))
-            .label_style(text(16))
-            .x_labels(nc * 2 + 1)
-            .y_labels(nr * 2 + 1)
-            .x_label_formatter(&xfmt)
-            .y_label_formatter(&yfmt)
+            .x_labels(0)
+            .y_labels(0)
             .draw()
             .map_err(draw_err)?;
+        // Each value under its column and beside its row, by hand: plotters
+        // would label the cells' edges, not their middles.
+        for (c, label) in p.columns.iter().enumerate() {
+            let at = rel(&panel, chart.backend_coord(&(c as f64 + 0.5, 0.0)));
+            panel
+                .draw_text(
+                    label,
+                    &text(16).pos(Pos::new(HPos::Center, VPos::Top)),
+                    (at.0, at.1 + 8),
+                )
+                .map_err(draw_err)?;
+        }
+        for (r, label) in p.rows.iter().enumerate() {
+            let y = (nr - 1 - r) as f64 + 0.5;
+            let at = rel(&panel, chart.backend_coord(&(0.0, y)));
+            panel
+                .draw_text(
+                    label,
+                    &text(16).pos(Pos::new(HPos::Right, VPos::Center)),
+                    (at.0 - 8, at.1),
+                )
+                .map_err(draw_err)?;
+        }
         for (r, row) in p.cells.iter().enumerate() {
             let y = (nr - 1 - r) as f64;
             for (c, v) in row.iter().enumerate() {
                 let x = c as f64;
                 let (fill, label) = match v {
                     Some(v) => {
-                        let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+                        let t = if logc {
+                            (v.ln() - lo.ln()) / (hi.ln() - lo.ln())
+                        } else if hi > lo {
+                            (v - lo) / (hi - lo)
+                        } else {
+                            0.5
+                        };
                         (ViridisRGB::get_color_normalized(t, 0.0, 1.0), num(v / div))
                     }
                     None => (RGBColor(0xEE, 0xEE, 0xEE), "-".to_string()),
@@ -1700,7 +1709,7 @@ pub(crate) mod tests {
         let t = texts(&svg);
         assert!(
             t.iter()
-                .any(|x| x == "protocol=udp: throughput (median, Mbit/s)"),
+                .any(|x| x == "protocol=udp: throughput (median, Mbit/s, log colour scale)"),
             "{t:?}"
         );
         assert!(t.iter().any(|x| x == "window"));
