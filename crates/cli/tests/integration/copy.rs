@@ -158,11 +158,11 @@ fn push_and_pull_a_tree_with_odd_names() {
         (Some(5), Some(0))
     );
 
-    // Pull it back under a new name, with BLAKE3.
+    // Pull its contents back under a new name, with BLAKE3.
     let back = dir.path().join("back");
     let out = util::run(
         srv.copy(&dir)
-            .args(["-r", "-q", "--verify", "strong", "127.0.0.1:data/tree"])
+            .args(["-r", "-q", "--verify", "strong", "127.0.0.1:data/tree/"])
             .arg(&back),
     );
     assert_exit(&out, 0);
