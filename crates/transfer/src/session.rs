@@ -635,8 +635,14 @@ pub fn run_source(
 fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry], notes: &[Note]) -> Result<(), CopyError> {
     // Few large writes rather than one per message (no Nagle here).
     let mut w = io::BufWriter::with_capacity(1 << 20, ctrl);
+    let stall = crate::Stall::default();
     for msg in entries_messages(entries) {
         write_msg(&mut w, &msg).map_err(net)?;
+        if crate::Stall::armed("manifest") {
+            // Part of the manifest is on its way, the rest never comes.
+            w.flush().map_err(net)?;
+            stall.check("manifest", 0);
+        }
     }
     // A note's strings are cut to MAX_TEXT bytes (2 x 4 KiB): 100 notes
     // a frame stay well under its cap.

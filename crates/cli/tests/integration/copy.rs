@@ -470,3 +470,173 @@ fn escapes_wrong_keys_and_read_only_are_refused() {
     assert_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no export named"));
 }
+
+/// The tree the kill-and-rerun tests copy: one 24 MiB file first (in send
+/// order), then 300 small files of about 12 KB (batches of up to a 1 MiB
+/// chunk: 4 units), a symlink and an empty directory.
+fn resume_tree(root: &Path) -> PathBuf {
+    let t = mkdir(&root.join("src"));
+    random_file(&t.join("a-big.bin"), 24 << 20, 11);
+    let small = mkdir(&t.join("b-small"));
+    for i in 0..300u32 {
+        std::fs::write(
+            small.join(format!("f{i:03}")),
+            format!("{i:03}").repeat(4000 + i as usize),
+        )
+        .unwrap();
+    }
+    mkdir(&t.join("c-empty"));
+    symlink("a-big.bin", t.join("d-link")).unwrap();
+    t
+}
+
+/// Files under their final names in `dest` (and their sizes): what a
+/// killed run had completed. Each must already equal its source.
+fn complete_files(src: &Path, dest: &Path) -> (u64, u64) {
+    let (mut n, mut bytes) = (0, 0);
+    for (rel, desc) in util::digest_tree(dest) {
+        if !desc.starts_with("file") || rel.contains(".fatpipe-") {
+            continue;
+        }
+        let mine = util::digest_tree(src).remove(&rel);
+        assert_eq!(
+            mine.as_ref(),
+            Some(&desc),
+            "{rel}: a final name holds a partial file"
+        );
+        n += 1;
+        bytes += std::fs::metadata(dest.join(&rel)).unwrap().len();
+    }
+    (n, bytes)
+}
+
+/// Issue 16: a copy killed (SIGKILL, by PID) at `stall` (a
+/// FATPIPE_TEST_STALL phase, reached by the client or the server as
+/// `on_server` says) and the identical command run again: the same tree
+/// in the same place, nothing complete sent twice, nothing stray left. A
+/// server that stalled is killed and started again on its port, so no
+/// stalled session of it outlives the kill.
+#[cfg(feature = "test-hooks")]
+fn kill_at_and_rerun(push: bool, stall: &str, on_server: bool) {
+    let dir = util::setup();
+    let src = resume_tree(dir.path());
+    let exp = mkdir(&dir.path().join("export"));
+    let mark = dir.path().join("stalled");
+    let mark_s = mark.display().to_string();
+    let exports = [export("data", &exp)];
+    let hook = [
+        ("FATPIPE_TEST_STALL", stall),
+        ("FATPIPE_TEST_STALL_MARK", mark_s.as_str()),
+    ];
+    let srv = server_on(&dir, &exports, 0, if on_server { &hook } else { &[] });
+    // The issue's commands: a directory's contents to a name that the
+    // first run creates and the rerun finds.
+    let (dest, args): (PathBuf, [String; 2]) = if push {
+        (
+            exp.join("t"),
+            [format!("{}/", src.display()), "127.0.0.1:data/t".into()],
+        )
+    } else {
+        std::fs::rename(&src, exp.join("dir")).unwrap();
+        let local = dir.path().join("local/t");
+        mkdir(local.parent().unwrap());
+        (
+            local.clone(),
+            ["127.0.0.1:data/dir/".into(), local.display().to_string()],
+        )
+    };
+    let src = if push { src } else { exp.join("dir") };
+    let command = |c: &mut Command| {
+        c.args([
+            "-r",
+            "--json",
+            "-P",
+            "2",
+            "--chunk-size",
+            "1M",
+            "--retries",
+            "0",
+        ])
+        .args(&args);
+    };
+    let mut first = srv.copy(&dir);
+    command(&mut first);
+    first.stdout(Stdio::null()).stderr(Stdio::null());
+    if !on_server {
+        first.envs(hook);
+    }
+    let mut child = first.spawn().unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        &format!("the stall at {stall}"),
+        || mark.exists(),
+    );
+    child.kill().unwrap(); // SIGKILL, by PID
+    child.wait().unwrap();
+    let _srv = if on_server {
+        let port = srv.port;
+        srv.kill();
+        server_on(&dir, &exports, port, &[])
+    } else {
+        srv
+    };
+    let (done_files, done_bytes) = if dest.exists() {
+        complete_files(&src, &dest)
+    } else {
+        (0, 0)
+    };
+
+    let mut again = _srv.copy(&dir);
+    command(&mut again);
+    let out = util::run(&mut again);
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_same_tree(&src, &dest);
+    let total = j["bytes_total"].as_u64().unwrap();
+    let moved = j["bytes_transferred"].as_u64().unwrap();
+    let skipped = j["files_skipped"].as_u64().unwrap();
+    eprintln!(
+        "{} killed at {stall}: {done_files} files ({done_bytes} B) were complete; \
+         the rerun skipped {skipped} and moved {moved} of {total} B",
+        if push { "push" } else { "pull" }
+    );
+    assert!(
+        skipped >= done_files && moved + done_bytes <= total,
+        "{stall}: {done_files} files ({done_bytes} bytes) were complete, yet the rerun \
+         skipped {skipped} and moved {moved} of {total}"
+    );
+    assert_eq!(
+        j["files_verified"].as_u64().unwrap() + skipped,
+        j["files_total"].as_u64().unwrap(),
+        "{j}"
+    );
+    if stall.starts_with("bytes=1") {
+        // Killed mid big file: its journaled chunks are not sent again.
+        assert!(
+            moved < total - done_bytes,
+            "{stall}: the big file was sent whole again"
+        );
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn issue_16_push_killed_anywhere_resumes_in_place() {
+    // During the manifest, mid big file (12 of 24 MiB), mid small files,
+    // and during the server's renames (the server is killed there too).
+    kill_at_and_rerun(true, "manifest", false);
+    kill_at_and_rerun(true, "bytes=12582912", false);
+    kill_at_and_rerun(true, &format!("bytes={}", (24 << 20) + (3 << 19)), false);
+    kill_at_and_rerun(true, "rename=100", true);
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn issue_16_pull_killed_anywhere_resumes_in_place() {
+    // The server sends: it stalls during the manifest and mid data; the
+    // client renames, and stalls there.
+    kill_at_and_rerun(false, "manifest", true);
+    kill_at_and_rerun(false, "bytes=12582912", true);
+    kill_at_and_rerun(false, &format!("bytes={}", (24 << 20) + (3 << 19)), true);
+    kill_at_and_rerun(false, "rename=100", false);
+}
