@@ -313,10 +313,16 @@ pub fn run_client_prepared(
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(CopyError::Network(why)) => {
+                // Say which end is missing: a server never reached, or one
+                // that went away (stopped, killed, unreachable) mid-copy.
+                let what = if report.marks.connected.is_some() {
+                    "the server went away"
+                } else {
+                    "cannot reach the server"
+                };
                 return Err(CopyError::Failed(format!(
-                    "{why}; gave up after {} reconnect(s) (re-run the same command to resume)",
-                    attempt
-                )))
+                    "{what} ({why}); gave up after {attempt} reconnect(s) (re-run the same command to resume)"
+                )));
             }
             Err(e) => return Err(e),
         }
@@ -1315,7 +1321,13 @@ fn rename_top(entries: Vec<Entry>, name: &[u8]) -> Result<Vec<Entry>, CopyError>
                     RelPath::new(&v)
                 }
             };
-            e.path = p.map_err(|err| CopyError::Usage(format!("destination name: {err}")))?;
+            e.path = p.map_err(|err| {
+                CopyError::Usage(format!(
+                    "{}: cannot take the destination name '{}': {err}",
+                    e.path.display(),
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
             Ok(e)
         })
         .collect()
@@ -1622,6 +1634,11 @@ fn expect_hello(s: &mut TcpStream, want: Hello) -> Result<(), CopyError> {
 fn net(e: io::Error) -> CopyError {
     if e.kind() == io::ErrorKind::InvalidData {
         return CopyError::Failed(format!("protocol error: {e}"));
+    }
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        // read_exact's own words ("failed to fill whole buffer") say
+        // nothing to a user: the peer closed the connection mid-message.
+        return CopyError::Network("the other end closed the connection".into());
     }
     CopyError::Network(e.to_string())
 }

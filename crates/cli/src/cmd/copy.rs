@@ -373,7 +373,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let quiet = args.quiet;
     let on_retry = |line: &str| {
         if !quiet {
-            eprintln!("\r\x1b[Kfatpipe: copy: {line}");
+            eprintln!("{}fatpipe: copy: {line}", clear_line());
         }
     };
     // Only when auto-tuning chose the streams does it adjust them in flight.
@@ -568,14 +568,25 @@ fn print_tuner_event(e: &Event<'_>, quiet: bool, trace: bool) {
                 Action::SwitchCongestion { to } => format!("congestion control → {to}"),
                 Action::Hold => String::new(),
             };
-            let clear = if std::io::stderr().is_terminal() {
-                "\r\x1b[K"
-            } else {
-                ""
-            };
-            eprintln!("{clear}auto: {what} at {:.1} s: {}", d.at_secs, d.reason);
+            eprintln!(
+                "{}auto: {what} at {:.1} s: {}",
+                clear_line(),
+                d.at_secs,
+                d.reason
+            );
         }
         Event::Changed(_) => {}
+    }
+}
+
+/// What starts a line printed over the progress bar: return and erase
+/// on a terminal, nothing when stderr is a file or a pipe (where the
+/// codes would only be noise in a log).
+fn clear_line() -> &'static str {
+    if std::io::stderr().is_terminal() {
+        "\r\x1b[K"
+    } else {
+        ""
     }
 }
 
