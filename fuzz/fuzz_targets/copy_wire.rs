@@ -3,16 +3,17 @@
 //! connection hellos. Nothing may panic or allocate past the frame cap, and
 //! whatever decodes must re-encode to the same message. The messages of a
 //! growing session (`AddStreams`, `StreamsAdded`, `SetCongestion`, `Stats`,
-//! and `Accept`'s congestion list) must also respect their own caps.
+//! and `Accept`'s congestion list) and the sender's `Notes` must also
+//! respect their own caps.
 #![no_main]
 
 use fatpipe_transfer::wire::{
     read_msg, ChunkHeader, Hello, Msg, HEADER_LEN, MAX_CONGESTION_NAME, MAX_CONGESTION_NAMES,
-    MAX_FRAME,
+    MAX_FRAME, MAX_NOTES, MAX_TEXT,
 };
 use libfuzzer_sys::fuzz_target;
 
-/// The caps the decoder promises for the session-growing messages.
+/// The caps the decoder promises for the session-growing messages and notes.
 fn check_caps(msg: &Msg) {
     match msg {
         Msg::Accept(a) => {
@@ -25,6 +26,12 @@ fn check_caps(msg: &Msg) {
         }
         Msg::SetCongestion { name } => assert!(name.len() <= MAX_CONGESTION_NAME),
         Msg::Stats(st) => assert!(st.congestion.len() <= MAX_CONGESTION_NAME),
+        Msg::Notes(notes) => {
+            assert!(notes.len() <= MAX_NOTES + 1);
+            assert!(notes
+                .iter()
+                .all(|n| n.path.len() <= MAX_TEXT && n.detail.len() <= MAX_TEXT));
+        }
         _ => {}
     }
 }

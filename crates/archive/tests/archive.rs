@@ -937,6 +937,9 @@ fn sample_copy_report() -> CopyReport {
         peak_rss_local: 7_340_032,
         failures: vec![],
         problems: vec![],
+        skipped: vec![],
+        hard_links: vec![],
+        notes_not_listed: 0,
         auto: None,
         timeline: None,
     }

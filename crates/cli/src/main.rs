@@ -26,7 +26,7 @@ enum Command {
     Server(cmd::server::Args),
     /// Memory-to-memory TCP/UDP throughput test against a fatpipe server.
     Test(cmd::test::Args),
-    /// Copy files to or from a fatpipe server (scp-style HOST:EXPORT/PATH).
+    /// Copy files to or from a fatpipe server (HOST:EXPORT/PATH; rsync's destination rules).
     Copy(cmd::copy::Args),
     /// Probe a path: RTT, MTU, bottleneck rate (either direction: -R), BDP.
     Path(cmd::path::Args),

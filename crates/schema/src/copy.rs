@@ -90,8 +90,20 @@ pub struct CopyReport {
     pub peak_rss_local: u64,
     /// One entry per failed file.
     pub failures: Vec<CopyFailure>,
-    /// Source objects skipped while walking (device files, unreadable dirs).
+    /// Source objects not copied because of an error while walking
+    /// (unreadable or unlistable), as `path: error`; the copy exits 1.
     pub problems: Vec<String>,
+    /// Source objects not copied by policy: FIFOs, sockets and devices
+    /// (`detail` says which). Either direction; the copy exits 0.
+    #[serde(default)]
+    pub skipped: Vec<CopyNote>,
+    /// Files that were hard links of a file listed before them (`detail`):
+    /// each arrived as a separate file with its own copy of the data.
+    #[serde(default)]
+    pub hard_links: Vec<CopyNote>,
+    /// Notes beyond the 10,000 a sender lists (counted, not named).
+    #[serde(default)]
+    pub notes_not_listed: u64,
     /// What auto-tuning probed, planned and applied; absent when it was
     /// off (`--no-auto`, `-P` given, or the probe failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -140,6 +152,16 @@ pub struct CopyTimeline {
     pub done_at: Option<f64>,
     /// When each of the in-flight adjuster's changes was made.
     pub adjust_at: Vec<f64>,
+}
+
+/// One object the copy skipped or changed, and how.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyNote {
+    /// Path relative to the destination, as the sender named it.
+    pub path: String,
+    /// Skipped: what the object is (`FIFO`, `socket`, `device`); hard
+    /// link: the path of the file it is linked with.
+    pub detail: String,
 }
 
 /// A file that could not be copied.

@@ -35,6 +35,14 @@ pub enum Kind {
     Other,
 }
 
+impl Meta {
+    /// What a special file is, in words (`"FIFO"`, `"socket"`,
+    /// `"device"`); `None` for files, directories and symlinks.
+    pub fn special(&self) -> Option<&'static str> {
+        (self.kind == Kind::Other).then_some(self.special)
+    }
+}
+
 /// The metadata a copy cares about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Meta {
@@ -50,6 +58,15 @@ pub struct Meta {
     pub mtime_ns: u32,
     /// Allocated 512-byte blocks (detects sparse files).
     pub blocks: u64,
+    /// Device and inode: the same pair under two names is one file with
+    /// two hard links.
+    pub dev: u64,
+    /// Inode number (see `dev`).
+    pub ino: u64,
+    /// Hard links to the object.
+    pub nlink: u64,
+    /// For [`Kind::Other`], what it is (see [`Meta::special`]).
+    special: &'static str,
 }
 
 /// Opens a directory by ordinary path (a user's own argument).
@@ -211,11 +228,14 @@ fn mtime_only(sec: i64, nsec: u32) -> Timestamps {
 // narrower on the BSDs), so each is converted with `as`.
 #[allow(clippy::unnecessary_cast)]
 fn meta(st: &rustix::fs::Stat) -> Meta {
-    let kind = match FileType::from_raw_mode(st.st_mode as _) {
-        FileType::RegularFile => Kind::File,
-        FileType::Directory => Kind::Dir,
-        FileType::Symlink => Kind::Symlink,
-        _ => Kind::Other,
+    let (kind, special) = match FileType::from_raw_mode(st.st_mode as _) {
+        FileType::RegularFile => (Kind::File, ""),
+        FileType::Directory => (Kind::Dir, ""),
+        FileType::Symlink => (Kind::Symlink, ""),
+        FileType::Fifo => (Kind::Other, "FIFO"),
+        FileType::Socket => (Kind::Other, "socket"),
+        FileType::CharacterDevice | FileType::BlockDevice => (Kind::Other, "device"),
+        _ => (Kind::Other, "special file"),
     };
     Meta {
         kind,
@@ -224,6 +244,10 @@ fn meta(st: &rustix::fs::Stat) -> Meta {
         mtime_s: st.st_mtime as i64,
         mtime_ns: st.st_mtime_nsec as u32,
         blocks: st.st_blocks as u64,
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
+        nlink: st.st_nlink as u64,
+        special,
     }
 }
 

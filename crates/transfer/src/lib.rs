@@ -109,3 +109,62 @@ pub(crate) fn test_hook(name: &str) -> Option<String> {
 pub(crate) fn test_hook(_name: &str) -> Option<String> {
     None
 }
+
+/// The test hook `FATPIPE_TEST_STALL=PHASE[=N]`: this end stops, as if
+/// hung, at a named point of a session, so a test can kill a copy there
+/// (by PID) without racing a sleep. Phases: `manifest` (the sender has sent
+/// part of its manifest), `bytes=N` (the sender has moved N payload bytes;
+/// checked before each unit), `rename=N` (the receiver is about to put its
+/// N-th file under its final name). On stalling it creates the file
+/// `FATPIPE_TEST_STALL_MARK` names (if set) and prints one line on stderr,
+/// then every thread of that session that reaches the point sleeps 30 s.
+/// Only the first session of a process stalls, so a server's next session
+/// (the test's rerun) runs normally. Without the `test-hooks` feature it
+/// is never armed.
+#[derive(Debug, Default)]
+pub(crate) struct Stall {
+    fired: OnceLock<()>,
+}
+
+impl Stall {
+    /// True when the hook names `phase` (so a caller may flush first).
+    pub(crate) fn armed(phase: &str) -> bool {
+        stall_spec().is_some_and(|(p, _)| p == phase)
+    }
+
+    /// Stalls here when the hook names `phase` and `count` reached its N.
+    pub(crate) fn check(&self, phase: &str, count: u64) {
+        use std::sync::atomic::AtomicBool;
+        static FIRED: AtomicBool = AtomicBool::new(false);
+        let Some((p, n)) = stall_spec() else {
+            return;
+        };
+        if p != phase || count < *n {
+            return;
+        }
+        if self.fired.get().is_none() {
+            if FIRED.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let _ = self.fired.set(());
+            if let Some(mark) = test_hook("FATPIPE_TEST_STALL_MARK") {
+                let _ = std::fs::write(mark, phase);
+            }
+            eprintln!("fatpipe: test hook: stalled at {phase}");
+        }
+        std::thread::sleep(std::time::Duration::from_secs(30));
+    }
+}
+
+/// `FATPIPE_TEST_STALL`, parsed once: the phase and its count (0 if none).
+fn stall_spec() -> Option<&'static (String, u64)> {
+    static SPEC: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    SPEC.get_or_init(|| {
+        let v = test_hook("FATPIPE_TEST_STALL")?;
+        Some(match v.split_once('=') {
+            Some((p, n)) => (p.to_string(), n.parse().ok()?),
+            None => (v, 0),
+        })
+    })
+    .as_ref()
+}

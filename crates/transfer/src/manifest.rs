@@ -14,14 +14,21 @@
 //! the path beneath it), resolved with `RESOLVE_BENEATH` when it is sent.
 //!
 //! Problems with single objects (permission denied, vanished, a device node)
-//! do not stop the walk; they are collected in [`Manifest::problems`] so the
-//! user gets one line per object.
+//! do not stop the walk; they are collected in [`Manifest::notes`] so the
+//! user gets one line per object, whichever end walked. So are hard links:
+//! a file whose inode was already listed is copied again as a separate
+//! file (the receiver never links two names), and a note says so.
+//!
+//! A source is either an item (its name is kept at the destination) or a
+//! directory's contents ([`Manifest::add_contents`]: rsync's `dir/`), whose
+//! children become top-level entries.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::beneath::{Dir, Kind, Meta, ResolveError};
 use crate::relpath::{PathError, RelPath};
-use crate::wire::{Entry, EntryKind};
+use crate::wire::{Entry, EntryKind, Note, NoteKind, MAX_NOTES};
 
 /// Deeper trees are refused rather than risking the stack.
 pub const MAX_DEPTH: usize = 512;
@@ -75,8 +82,11 @@ pub struct Manifest {
     pub entries: Vec<Entry>,
     /// For each entry, where to read it (files only).
     pub origins: Vec<Option<Origin>>,
-    /// One line per object that was skipped, and why.
-    pub problems: Vec<String>,
+    /// What the walk skipped or changed, one note per object.
+    pub notes: Vec<Note>,
+    /// The first destination path of each multiply linked file, by
+    /// (device, inode).
+    links: HashMap<(u64, u64), RelPath>,
 }
 
 impl Manifest {
@@ -118,27 +128,37 @@ impl Manifest {
         }
     }
 
-    /// Adds the directory `dir` itself (an export root), as `as_name`.
-    pub fn add_root_dir(&mut self, dir: Arc<Dir>, as_name: &RelPath) -> Result<(), WalkError> {
-        let meta = dir.stat_self().map_err(|err| WalkError::Io {
-            path: as_name.display(),
-            err,
-        })?;
-        self.entries.push(Entry {
-            path: as_name.clone(),
-            kind: EntryKind::Dir,
-            mode: meta.mode,
-            mtime_s: meta.mtime_s,
-            mtime_ns: meta.mtime_ns,
-        });
-        self.origins.push(None);
-        // Children of the root are opened relative to the root itself.
+    /// Adds the children of `dir` (and, recursively, everything under
+    /// them) as top-level entries: rsync's `dir/`, and an export's root.
+    pub fn add_contents(&mut self, dir: Arc<Dir>) -> Result<(), WalkError> {
+        // Children are opened relative to the directory itself.
         let me = dir.try_clone().map_err(|err| WalkError::Io {
-            path: as_name.display(),
+            path: ".".into(),
             err,
         })?;
-        self.walk_children(&dir, &me, None, as_name, 1);
+        self.walk_children(&dir, &me, None, None, 1);
         Ok(())
+    }
+
+    /// The notes an error while walking left (those that mean data was
+    /// not copied, as opposed to a policy's skip or a hard link).
+    pub fn problems(&self) -> impl Iterator<Item = &Note> {
+        self.notes.iter().filter(|n| n.kind == NoteKind::Problem)
+    }
+
+    /// The notes as sent to a receiver: at most [`MAX_NOTES`], the last
+    /// saying how many more there were.
+    pub fn notes_to_send(&self) -> Vec<Note> {
+        if self.notes.len() <= MAX_NOTES {
+            return self.notes.clone();
+        }
+        let mut v = self.notes[..MAX_NOTES].to_vec();
+        v.push(Note {
+            kind: NoteKind::More,
+            path: String::new(),
+            detail: (self.notes.len() - MAX_NOTES).to_string(),
+        });
+        v
     }
 
     /// Total bytes of regular files.
@@ -168,31 +188,37 @@ impl Manifest {
         as_path: &RelPath,
         depth: usize,
     ) {
-        self.walk_children(root, dir, Some(rel), as_path, depth);
+        self.walk_children(root, dir, Some(rel), Some(as_path), depth);
+    }
+
+    fn note(&mut self, kind: NoteKind, path: String, detail: String) {
+        self.notes.push(Note { kind, path, detail });
     }
 
     /// Lists `dir` (which is `rel` beneath `root`, or `root` itself when
-    /// `rel` is `None`) and adds its children, depth first.
+    /// `rel` is `None`) and adds its children, depth first, as `as_path`'s
+    /// children (top-level entries when `None`).
     fn walk_children(
         &mut self,
         root: &Arc<Dir>,
         dir: &Dir,
         rel: Option<&RelPath>,
-        as_path: &RelPath,
+        as_path: Option<&RelPath>,
         depth: usize,
     ) {
+        let here = || as_path.map_or_else(|| ".".to_string(), RelPath::display);
         if depth > MAX_DEPTH {
-            self.problems.push(format!(
-                "{}: tree deeper than {MAX_DEPTH} levels, not copied",
-                as_path.display()
-            ));
+            self.note(
+                NoteKind::Problem,
+                here(),
+                format!("tree deeper than {MAX_DEPTH} levels, not copied"),
+            );
             return;
         }
         let mut names = match dir.read_dir() {
             Ok(n) => n,
             Err(e) => {
-                self.problems
-                    .push(format!("{}: cannot list: {e}", as_path.display()));
+                self.note(NoteKind::Problem, here(), format!("cannot list: {e}"));
                 return;
             }
         };
@@ -200,15 +226,15 @@ impl Manifest {
         for name in names {
             let (child_rel, child_as) = match (
                 rel.map_or_else(|| RelPath::new(&name), |r| r.join(&name)),
-                as_path.join(&name),
+                as_path.map_or_else(|| RelPath::new(&name), |a| a.join(&name)),
             ) {
                 (Ok(a), Ok(b)) => (a, b),
                 (Err(e), _) | (_, Err(e)) => {
-                    self.problems.push(format!(
-                        "{}/{}: {e}, not copied",
-                        as_path.display(),
-                        String::from_utf8_lossy(&name)
-                    ));
+                    let shown = match as_path {
+                        Some(a) => format!("{}/{}", a.display(), String::from_utf8_lossy(&name)),
+                        None => String::from_utf8_lossy(&name).into_owned(),
+                    };
+                    self.note(NoteKind::Problem, shown, format!("{e}, not copied"));
                     continue;
                 }
             };
@@ -216,32 +242,36 @@ impl Manifest {
                 Ok(Some(m)) => m,
                 Ok(None) => continue, // vanished between listing and stat
                 Err(e) => {
-                    self.problems.push(format!("{}: {e}", child_as.display()));
+                    self.note(NoteKind::Problem, child_as.display(), e.to_string());
                     continue;
                 }
             };
             match meta.kind {
-                Kind::Other => self.problems.push(format!(
-                    "{}: not a regular file, directory or symlink; skipped",
-                    child_as.display()
-                )),
+                Kind::Other => self.note(
+                    NoteKind::Skipped,
+                    child_as.display(),
+                    meta.special().unwrap_or("special file").to_string(),
+                ),
                 Kind::Dir => match dir.subdir(&name) {
                     Ok(sub) => {
                         self.push(root, &child_rel, child_as.clone(), meta, None);
                         self.walk_dir(root, &sub, &child_rel, &child_as, depth + 1);
                     }
-                    Err(e) => self.problems.push(format!(
-                        "{}: cannot open directory: {e}",
-                        child_as.display()
-                    )),
+                    Err(e) => self.note(
+                        NoteKind::Problem,
+                        child_as.display(),
+                        format!("cannot open directory: {e}"),
+                    ),
                 },
                 Kind::File => self.push(root, &child_rel, child_as, meta, None),
                 Kind::Symlink => match dir.readlink_at(&name) {
                     Ok(t) if !t.is_empty() => self.push(root, &child_rel, child_as, meta, Some(t)),
                     Ok(_) => {}
-                    Err(e) => self
-                        .problems
-                        .push(format!("{}: cannot read link: {e}", child_as.display())),
+                    Err(e) => self.note(
+                        NoteKind::Problem,
+                        child_as.display(),
+                        format!("cannot read link: {e}"),
+                    ),
                 },
             }
         }
@@ -277,16 +307,29 @@ impl Manifest {
         let (kind, origin) = match (meta.kind, target) {
             (Kind::Symlink, Some(target)) => (EntryKind::Symlink { target }, None),
             (Kind::Dir, _) => (EntryKind::Dir, None),
-            _ => (
-                EntryKind::File {
-                    size: meta.size,
-                    sparse: meta.size > 0 && meta.blocks.saturating_mul(512) < meta.size,
-                },
-                Some(Origin {
-                    root: Arc::clone(root),
-                    rel: rel.clone(),
-                }),
-            ),
+            _ => {
+                if meta.nlink > 1 {
+                    match self.links.get(&(meta.dev, meta.ino)) {
+                        Some(first) => {
+                            let first = first.display();
+                            self.note(NoteKind::HardLink, path.display(), first);
+                        }
+                        None => {
+                            self.links.insert((meta.dev, meta.ino), path.clone());
+                        }
+                    }
+                }
+                (
+                    EntryKind::File {
+                        size: meta.size,
+                        sparse: meta.size > 0 && meta.blocks.saturating_mul(512) < meta.size,
+                    },
+                    Some(Origin {
+                        root: Arc::clone(root),
+                        rel: rel.clone(),
+                    }),
+                )
+            }
         };
         self.entries.push(Entry {
             path,
@@ -373,7 +416,7 @@ mod tests {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut open_origin(o).unwrap(), &mut s).unwrap();
         assert_eq!(s, "hello");
-        assert!(m.problems.is_empty(), "{:?}", m.problems);
+        assert!(m.notes.is_empty(), "{:?}", m.notes);
     }
 
     #[test]
@@ -392,13 +435,42 @@ mod tests {
         ));
         let mut m = Manifest::default();
         std::fs::write(t.path().join("d/f"), b"1").unwrap();
-        m.add_root_dir(
-            Arc::new(Dir::open(&t.path().join("d")).unwrap()),
-            &rp("exp"),
-        )
-        .unwrap();
-        assert_eq!(m.entries.len(), 2);
-        assert_eq!(m.entries[1].path.display(), "exp/f");
-        assert_eq!(m.origins[1].as_ref().unwrap().rel.display(), "f");
+        m.add_contents(Arc::new(Dir::open(&t.path().join("d")).unwrap()))
+            .unwrap();
+        assert_eq!(m.entries.len(), 1);
+        assert_eq!(m.entries[0].path.display(), "f");
+        assert_eq!(m.origins[0].as_ref().unwrap().rel.display(), "f");
+    }
+
+    #[test]
+    fn contents_fifos_and_hard_links_are_noted() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("d");
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("a"), b"linked").unwrap();
+        std::fs::hard_link(d.join("a"), d.join("sub/b")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(d.join("pipe"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
+        let mut m = Manifest::default();
+        m.add_contents(Arc::new(Dir::open(&d).unwrap())).unwrap();
+        let paths: Vec<String> = m.entries.iter().map(|e| e.path.display()).collect();
+        assert_eq!(paths, ["a", "sub", "sub/b"]);
+        let notes: Vec<(NoteKind, &str, &str)> = m
+            .notes
+            .iter()
+            .map(|n| (n.kind, n.path.as_str(), n.detail.as_str()))
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                (NoteKind::Skipped, "pipe", "FIFO"),
+                (NoteKind::HardLink, "sub/b", "a"),
+            ]
+        );
+        assert_eq!(m.problems().count(), 0);
+        assert_eq!(m.notes_to_send().len(), 2);
     }
 }

@@ -43,7 +43,8 @@ use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
 use crate::wire::{
     entries_messages, need_messages, read_msg, write_msg, Accept, Direction, Entry, EntryKind,
-    Hello, Msg, Refuse, RefuseClass, Request, SocketTuning, Summary, VERSION,
+    Hello, Msg, Note, Refuse, RefuseClass, Request, SocketTuning, Summary, MAX_NOTES, MAX_TEXT,
+    VERSION,
 };
 use crate::{Failure, Progress};
 
@@ -199,8 +200,9 @@ pub struct Report {
     pub summary: Summary,
     /// Files that failed, one line each.
     pub failures: Vec<Failure>,
-    /// Objects skipped while walking the source (specials, unreadable dirs).
-    pub problems: Vec<String>,
+    /// What the sender's walk skipped or changed (specials, hard links,
+    /// unreadable objects), whichever end walked.
+    pub notes: Vec<Note>,
     /// Sessions started again after a drop.
     pub reconnects: u32,
     /// This end's I/O path.
@@ -256,7 +258,17 @@ pub fn run_client_prepared(
     let mut started = Instant::now();
     let mut job = job.clone();
     let local = match job.direction {
-        Direction::Push => Some(local_manifest(&job)?),
+        Direction::Push => {
+            let (m, into_dir) = local_manifest(&job)?;
+            // rsync's rule: contents or several sources need a directory
+            // at the destination, which the server learns from a '/'.
+            if let Some(dest) = job.remote.first_mut() {
+                if into_dir && !dest.is_empty() && !dest.ends_with(b"/") {
+                    dest.push(b'/');
+                }
+            }
+            Some(m)
+        }
         Direction::Pull => None,
     };
     let mut report = Report::default();
@@ -284,7 +296,7 @@ pub fn run_client_prepared(
         match session {
             Ok(()) => {
                 if let Some(m) = &local {
-                    report.problems = m.problems.clone();
+                    report.notes = m.notes.clone();
                 }
                 report.reconnects = attempt;
                 report.elapsed = started.elapsed();
@@ -301,10 +313,16 @@ pub fn run_client_prepared(
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(CopyError::Network(why)) => {
+                // Say which end is missing: a server never reached, or one
+                // that went away (stopped, killed, unreachable) mid-copy.
+                let what = if report.marks.connected.is_some() {
+                    "the server went away"
+                } else {
+                    "cannot reach the server"
+                };
                 return Err(CopyError::Failed(format!(
-                    "{why}; gave up after {} reconnect(s) (re-run the same command to resume)",
-                    attempt
-                )))
+                    "{what} ({why}); gave up after {attempt} reconnect(s) (re-run the same command to resume)"
+                )));
             }
             Err(e) => return Err(e),
         }
@@ -461,6 +479,7 @@ pub fn serve(
     };
     match plan {
         ServerPlan::Pull(m) => {
+            let notes = m.notes_to_send();
             let src = Arc::new(Source::new(
                 m.entries,
                 m.origins,
@@ -473,7 +492,7 @@ pub fn serve(
                 },
                 progress,
             ));
-            send_manifest(&mut ctrl, src.entries())?;
+            send_manifest(&mut ctrl, src.entries(), &notes)?;
             run_source(src, ctrl, data, &grow)
         }
         ServerPlan::Push {
@@ -483,7 +502,7 @@ pub fn serve(
         } => {
             let opts = sink_options(&req);
             let map = move |entries: &[Entry]| map_beneath(&root, dest.as_ref(), into_dir, entries);
-            run_sink(ctrl, data, opts, progress, &map, &grow).map(|(s, _)| s)
+            run_sink(ctrl, data, opts, progress, &map, &grow).map(|r| r.summary)
         }
     }
 }
@@ -617,12 +636,39 @@ pub fn run_source(
     })
 }
 
-/// Sends a source's manifest: its entries, then their count.
-fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry]) -> Result<(), CopyError> {
+/// Sends a source's manifest: its entries, what the walk skipped or
+/// changed (at most [`MAX_NOTES`] + 1 notes), then the entries' count.
+fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry], notes: &[Note]) -> Result<(), CopyError> {
     // Few large writes rather than one per message (no Nagle here).
     let mut w = io::BufWriter::with_capacity(1 << 20, ctrl);
+    let stall = crate::Stall::default();
     for msg in entries_messages(entries) {
         write_msg(&mut w, &msg).map_err(net)?;
+        if crate::Stall::armed("manifest") {
+            // Part of the manifest is on its way, the rest never comes.
+            w.flush().map_err(net)?;
+            stall.check("manifest", 0);
+        }
+    }
+    // A note's strings are cut to MAX_TEXT bytes (2 x 4 KiB): 100 notes
+    // a frame stay well under its cap.
+    let clip = |t: &str| {
+        let mut end = t.len().min(MAX_TEXT);
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        t[..end].to_string()
+    };
+    for batch in notes[..notes.len().min(MAX_NOTES + 1)].chunks(100) {
+        let batch = batch
+            .iter()
+            .map(|n| Note {
+                kind: n.kind,
+                path: clip(&n.path),
+                detail: clip(&n.detail),
+            })
+            .collect();
+        write_msg(&mut w, &Msg::Notes(batch)).map_err(net)?;
     }
     write_msg(
         &mut w,
@@ -750,9 +796,19 @@ enum SinkEvent {
 /// for its single top-level item).
 pub type MapDest<'a> = dyn Fn(&[Entry]) -> Result<(Dir, Option<Vec<u8>>), CopyError> + 'a;
 
+/// What a receiving session ends with.
+#[derive(Debug)]
+pub struct SinkResult {
+    /// The receiver's counters.
+    pub summary: Summary,
+    /// Files that failed, one line each.
+    pub failures: Vec<Failure>,
+    /// What the sender's walk skipped or changed.
+    pub notes: Vec<Note>,
+}
+
 /// Takes the manifest, plans, sends the needs, then takes the data
 /// connections and receives until complete, reports `Done`.
-/// Returns the summary and the per-file failures.
 pub fn run_sink(
     mut ctrl: TcpStream,
     data: DataConns<'_>,
@@ -760,10 +816,19 @@ pub fn run_sink(
     progress: Arc<Progress>,
     map: &MapDest<'_>,
     grow: &Grow<'_>,
-) -> Result<(Summary, Vec<Failure>), CopyError> {
+) -> Result<SinkResult, CopyError> {
     let mut entries = Vec::new();
+    let mut notes = Vec::new();
     loop {
         match read_msg(&mut ctrl).map_err(net)? {
+            Msg::Notes(n) => {
+                if notes.len() + n.len() > MAX_NOTES + 1 {
+                    return Err(CopyError::Failed(format!(
+                        "more than {MAX_NOTES} notes from the sender"
+                    )));
+                }
+                notes.extend(n)
+            }
             Msg::Entries(e) => {
                 if entries.len() + e.len() > MAX_ENTRIES {
                     return Err(CopyError::Failed(format!(
@@ -929,7 +994,11 @@ pub fn run_sink(
             pool.all();
             let _ = reader.join();
             sent.map_err(net)?;
-            Ok((summary, sink.failures()))
+            Ok(SinkResult {
+                summary,
+                failures: sink.failures(),
+                notes,
+            })
         }
         Err(why) => {
             pool.all();
@@ -1063,32 +1132,27 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
             let mut m = Manifest::default();
             for raw in &req.paths {
                 let p = RelPath::parse_optional(raw).map_err(|e| bad_path(raw, e.to_string()))?;
+                let contents = p.is_none() || raw.ends_with(b"/");
+                if contents && !req.recursive {
+                    return Err(bad_path(
+                        raw,
+                        "is a directory (use -r to copy directories)".into(),
+                    ));
+                }
                 let walked = match &p {
-                    None => {
-                        let as_name = RelPath::new(export.name.as_bytes())
-                            .map_err(|e| bad_path(raw, e.to_string()))?;
-                        if !req.recursive {
-                            return Err(bad_path(
-                                raw,
-                                "is a directory (use -r to copy directories)".into(),
-                            ));
+                    None => m.add_contents(Arc::clone(&root)),
+                    Some(p) if contents => {
+                        // rsync's "dir/": the directory's contents. It
+                        // must resolve as one, beneath the export.
+                        match root.dir_beneath(Some(p)) {
+                            Ok(d) => m.add_contents(Arc::new(d)),
+                            Err(ResolveError::Escapes) => {
+                                return Err(bad_path(raw, "leads outside the export".into()))
+                            }
+                            Err(ResolveError::Io(e)) => return Err(bad_path(raw, e.to_string())),
                         }
-                        m.add_root_dir(Arc::clone(&root), &as_name)
                     }
                     Some(p) => {
-                        if raw.ends_with(b"/") {
-                            // "dir/" names the directory itself: it must
-                            // resolve as one, beneath the export.
-                            match root.dir_beneath(Some(p)) {
-                                Ok(_) => {}
-                                Err(ResolveError::Escapes) => {
-                                    return Err(bad_path(raw, "leads outside the export".into()))
-                                }
-                                Err(ResolveError::Io(e)) => {
-                                    return Err(bad_path(raw, e.to_string()))
-                                }
-                            }
-                        }
                         let (parent, last) = p.split_last();
                         let dir = match root.dir_beneath(parent.as_ref()) {
                             Ok(d) => Arc::new(d),
@@ -1148,7 +1212,6 @@ fn map_beneath(
     into_dir: bool,
     entries: &[Entry],
 ) -> Result<(Dir, Option<Vec<u8>>), CopyError> {
-    let tops = entries.iter().filter(|e| e.path.depth() == 1).count();
     let Some(d) = dest else {
         return Ok((root.try_clone().map_err(fail)?, None));
     };
@@ -1180,7 +1243,7 @@ fn map_beneath(
             return Err(CopyError::Usage(format!("{shown}: parent directory: {e}")))
         }
     };
-    if tops == 1 && !into_dir {
+    if renames_single_file(into_dir, entries) {
         return Ok((pdir, Some(name.to_vec())));
     }
     pdir.mkdir_at(name, 0o755)
@@ -1191,10 +1254,31 @@ fn map_beneath(
     Ok((dir, None))
 }
 
-/// Client side: where pulled entries go on the local file system.
-fn map_local(dest: &Path, entries: &[Entry]) -> Result<(Dir, Option<Vec<u8>>), CopyError> {
-    let tops = entries.iter().filter(|e| e.path.depth() == 1).count();
-    let into_dir = dest.as_os_str().as_encoded_bytes().ends_with(b"/");
+/// rsync's destination rule, the same at both ends. The destination is
+/// a directory (created if missing, its last component only) that the
+/// top-level entries go into, unless the copy is one file (or symlink)
+/// named as such, not as a directory's contents, and the destination is
+/// not an existing directory and has no trailing `/` (`into_dir`): then
+/// the file takes the destination's name. A directory without a trailing
+/// `/` goes inside the destination, whether or not it exists, so running
+/// a command again lands where the first run did.
+fn renames_single_file(into_dir: bool, entries: &[Entry]) -> bool {
+    let mut tops = entries.iter().filter(|e| e.path.depth() == 1);
+    match (tops.next(), tops.next()) {
+        (Some(top), None) => !into_dir && !matches!(top.kind, EntryKind::Dir),
+        _ => false,
+    }
+}
+
+/// Client side: where pulled entries go on the local file system
+/// (`into_dir`: the sources were contents, or several; see
+/// [`renames_single_file`]).
+fn map_local(
+    dest: &Path,
+    into_dir: bool,
+    entries: &[Entry],
+) -> Result<(Dir, Option<Vec<u8>>), CopyError> {
+    let into_dir = into_dir || dest.as_os_str().as_encoded_bytes().ends_with(b"/");
     let shown = dest.display();
     if dest.is_dir() {
         return Ok((
@@ -1212,7 +1296,7 @@ fn map_local(dest: &Path, entries: &[Entry]) -> Result<(Dir, Option<Vec<u8>>), C
     let pdir =
         Dir::open(parent).map_err(|e| CopyError::Usage(format!("{}: {e}", parent.display())))?;
     let name = name.as_encoded_bytes();
-    if tops == 1 && !into_dir {
+    if renames_single_file(into_dir, entries) {
         return Ok((pdir, Some(name.to_vec())));
     }
     pdir.mkdir_at(name, 0o755)
@@ -1237,7 +1321,13 @@ fn rename_top(entries: Vec<Entry>, name: &[u8]) -> Result<Vec<Entry>, CopyError>
                     RelPath::new(&v)
                 }
             };
-            e.path = p.map_err(|err| CopyError::Usage(format!("destination name: {err}")))?;
+            e.path = p.map_err(|err| {
+                CopyError::Usage(format!(
+                    "{}: cannot take the destination name '{}': {err}",
+                    e.path.display(),
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
             Ok(e)
         })
         .collect()
@@ -1256,33 +1346,35 @@ fn check_unique_tops(entries: &[Entry]) -> Result<(), String> {
     Ok(())
 }
 
-fn local_manifest(job: &Job) -> Result<Manifest, CopyError> {
+/// Walks a push's local sources. A source ending in `/` (or `.`, `..`)
+/// is its directory's contents (rsync's rule); any other is the item
+/// itself under its own name. Also returns whether the destination must
+/// be a directory: several sources, or contents.
+fn local_manifest(job: &Job) -> Result<(Manifest, bool), CopyError> {
     let mut m = Manifest::default();
+    let mut into_dir = job.local_sources.len() > 1;
     for src in &job.local_sources {
         let shown = src.display().to_string();
-        let bytes = src.as_os_str().as_encoded_bytes();
-        let trailing = bytes.ends_with(b"/") && bytes.len() > 1;
-        let (parent, name): (PathBuf, Vec<u8>) = match src.file_name() {
-            Some(n) if !trailing => (
-                match src.parent() {
-                    Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                    _ => PathBuf::from("."),
-                },
-                n.as_encoded_bytes().to_vec(),
-            ),
-            _ => {
-                // "dir/", ".", "..": copy the directory itself under its real name.
-                let real = std::fs::canonicalize(src)
-                    .map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
-                let n = real
-                    .file_name()
-                    .ok_or_else(|| {
-                        CopyError::Usage(format!("{shown}: cannot copy the file-system root"))
-                    })?
-                    .as_encoded_bytes()
-                    .to_vec();
-                (real.parent().map(Path::to_path_buf).unwrap_or_default(), n)
+        if is_contents(src) {
+            if !job.recursive {
+                return Err(CopyError::Usage(format!(
+                    "{shown}: is a directory (use -r to copy directories)"
+                )));
             }
+            into_dir = true;
+            let dir = Dir::open(src).map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
+            m.add_contents(Arc::new(dir))
+                .map_err(|e| CopyError::Failed(format!("{shown}: {e}")))?;
+            continue;
+        }
+        let name = src
+            .file_name()
+            .ok_or_else(|| CopyError::Usage(format!("{shown}: not a usable source")))?
+            .as_encoded_bytes()
+            .to_vec();
+        let parent = match src.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
         };
         let dir = Dir::open(&parent).map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
         let as_name = RelPath::new(&name).map_err(|e| CopyError::Usage(format!("{shown}: {e}")))?;
@@ -1293,7 +1385,21 @@ fn local_manifest(job: &Job) -> Result<Manifest, CopyError> {
             })?;
     }
     check_unique_tops(&m.entries).map_err(CopyError::Usage)?;
-    Ok(m)
+    Ok((m, into_dir))
+}
+
+/// True for a local source that names a directory's contents: a trailing
+/// `/`, or a last component `.` or `..` (rsync copies `.` as `./`).
+fn is_contents(src: &Path) -> bool {
+    let b = src.as_os_str().as_encoded_bytes();
+    b.ends_with(b"/") || b == b"." || b == b".." || b.ends_with(b"/.") || b.ends_with(b"/..")
+}
+
+/// True for a pull whose sources need a directory at the destination:
+/// several of them, or one naming a directory's contents (the export
+/// itself, or a path ending in `/`).
+fn pull_into_dir(remote: &[Vec<u8>]) -> bool {
+    remote.len() > 1 || remote.iter().any(|r| r.is_empty() || r.ends_with(b"/"))
 }
 
 /// Connects, opens the control connection and sends its hello.
@@ -1352,7 +1458,7 @@ fn client_session(
     // A push's manifest follows at once: the server reads it right after
     // answering, so the needs come back with the answer.
     if let (Direction::Push, Some(m)) = (job.direction, local) {
-        send_manifest(&mut ctrl, &m.entries)?;
+        send_manifest(&mut ctrl, &m.entries, &m.notes_to_send())?;
     }
     // The server grants what it is asked for within its cap, so the data
     // connections are dialled now, while the request travels; each costs
@@ -1483,9 +1589,15 @@ fn client_roles(
                 start: planned_start(&job.tuning),
             };
             let dest = job.local_dest.clone();
+            let into_dir = pull_into_dir(&job.remote);
             let p2 = Arc::clone(&progress);
-            let map = move |entries: &[Entry]| map_local(&dest, entries);
-            let (summary, failures) = run_sink(ctrl, data, opts, p2, &map, grow)?;
+            let map = move |entries: &[Entry]| map_local(&dest, into_dir, entries);
+            let SinkResult {
+                summary,
+                failures,
+                notes,
+            } = run_sink(ctrl, data, opts, p2, &map, grow)?;
+            report.notes = notes;
             report.files_total = progress
                 .total_files
                 .load(std::sync::atomic::Ordering::Relaxed);
@@ -1522,6 +1634,11 @@ fn expect_hello(s: &mut TcpStream, want: Hello) -> Result<(), CopyError> {
 fn net(e: io::Error) -> CopyError {
     if e.kind() == io::ErrorKind::InvalidData {
         return CopyError::Failed(format!("protocol error: {e}"));
+    }
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        // read_exact's own words ("failed to fill whole buffer") say
+        // nothing to a user: the peer closed the connection mid-message.
+        return CopyError::Network("the other end closed the connection".into());
     }
     CopyError::Network(e.to_string())
 }
@@ -1765,9 +1882,9 @@ mod tests {
             (5, 0)
         );
 
-        // Pull it back under a new name.
+        // Pull its contents back under a new name ("tree/": rsync's rule).
         let back = tempfile::tempdir().unwrap();
-        let mut j = job(Direction::Pull, "data", &["tree"]);
+        let mut j = job(Direction::Pull, "data", &["tree/"]);
         j.local_dest = back.path().join("copy");
         j.algo = Algo::Blake3;
         let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
@@ -1775,6 +1892,82 @@ mod tests {
         assert_eq!(
             snapshot(&src.path().join("tree")),
             snapshot(&back.path().join("copy"))
+        );
+    }
+
+    /// rsync's destination rule at both ends: the same command run twice
+    /// lands in the same place, whether the destination existed or not.
+    #[test]
+    fn a_rerun_lands_where_the_first_run_did() {
+        let src = tempfile::tempdir().unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        let tree = src.path().join("tree");
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::write(tree.join("sub/only"), b"one file").unwrap();
+        std::fs::write(src.path().join("file"), b"a file").unwrap();
+        let srv = server(ServerConfig {
+            exports: vec![export("data", exp.path(), false)],
+            keyed: true,
+            sendfile: true,
+        });
+        let push = |from: PathBuf, to: &str| {
+            let mut j = job(Direction::Push, "data", &[to]);
+            j.local_sources = vec![from];
+            let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+            assert!(rep.failures.is_empty(), "{:?}", rep.failures);
+            rep
+        };
+        let mut contents = tree.clone().into_os_string();
+        contents.push("/");
+        for _ in 0..2 {
+            // "tree/" -> t: the contents, with or without t existing.
+            push(PathBuf::from(&contents), "t");
+            // "tree" -> u: the directory inside u.
+            push(tree.clone(), "u");
+            // "file" -> f: renamed; -> g/: inside g.
+            push(src.path().join("file"), "f");
+            push(src.path().join("file"), "g/");
+        }
+        let mut got: Vec<String> = snapshot(exp.path()).into_keys().collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "f",
+                "g",
+                "g/file",
+                "t",
+                "t/sub",
+                "t/sub/only",
+                "u",
+                "u/tree",
+                "u/tree/sub",
+                "u/tree/sub/only"
+            ]
+        );
+        // Pull: "t/" -> a new directory holds its contents, twice.
+        let back = tempfile::tempdir().unwrap();
+        for _ in 0..2 {
+            let mut j = job(Direction::Pull, "data", &["t/"]);
+            j.local_dest = back.path().join("p");
+            run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+            let mut j = job(Direction::Pull, "data", &["t"]);
+            j.local_dest = back.path().join("q");
+            run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        }
+        let mut got: Vec<String> = snapshot(back.path()).into_keys().collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "p",
+                "p/sub",
+                "p/sub/only",
+                "q",
+                "q/t",
+                "q/t/sub",
+                "q/t/sub/only"
+            ]
         );
     }
 
@@ -2032,7 +2225,7 @@ mod tests {
         // reports its counters and switches congestion control when asked.
         srv.link.opened.lock().unwrap().clear();
         let back = tempfile::tempdir().unwrap();
-        let mut j = job(Direction::Pull, "data", &["t"]);
+        let mut j = job(Direction::Pull, "data", &["t/"]);
         j.local_dest = back.path().join("t");
         j.streams = 2;
         j.bwlimit = Some(100_000_000);

@@ -90,6 +90,8 @@ pub struct Sink {
     failures: Mutex<Vec<Failure>>,
     progress: Arc<Progress>,
     early: Mutex<Vec<(u32, String)>>,
+    renames: AtomicU64,
+    stall: crate::Stall,
 }
 
 struct Waiting {
@@ -177,6 +179,8 @@ impl Sink {
             failures: Mutex::new(Vec::new()),
             progress,
             early: Mutex::new(Vec::new()),
+            renames: AtomicU64::new(0),
+            stall: crate::Stall::default(),
         };
         let mut needs = Vec::new();
         let mut pending = 0u64;
@@ -484,6 +488,7 @@ impl Sink {
             self.fail(idx, slot, self.describe(err), true);
             return true;
         }
+        self.before_rename();
         if parent.link_fd_at(&file, &name).is_err() {
             return false;
         }
@@ -529,8 +534,16 @@ impl Sink {
             *h = true;
         }
         st.remaining = st.remaining.saturating_sub(1);
-        self.written.fetch_add(u64::from(len), Ordering::Relaxed);
-        self.progress.moved(u64::from(len));
+        if digest.is_some() {
+            self.written.fetch_add(u64::from(len), Ordering::Relaxed);
+            self.progress.moved(u64::from(len));
+        } else {
+            // A hole moved no payload: the progress bar counts it (its
+            // total has the file's whole size), the bytes written do not.
+            self.progress
+                .bytes
+                .fetch_add(u64::from(len), Ordering::Relaxed);
+        }
         if st.remaining == 0 {
             let open = st.open.take();
             match self.finalize(idx, slot, open) {
@@ -842,6 +855,12 @@ impl Sink {
             .map(Arc::new)
     }
 
+    /// Counts a file about to take its final name (for the stall hook).
+    fn before_rename(&self) {
+        let n = self.renames.fetch_add(1, Ordering::Relaxed) + 1;
+        self.stall.check("rename", n);
+    }
+
     /// Mode, mtime, (fsync), rename into place, drop the journal.
     fn finalize(&self, idx: u32, slot: &Slot, open: Option<OpenPart>) -> io::Result<()> {
         let e = &self.entries[idx as usize];
@@ -853,6 +872,7 @@ impl Sink {
                 open.file.sync_all()?;
             }
         }
+        self.before_rename();
         parent.rename_at(&part_name(&name), &name)?;
         if self.opts.sync {
             parent.sync()?;

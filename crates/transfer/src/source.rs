@@ -72,6 +72,7 @@ pub struct Source {
     used_sendfile: AtomicBool,
     done: Mutex<Option<Summary>>,
     progress: Arc<Progress>,
+    stall: crate::Stall,
 }
 
 enum SendError {
@@ -102,6 +103,7 @@ impl Source {
             used_sendfile: AtomicBool::new(false),
             done: Mutex::new(None),
             progress,
+            stall: crate::Stall::default(),
         }
     }
 
@@ -226,6 +228,8 @@ impl Source {
         let mut w = BufWriter::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
         while let Some(unit) = self.queue.pop() {
+            self.stall
+                .check("bytes", self.progress.bytes.load(Ordering::Relaxed));
             for c in unit.chunks {
                 if lock(&self.failed).contains(&c.file) {
                     continue;

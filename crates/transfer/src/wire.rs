@@ -28,8 +28,11 @@ use crate::relpath::{PathError, RelPath, MAX_PATH};
 /// mid-session, sender statistics, congestion switches, the server's socket
 /// settings in the request; 3: a pushing client sends its manifest right
 /// behind the request, and its data connections' hellos right behind the
-/// engine's data hello, without waiting for the answers).
-pub const VERSION: u16 = 3;
+/// engine's data hello, without waiting for the answers; 4: rsync's
+/// destination rule (a source path ending in `/`, or the export itself,
+/// sends the directory's contents, not the directory), and the sender's
+/// [`Msg::Notes`] on what it skipped or changed).
+pub const VERSION: u16 = 4;
 /// The largest control frame accepted (payload bytes).
 pub const MAX_FRAME: usize = 1 << 20;
 /// The largest chunk accepted on a data connection.
@@ -38,6 +41,9 @@ pub const MAX_CHUNK: u32 = 64 << 20;
 pub const MAX_REQUEST_PATHS: usize = 4096;
 /// The longest message string accepted.
 pub const MAX_TEXT: usize = 4096;
+/// The most [`Note`]s a sender lists in one session (past it, one
+/// [`NoteKind::More`] note says how many more there were).
+pub const MAX_NOTES: usize = 10_000;
 /// The most congestion-control names an [`Accept`] may list.
 pub const MAX_CONGESTION_NAMES: usize = 64;
 /// The longest congestion-control name (the kernel's `TCP_CA_NAME_MAX` is 16).
@@ -323,6 +329,35 @@ pub enum Msg {
     /// Server → client, about once a second while the server sends (pull):
     /// its TCP counters, so the client can tune from the sending end.
     Stats(SenderStats),
+    /// Sender → receiver, with the manifest (before `EntriesEnd`): what
+    /// the walk skipped or changed, so a pull tells its user what a push
+    /// would (since version 4).
+    Notes(Vec<Note>),
+}
+
+/// What the sender's walk did to one object other than copy it as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoteKind {
+    /// Not copied by policy: a FIFO, socket or device.
+    Skipped,
+    /// A hard link to a file listed earlier: copied as a separate file.
+    HardLink,
+    /// Not copied because of an error (unreadable, unlistable).
+    Problem,
+    /// The list stopped at [`MAX_NOTES`]; `detail` says how many more.
+    More,
+}
+
+/// One [`Msg::Notes`] line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// What happened.
+    pub kind: NoteKind,
+    /// The object, relative to the copy's destination (as the sender names it).
+    pub path: String,
+    /// Skipped: what it is; hard link: the path it is linked with;
+    /// problem: the error; more: the count.
+    pub detail: String,
 }
 
 /// The role a connection declares in its first 8 bytes.
@@ -582,6 +617,20 @@ impl Msg {
                 w.u32(st.rtt_us);
                 w.bytes(st.congestion.as_bytes());
             }
+            Msg::Notes(notes) => {
+                w.u8(16);
+                w.u32(notes.len() as u32);
+                for n in notes {
+                    w.u8(match n.kind {
+                        NoteKind::Skipped => 1,
+                        NoteKind::HardLink => 2,
+                        NoteKind::Problem => 3,
+                        NoteKind::More => 4,
+                    });
+                    w.bytes(n.path.as_bytes());
+                    w.bytes(n.detail.as_bytes());
+                }
+            }
         }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_be_bytes());
@@ -741,6 +790,26 @@ impl Msg {
                 rtt_us: r.u32()?,
                 congestion: r.short_text(MAX_CONGESTION_NAME)?,
             }),
+            16 => {
+                // Each note is at least its kind and two empty strings.
+                let n = r.count(MAX_NOTES + 1, 5)?;
+                let mut notes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let kind = match r.u8()? {
+                        1 => NoteKind::Skipped,
+                        2 => NoteKind::HardLink,
+                        3 => NoteKind::Problem,
+                        4 => NoteKind::More,
+                        v => return Err(unknown("note kind", v)),
+                    };
+                    notes.push(Note {
+                        kind,
+                        path: r.text()?,
+                        detail: r.text()?,
+                    });
+                }
+                Msg::Notes(notes)
+            }
             v => return Err(unknown("message type", v)),
         };
         if !r.buf.is_empty() {
@@ -1085,6 +1154,23 @@ mod tests {
                 rtt_us: 228_000,
                 congestion: "bbr".into(),
             }),
+            Msg::Notes(vec![
+                Note {
+                    kind: NoteKind::Skipped,
+                    path: "d/fifo".into(),
+                    detail: "FIFO".into(),
+                },
+                Note {
+                    kind: NoteKind::HardLink,
+                    path: "d/b".into(),
+                    detail: "d/a".into(),
+                },
+                Note {
+                    kind: NoteKind::More,
+                    path: String::new(),
+                    detail: "7".into(),
+                },
+            ]),
         ]
     }
 

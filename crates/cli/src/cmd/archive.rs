@@ -282,11 +282,11 @@ impl Recorder {
             host_facts(),
             self.started,
             Utc::now(),
-            format!("{err:#}"),
+            crate::exit::one_line(err),
         )
         .with_peer(self.peer.clone());
         if let Err(e) = self.insert(run) {
-            eprintln!("fatpipe: warning: {e:#}");
+            eprintln!("fatpipe: warning: {}", crate::exit::one_line(&e));
         }
     }
 

@@ -28,7 +28,8 @@ use anyhow::Context;
 use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_schema::copy::{
-    CopyDirection, CopyFailure, CopyReport, CopyTimeline, COPY_SCHEMA, COPY_SCHEMA_VERSION,
+    CopyDirection, CopyFailure, CopyNote, CopyReport, CopyTimeline, COPY_SCHEMA,
+    COPY_SCHEMA_VERSION,
 };
 use fatpipe_schema::tune::{Action, AutoTune};
 use fatpipe_schema::units;
@@ -37,7 +38,7 @@ use fatpipe_transfer::live::Live;
 use fatpipe_transfer::service::{self, CopyTuning, DataOpts, EngineLink};
 use fatpipe_transfer::session::{self, CopyError, Job};
 use fatpipe_transfer::tuner::CopyTuner;
-use fatpipe_transfer::wire::{Direction, SocketTuning};
+use fatpipe_transfer::wire::{Direction, NoteKind, SocketTuning};
 use fatpipe_transfer::Progress;
 use fatpipe_tune::auto;
 use fatpipe_tune::steer::Event;
@@ -53,7 +54,13 @@ const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Sources then destination; exactly one side is remote,
-    /// HOST:EXPORT/PATH (e.g. `-r data/ dtn2:data/in/` or `dtn2:data/x .`).
+    /// HOST:EXPORT/PATH (e.g. `-r run42/ dtn2:data/in` or `dtn2:data/x .`).
+    /// Destinations follow rsync: a source directory with a trailing `/`
+    /// (or an export, HOST:EXPORT) copies its contents into DEST; without
+    /// the `/` the directory itself goes inside DEST. DEST is created if
+    /// missing. One file to a DEST that is not a directory and has no
+    /// trailing `/` takes DEST's name. So rerunning a command lands where
+    /// the first run did and resumes it.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
     pub paths: Vec<OsString>,
     /// Copy directories recursively.
@@ -366,7 +373,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let quiet = args.quiet;
     let on_retry = |line: &str| {
         if !quiet {
-            eprintln!("\r\x1b[Kfatpipe: copy: {line}");
+            eprintln!("{}fatpipe: copy: {line}", clear_line());
         }
     };
     // Only when auto-tuning chose the streams does it adjust them in flight.
@@ -469,7 +476,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         eprintln!("fatpipe: copy: {}: {}", f.path, f.message);
     }
     for p in &out.problems {
-        eprintln!("fatpipe: copy: skipped {p}");
+        eprintln!("fatpipe: copy: not copied: {p}");
     }
     if out.files_failed > 0 || !out.failures.is_empty() {
         anyhow::bail!(
@@ -479,7 +486,10 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         );
     }
     if !out.problems.is_empty() {
-        anyhow::bail!("copy: {} source objects were skipped", out.problems.len());
+        anyhow::bail!(
+            "copy: {} source objects could not be read and were not copied",
+            out.problems.len()
+        );
     }
     Ok(())
 }
@@ -558,14 +568,25 @@ fn print_tuner_event(e: &Event<'_>, quiet: bool, trace: bool) {
                 Action::SwitchCongestion { to } => format!("congestion control → {to}"),
                 Action::Hold => String::new(),
             };
-            let clear = if std::io::stderr().is_terminal() {
-                "\r\x1b[K"
-            } else {
-                ""
-            };
-            eprintln!("{clear}auto: {what} at {:.1} s: {}", d.at_secs, d.reason);
+            eprintln!(
+                "{}auto: {what} at {:.1} s: {}",
+                clear_line(),
+                d.at_secs,
+                d.reason
+            );
         }
         Event::Changed(_) => {}
+    }
+}
+
+/// What starts a line printed over the progress bar: return and erase
+/// on a terminal, nothing when stderr is a file or a pipe (where the
+/// codes would only be noise in a log).
+fn clear_line() -> &'static str {
+    if std::io::stderr().is_terminal() {
+        "\r\x1b[K"
+    } else {
+        ""
     }
 }
 
@@ -617,10 +638,60 @@ fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyRe
                 message: f.message.clone(),
             })
             .collect(),
-        problems: r.problems.clone(),
+        problems: notes(r, NoteKind::Problem)
+            .map(|n| format!("{}: {}", n.path, n.detail))
+            .collect(),
+        skipped: notes(r, NoteKind::Skipped).collect(),
+        hard_links: notes(r, NoteKind::HardLink).collect(),
+        notes_not_listed: notes(r, NoteKind::More)
+            .filter_map(|n| n.detail.parse::<u64>().ok())
+            .sum(),
         auto: None,
         timeline: None,
     }
+}
+
+/// The sender's notes of one kind, as the report lists them.
+fn notes(r: &session::Report, kind: NoteKind) -> impl Iterator<Item = CopyNote> + '_ {
+    r.notes
+        .iter()
+        .filter(move |n| n.kind == kind)
+        .map(|n| CopyNote {
+            path: n.path.clone(),
+            detail: n.detail.clone(),
+        })
+}
+
+/// One line on what the copy left out or changed by policy (special files
+/// skipped, hard links copied as separate files), naming the first few;
+/// `None` when there is nothing to say. The same for push and pull.
+fn notes_line(r: &CopyReport) -> Option<String> {
+    fn some(v: &[CopyNote], shown: impl Fn(&CopyNote) -> String) -> String {
+        let mut names: Vec<String> = v.iter().take(3).map(shown).collect();
+        if v.len() > 3 {
+            names.push(format!("{} more", v.len() - 3));
+        }
+        names.join(", ")
+    }
+    let mut parts = Vec::new();
+    if !r.skipped.is_empty() {
+        parts.push(format!(
+            "skipped {} special file(s), not copied: {}",
+            r.skipped.len(),
+            some(&r.skipped, |n| format!("{} ({})", n.path, n.detail))
+        ));
+    }
+    if !r.hard_links.is_empty() {
+        parts.push(format!(
+            "{} hard link(s) arrived as separate files: {}",
+            r.hard_links.len(),
+            some(&r.hard_links, |n| format!("{} = {}", n.path, n.detail))
+        ));
+    }
+    if r.notes_not_listed > 0 {
+        parts.push(format!("{} more not listed", r.notes_not_listed));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// Samples a copy's progress (seconds since `t0`, bytes so far) every
@@ -701,6 +772,7 @@ fn timeline(
 
 fn print_summary(r: &CopyReport) {
     let dur = Duration::from_secs_f64(r.seconds);
+    let notes = notes_line(r);
     if r.files_verified == 0 && r.files_failed == 0 && r.files_skipped == r.files_total {
         println!(
             "nothing to copy: all {} files ({}) are already up to date (checked in {})",
@@ -708,6 +780,9 @@ fn print_summary(r: &CopyReport) {
             units::format_bytes(r.bytes_total),
             units::format_duration(dur)
         );
+        if let Some(n) = notes {
+            println!("{n}");
+        }
         return;
     }
     println!(
@@ -724,6 +799,9 @@ fn print_summary(r: &CopyReport) {
         "verified {} files chunk by chunk ({}); {} already up to date; {} failed; {} chunks re-sent; {} reconnects",
         r.files_verified, r.checksum, r.files_skipped, r.files_failed, r.chunks_resent, r.reconnects
     );
+    if let Some(n) = notes {
+        println!("{n}");
+    }
     println!(
         "{} streams, {} chunks; I/O here: {}, on the server: {}",
         r.streams,

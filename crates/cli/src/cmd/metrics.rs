@@ -48,7 +48,7 @@ pub fn start(
             ..ClientOptions::default()
         },
         resolve: Arc::new(|target: &str| {
-            super::common::resolve(target, DEFAULT_PORT).map_err(|e| format!("{e:#}"))
+            super::common::resolve(target, DEFAULT_PORT).map_err(|e| crate::exit::one_line(&e))
         }),
     });
     let exporter = Exporter {

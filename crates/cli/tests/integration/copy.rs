@@ -158,11 +158,11 @@ fn push_and_pull_a_tree_with_odd_names() {
         (Some(5), Some(0))
     );
 
-    // Pull it back under a new name, with BLAKE3.
+    // Pull its contents back under a new name, with BLAKE3.
     let back = dir.path().join("back");
     let out = util::run(
         srv.copy(&dir)
-            .args(["-r", "-q", "--verify", "strong", "127.0.0.1:data/tree"])
+            .args(["-r", "-q", "--verify", "strong", "127.0.0.1:data/tree/"])
             .arg(&back),
     );
     assert_exit(&out, 0);
@@ -469,4 +469,409 @@ fn escapes_wrong_keys_and_read_only_are_refused() {
     let out = util::run(srv.copy(&dir).arg(src.join("f")).arg("127.0.0.1:nope/"));
     assert_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no export named"));
+}
+
+/// The tree the kill-and-rerun tests copy: one 24 MiB file first (in send
+/// order), then 300 small files of about 12 KB (batches of up to a 1 MiB
+/// chunk: 4 units), a symlink and an empty directory.
+#[cfg(feature = "test-hooks")]
+fn resume_tree(root: &Path) -> PathBuf {
+    let t = mkdir(&root.join("src"));
+    random_file(&t.join("a-big.bin"), 24 << 20, 11);
+    let small = mkdir(&t.join("b-small"));
+    for i in 0..300u32 {
+        std::fs::write(
+            small.join(format!("f{i:03}")),
+            format!("{i:03}").repeat(4000 + i as usize),
+        )
+        .unwrap();
+    }
+    mkdir(&t.join("c-empty"));
+    symlink("a-big.bin", t.join("d-link")).unwrap();
+    t
+}
+
+/// Files under their final names in `dest` (and their sizes): what a
+/// killed run had completed. Each must already equal its source.
+#[cfg(feature = "test-hooks")]
+fn complete_files(src: &Path, dest: &Path) -> (u64, u64) {
+    let (mut n, mut bytes) = (0, 0);
+    for (rel, desc) in util::digest_tree(dest) {
+        if !desc.starts_with("file") || rel.contains(".fatpipe-") {
+            continue;
+        }
+        let mine = util::digest_tree(src).remove(&rel);
+        assert_eq!(
+            mine.as_ref(),
+            Some(&desc),
+            "{rel}: a final name holds a partial file"
+        );
+        n += 1;
+        bytes += std::fs::metadata(dest.join(&rel)).unwrap().len();
+    }
+    (n, bytes)
+}
+
+/// Issue 16: a copy killed (SIGKILL, by PID) at `stall` (a
+/// FATPIPE_TEST_STALL phase, reached by the client or the server as
+/// `on_server` says) and the identical command run again: the same tree
+/// in the same place, nothing complete sent twice, nothing stray left. A
+/// server that stalled is killed and started again on its port, so no
+/// stalled session of it outlives the kill.
+#[cfg(feature = "test-hooks")]
+fn kill_at_and_rerun(push: bool, stall: &str, on_server: bool) {
+    let dir = util::setup();
+    let src = resume_tree(dir.path());
+    let exp = mkdir(&dir.path().join("export"));
+    let mark = dir.path().join("stalled");
+    let mark_s = mark.display().to_string();
+    let exports = [export("data", &exp)];
+    let hook = [
+        ("FATPIPE_TEST_STALL", stall),
+        ("FATPIPE_TEST_STALL_MARK", mark_s.as_str()),
+    ];
+    let srv = server_on(&dir, &exports, 0, if on_server { &hook } else { &[] });
+    // The issue's commands: a directory's contents to a name that the
+    // first run creates and the rerun finds.
+    let (dest, args): (PathBuf, [String; 2]) = if push {
+        (
+            exp.join("t"),
+            [format!("{}/", src.display()), "127.0.0.1:data/t".into()],
+        )
+    } else {
+        std::fs::rename(&src, exp.join("dir")).unwrap();
+        let local = dir.path().join("local/t");
+        mkdir(local.parent().unwrap());
+        (
+            local.clone(),
+            ["127.0.0.1:data/dir/".into(), local.display().to_string()],
+        )
+    };
+    let src = if push { src } else { exp.join("dir") };
+    let command = |c: &mut Command| {
+        c.args([
+            "-r",
+            "--json",
+            "-P",
+            "2",
+            "--chunk-size",
+            "1M",
+            "--retries",
+            "0",
+        ])
+        .args(&args);
+    };
+    let mut first = srv.copy(&dir);
+    command(&mut first);
+    first.stdout(Stdio::null()).stderr(Stdio::null());
+    if !on_server {
+        first.envs(hook);
+    }
+    let mut child = first.spawn().unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        &format!("the stall at {stall}"),
+        || mark.exists(),
+    );
+    child.kill().unwrap(); // SIGKILL, by PID
+    child.wait().unwrap();
+    let _srv = if on_server {
+        let port = srv.port;
+        srv.kill();
+        server_on(&dir, &exports, port, &[])
+    } else {
+        srv
+    };
+    let (done_files, done_bytes) = if dest.exists() {
+        complete_files(&src, &dest)
+    } else {
+        (0, 0)
+    };
+
+    let mut again = _srv.copy(&dir);
+    command(&mut again);
+    let out = util::run(&mut again);
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_same_tree(&src, &dest);
+    let total = j["bytes_total"].as_u64().unwrap();
+    let moved = j["bytes_transferred"].as_u64().unwrap();
+    let skipped = j["files_skipped"].as_u64().unwrap();
+    eprintln!(
+        "{} killed at {stall}: {done_files} files ({done_bytes} B) were complete; \
+         the rerun skipped {skipped} and moved {moved} of {total} B",
+        if push { "push" } else { "pull" }
+    );
+    assert!(
+        skipped >= done_files && moved + done_bytes <= total,
+        "{stall}: {done_files} files ({done_bytes} bytes) were complete, yet the rerun \
+         skipped {skipped} and moved {moved} of {total}"
+    );
+    assert_eq!(
+        j["files_verified"].as_u64().unwrap() + skipped,
+        j["files_total"].as_u64().unwrap(),
+        "{j}"
+    );
+    if stall.starts_with("bytes=1") {
+        // Killed mid big file: its journaled chunks are not sent again.
+        assert!(
+            moved < total - done_bytes,
+            "{stall}: the big file was sent whole again"
+        );
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn issue_16_push_killed_anywhere_resumes_in_place() {
+    // During the manifest, mid big file (12 of 24 MiB), mid small files,
+    // and during the server's renames (the server is killed there too).
+    kill_at_and_rerun(true, "manifest", false);
+    kill_at_and_rerun(true, "bytes=12582912", false);
+    kill_at_and_rerun(true, &format!("bytes={}", (24 << 20) + (3 << 19)), false);
+    kill_at_and_rerun(true, "rename=100", true);
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn issue_16_pull_killed_anywhere_resumes_in_place() {
+    // The server sends: it stalls during the manifest and mid data; the
+    // client renames, and stalls there.
+    kill_at_and_rerun(false, "manifest", true);
+    kill_at_and_rerun(false, "bytes=12582912", true);
+    kill_at_and_rerun(false, &format!("bytes={}", (24 << 20) + (3 << 19)), true);
+    kill_at_and_rerun(false, "rename=100", false);
+}
+
+/// Issue 16: a FIFO, a socket-free special and hard links are reported the
+/// same way by a push and a pull: one summary line, `skipped` and
+/// `hard_links` in the JSON, exit 0, and the links arrive as separate files.
+#[test]
+fn issue_16_skipped_fifos_and_hard_links_are_said_both_ways() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    std::fs::write(src.join("a"), b"linked data").unwrap();
+    mkdir(&src.join("sub"));
+    std::fs::hard_link(src.join("a"), src.join("sub/b")).unwrap();
+    let fifo = Command::new("mkfifo")
+        .arg(src.join("pipe"))
+        .status()
+        .unwrap();
+    assert!(fifo.success());
+    let exp = mkdir(&dir.path().join("export"));
+    // The pull reads the original tree (a pushed copy has no FIFO or link).
+    let srv = server(&dir, &[export("data", &exp), export("orig", &src)]);
+    let back = dir.path().join("back");
+    for push in [true, false] {
+        let mut c = srv.copy(&dir);
+        if push {
+            c.args(["-r"]).arg(&src).arg("127.0.0.1:data/");
+        } else {
+            c.args(["-r", "127.0.0.1:orig/"]).arg(&back);
+        }
+        let text = util::run(&mut c);
+        assert_exit(&text, 0);
+        let out = String::from_utf8_lossy(&text.stdout);
+        let line = out
+            .lines()
+            .find(|l| l.contains("skipped"))
+            .unwrap_or_else(|| panic!("push {push}: no line on what was skipped:\n{out}"));
+        assert!(
+            line.contains("skipped 1 special file(s), not copied: src/pipe (FIFO)")
+                || line.contains("skipped 1 special file(s), not copied: pipe (FIFO)"),
+            "{line}"
+        );
+        assert!(
+            line.contains("1 hard link(s) arrived as separate files"),
+            "{line}"
+        );
+        // The JSON says the same, and a rerun says it again.
+        let j = json(&util::run(c.arg("--json")));
+        assert_eq!(j["skipped"][0]["detail"], "FIFO", "{j}");
+        assert_eq!(j["hard_links"].as_array().map(Vec::len), Some(1), "{j}");
+        assert_eq!(j["problems"].as_array().map(Vec::len), Some(0), "{j}");
+    }
+    let pushed = exp.join("src");
+    for d in [&pushed, &back] {
+        assert!(!d.join("pipe").exists());
+        let (a, b) = (
+            std::fs::metadata(d.join("a")).unwrap(),
+            std::fs::metadata(d.join("sub/b")).unwrap(),
+        );
+        assert_ne!(a.ino(), b.ino(), "{}: hard link kept", d.display());
+        assert_eq!(std::fs::read(d.join("sub/b")).unwrap(), b"linked data");
+    }
+}
+
+/// Issue 16: what a user reads when the server is killed mid-copy and
+/// cannot be reached again: that the server went away (not "failed to
+/// fill whole buffer"), each OS error once, and with stderr in a file no
+/// terminal codes on the reconnect lines.
+#[test]
+fn issue_16_a_server_that_went_away_is_named_so() {
+    for retries in ["0", "1"] {
+        let dir = util::setup();
+        let src = mkdir(&dir.path().join("src"));
+        random_file(&src.join("f.bin"), 96 << 20, 5);
+        let exp = mkdir(&dir.path().join("export"));
+        let srv = server(&dir, &[export("data", &exp)]);
+        let log = std::fs::File::create(dir.path().join("stderr")).unwrap();
+        let mut c = srv.copy(&dir);
+        c.args(["-P", "2", "--chunk-size", "1M", "--bwlimit", "320M"])
+            .args(["--retries", retries])
+            .arg(src.join("f.bin"))
+            .arg("127.0.0.1:data/")
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut child = c.spawn().unwrap();
+        wait_for(Duration::from_secs(20), "a journal", || {
+            journal_has_records(&exp)
+        });
+        srv.kill(); // SIGKILL
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(1));
+        let err = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+        assert!(err.contains("the server went away"), "{err}");
+        assert!(!err.contains("fill whole buffer"), "{err}");
+        assert!(!err.contains('\x1b') && !err.contains('\r'), "{err:?}");
+        for line in err.lines() {
+            assert!(line.matches("os error").count() <= 1, "{line}");
+        }
+        if retries == "1" {
+            assert!(err.contains("reconnecting"), "{err}");
+        }
+    }
+}
+
+/// Issue 16: `fatpipe test` and `copy` against a closed port say
+/// "Connection refused" once per line.
+#[test]
+fn issue_16_a_refused_connection_is_said_once() {
+    let dir = util::setup();
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = util::run(
+        dir.cmd()
+            .args(["test", "127.0.0.1", "-p", &port.to_string(), "-t", "1s"]),
+    );
+    assert_exit(&out, 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Connection refused"), "{err}");
+    for line in err.lines() {
+        assert!(line.matches("Connection refused").count() <= 1, "{line}");
+    }
+    let out = util::run(
+        dir.cmd()
+            .args(["copy", "--retries", "0", "-p", &port.to_string()])
+            .arg(util::bin())
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the server"), "{err}");
+    for line in err.lines() {
+        assert!(line.matches("Connection refused").count() <= 1, "{line}");
+    }
+}
+
+/// Issue 16: a sparse file's holes are not bytes moved: the JSON counts
+/// the data and its rate is a rate the machine can reach.
+#[test]
+fn issue_16_holes_are_not_counted_as_bytes_moved() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    let f = std::fs::File::create(src.join("sparse")).unwrap();
+    f.set_len(16 << 30).unwrap(); // 16 GiB, one data block
+    std::os::unix::fs::FileExt::write_all_at(&f, b"data", 10 << 30).unwrap();
+    drop(f);
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+    for pull in [false, true] {
+        let mut c = srv.copy(&dir);
+        c.args(["--json", "-P", "2"]);
+        if pull {
+            c.arg("127.0.0.1:data/sparse").arg(dir.path().join("back"));
+        } else {
+            c.arg(src.join("sparse")).arg("127.0.0.1:data/");
+        }
+        let out = util::run(&mut c);
+        assert_exit(&out, 0);
+        let j = json(&out);
+        let (moved, rate) = (
+            j["bytes_transferred"].as_u64().unwrap(),
+            j["rate"].as_u64().unwrap(),
+        );
+        // The one data chunk (8 MiB), not 16 GiB.
+        assert!(moved > 0 && moved <= 8 << 20, "pull {pull}: {j}");
+        assert!(rate < 100_000_000_000, "pull {pull}: {rate} bit/s");
+    }
+    // Size, the data where it was, holes still holes (not read whole).
+    for copy in [exp.join("sparse"), dir.path().join("back")] {
+        let f = std::fs::File::open(&copy).unwrap();
+        let m = f.metadata().unwrap();
+        assert_eq!(m.len(), 16 << 30);
+        assert!(
+            m.blocks() * 512 < 64 << 20,
+            "{}: holes filled",
+            copy.display()
+        );
+        let mut got = [0u8; 4];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, 10 << 30).unwrap();
+        assert_eq!(&got, b"data");
+    }
+}
+
+/// Issue 16: a pull whose paths would be too long under the destination's
+/// name. rsync's rule keeps a directory's paths as they are (it goes inside
+/// the destination, never renamed), so a tree 4,000 bytes deep copies;
+/// one file given a name the destination cannot take is refused with a
+/// line naming both.
+#[test]
+fn issue_16_a_path_too_long_for_the_destination_is_named() {
+    let dir = util::setup();
+    let exp = mkdir(&dir.path().join("export"));
+    // "d/" then 20 components of 200 bytes: 4,021 bytes, under the 4,096
+    // a path may have; renamed to a 250-byte name it would be over.
+    let comp = "c".repeat(200);
+    let mut deep = PathBuf::from("d");
+    for _ in 0..20 {
+        deep.push(&comp);
+    }
+    mkdir(&exp.join(&deep));
+    std::fs::write(exp.join(&deep).join("f"), b"deep").unwrap();
+    let srv = server(&dir, &[export("data", &exp)]);
+    let long = "n".repeat(250);
+    let dest = mkdir(&dir.path().join("local")).join(&long);
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--json", "127.0.0.1:data/d"])
+            .arg(&dest),
+    );
+    assert_exit(&out, 0);
+    assert_eq!(json(&out)["files_verified"], 1);
+    // Read it relative to the destination: its absolute path is longer
+    // than the kernel takes in one call.
+    let cat = Command::new("cat")
+        .arg(deep.join("f"))
+        .current_dir(&dest)
+        .output()
+        .unwrap();
+    assert_eq!(cat.stdout, b"deep", "{cat:?}");
+
+    std::fs::write(exp.join("file"), b"x").unwrap();
+    let out = util::run(
+        srv.copy(&dir)
+            .arg("127.0.0.1:data/file")
+            .arg(dir.path().join("n".repeat(256))),
+    );
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("file: cannot take the destination name 'nnn"),
+        "{err}"
+    );
 }

@@ -112,7 +112,7 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
     let back = dir.path().join("back");
     let (j, pull) = tuned_copy(
         "pull",
-        copy(&lab, port, &["-r", "--json", &format!("{b}:data/src")]).arg(&back),
+        copy(&lab, port, &["-r", "--json", &format!("{b}:data/src/")]).arg(&back),
     );
     assert_eq!(j["bytes_transferred"].as_u64(), Some(total));
     assert_same_tree(&src, &back);
