@@ -43,10 +43,13 @@ const RECV_TICK: Duration = Duration::from_millis(20);
 const MAX_UDP_PAYLOAD: usize = 65_507;
 
 /// Most lateness a UDP sender catches up (see `pacer`).
-const MAX_LAG: Duration = Duration::from_millis(20);
+const MAX_LAG: Duration = Duration::from_millis(5);
 
 /// Bytes of receive slots a batching UDP receiver passes per call.
 const RECV_STORAGE: usize = 1 << 20;
+
+/// Longest a stopping UDP receiver reads what is already queued.
+const DRAIN_LIMIT: Duration = Duration::from_millis(200);
 
 /// Most receive slots per `recvmmsg` call.
 const RECV_SLOTS: usize = 256;
@@ -443,7 +446,19 @@ fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
         // --no-batch: one datagram, one system call.
         let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
         loop {
-            if sh.stopped() || sh.udp_recv_stop.load(Ordering::Relaxed) {
+            if sh.stopped() {
+                return Ok(());
+            }
+            if sh.udp_recv_stop.load(Ordering::Relaxed) {
+                // Count what is already queued: on a busy host the drain
+                // time may pass before this thread ran again.
+                s.set_nonblocking(true)?;
+                let deadline = Instant::now() + DRAIN_LIMIT;
+                while Instant::now() < deadline {
+                    let Ok(n) = s.recv(&mut buf) else { break };
+                    rx.datagram(&buf[..n], sh.now_ns());
+                }
+                rx.publish(c, sh.now_ns());
                 return Ok(());
             }
             match s.recv(&mut buf) {
@@ -467,12 +482,19 @@ fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     };
     let count = (RECV_STORAGE / slot).clamp(1, RECV_SLOTS);
     let mut batch = fatpipe_sys::RecvBatch::new(count, slot);
+    let mut draining: Option<Instant> = None;
     loop {
-        if sh.stopped() || sh.udp_recv_stop.load(Ordering::Relaxed) {
+        if sh.stopped() {
             return Ok(());
+        }
+        if draining.is_none() && sh.udp_recv_stop.load(Ordering::Relaxed) {
+            // Count what is already queued (see the plain path), then stop.
+            s.set_nonblocking(true)?;
+            draining = Some(Instant::now() + DRAIN_LIMIT);
         }
         match batch.recv(s.as_fd()) {
             Ok(_) => {}
+            Err(_) if draining.is_some() => return Ok(()),
             Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => continue,
             Err(e) => return Err(e),
         }
@@ -486,6 +508,9 @@ fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
         // datagrams a second the shared counters' cache line would
         // otherwise bounce to the sampler's core on every one.
         rx.publish(c, now);
+        if draining.is_some_and(|d| Instant::now() >= d) {
+            return Ok(());
+        }
     }
 }
 

@@ -137,8 +137,12 @@ pub struct Search {
     free: Bracket,
     lossy: Bracket,
     /// Capacity estimates from the last failing trials, for the probes.
-    hint_free: Option<f64>,
-    hint_lossy: Option<f64>,
+    hint_free: Hint,
+    hint_lossy: Hint,
+    /// Offered over asked in the last trial where the sender fell a
+    /// little short (it starts late, its clock is coarse): asks are
+    /// divided by it so that what is offered is what the search meant.
+    gain: f64,
     /// The confirmation under way: the rate asked (`None`: the ceiling).
     confirming: Option<Option<f64>>,
     confirms: u32,
@@ -147,6 +151,50 @@ pub struct Search {
     done: Option<Found>,
     /// Why the search stopped early, if it did.
     cut_short: Option<String>,
+}
+
+/// A capacity estimate from a failing trial and how much of it the
+/// probes used: first just below it, then just above it, then nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Hint {
+    value: Option<f64>,
+    used: u8,
+    precision: f64,
+}
+
+impl Hint {
+    fn new(precision: f64) -> Hint {
+        Hint {
+            value: None,
+            used: 0,
+            precision,
+        }
+    }
+
+    /// A new estimate; one within the precision of the last keeps what
+    /// was already tried of it.
+    fn renew(self, value: f64) -> Hint {
+        match self.value {
+            Some(v) if (value - v).abs() <= v * self.precision / 2.0 => self,
+            _ => Hint {
+                value: Some(value),
+                used: 0,
+                ..self
+            },
+        }
+    }
+
+    /// The next candidate rate, once each.
+    fn next(&mut self) -> Option<f64> {
+        let v = self.value?;
+        let p = self.precision;
+        self.used += 1;
+        match self.used {
+            1 => Some(v * (1.0 - p / 2.0)),
+            2 => Some(v * (1.0 + p)),
+            _ => None,
+        }
+    }
 }
 
 /// Highest passing and lowest failing offered rate of one criterion.
@@ -185,8 +233,9 @@ impl Search {
             sender_max: 0.0,
             free: Bracket::default(),
             lossy: Bracket::default(),
-            hint_free: None,
-            hint_lossy: None,
+            hint_free: Hint::new(cfg.precision),
+            hint_lossy: Hint::new(cfg.precision),
+            gain: 1.0,
             confirming: None,
             confirms: 0,
             short_lo: None,
@@ -220,14 +269,18 @@ impl Search {
             return self.start_confirming();
         }
         let next = if !self.settled(&self.free) {
-            self.probe(self.free, self.hint_free)
+            let (rate, hint) = self.probe(self.free, self.hint_free);
+            self.hint_free = hint;
+            rate
         } else if !self.settled(&self.lossy) {
-            self.probe(self.lossy, self.hint_lossy)
+            let (rate, hint) = self.probe(self.lossy, self.hint_lossy);
+            self.hint_lossy = hint;
+            rate
         } else {
             return self.start_confirming();
         };
         Some(Trial {
-            rate: Some(next),
+            rate: Some(next / self.gain),
             confirm: false,
         })
     }
@@ -242,6 +295,14 @@ impl Search {
             return;
         }
         let rate = out.offered_bps;
+        if let Some(r) = trial.rate.filter(|_| !trial.confirm) {
+            let g = rate / r;
+            // A sender far short is at its limit, not late: that is for
+            // the brackets, not the gain.
+            if (0.9..=1.05).contains(&g) {
+                self.gain = g.min(1.0);
+            }
+        }
         // The sender fell short of what it was asked (or was asked for
         // everything): it showed what it can offer. The most it ever
         // showed is the top; a trial where it fell short through noise
@@ -262,10 +323,12 @@ impl Search {
         // What arrived when too much was sent is near the capacity; the
         // allowed loss lets the sender go that much above it.
         if !free {
-            self.hint_free = Some(out.received_bps);
+            self.hint_free = self.hint_free.renew(out.received_bps);
         }
         if !lossy {
-            self.hint_lossy = Some(out.received_bps / (1.0 - self.cfg.loss_max));
+            self.hint_lossy = self
+                .hint_lossy
+                .renew(out.received_bps / (1.0 - self.cfg.loss_max));
         }
     }
 
@@ -295,18 +358,21 @@ impl Search {
     /// The next rate to try in a bracket, strictly inside it so that
     /// every trial narrows it: just below the capacity estimate (expected
     /// to pass), else just above it (expected to fail), else the middle.
-    fn probe(&self, b: Bracket, hint: Option<f64>) -> f64 {
+    fn probe(&self, b: Bracket, hint: Hint) -> (f64, Hint) {
         let lo = b.lo.unwrap_or(0.0);
         let hi = b.hi.unwrap_or_else(|| self.top()).min(self.top());
         let p = self.cfg.precision;
-        // Far enough inside that the trial cannot repeat its neighbour.
-        let inside = |r: f64| r > lo + hi * p / 4.0 && r < hi * (1.0 - p / 4.0);
-        hint.and_then(|h| {
-            [h * (1.0 - p / 2.0), h * (1.0 + p)]
-                .into_iter()
-                .find(|&r| inside(r))
-        })
-        .unwrap_or((lo + hi) / 2.0)
+        let inside = |r: f64| r > lo * (1.0 + p / 4.0) && r < hi * (1.0 - p / 4.0);
+        // Each estimate is tried once below and once above: a sender that
+        // keeps falling a little short of it must not be asked for the
+        // same rate trial after trial.
+        let mut hint = hint;
+        while let Some(r) = hint.next() {
+            if inside(r) {
+                return (r, hint);
+            }
+        }
+        ((lo + hi) / 2.0, hint)
     }
 
     fn start_confirming(&mut self) -> Option<Trial> {
@@ -779,6 +845,37 @@ mod tests {
             assert!(free > 2e9 * 0.98 && free <= 2e9 * 1.002, "{seed}: {free}");
             assert!(f.trials <= 20, "{seed}: {}", f.trials);
         }
+    }
+
+    #[test]
+    fn a_sender_always_a_little_short_is_not_asked_the_same_rate_again() {
+        // The sender offers 1.2 % less than asked, every time (it starts
+        // a little late): each estimate is tried once.
+        let mut s = Search::new(SearchConfig::default());
+        let mut asked = Vec::new();
+        while let Some(t) = s.poll_trial() {
+            let offered = t.rate.map_or(8e9, |r| r * 0.988);
+            let got = offered.min(193e6);
+            asked.push(t.rate);
+            s.handle_outcome(
+                t,
+                Outcome {
+                    offered_bps: offered,
+                    received_bps: got,
+                    sent: (offered / 8000.0) as u64,
+                    lost: (offered / 8000.0) as u64 - (got / 8000.0) as u64,
+                },
+            );
+        }
+        let f = s.result().unwrap();
+        let repeats = asked
+            .windows(3)
+            .filter(|w| w[0] == w[1] && w[1] == w[2])
+            .count();
+        assert_eq!(repeats, 0, "{asked:?}");
+        assert!(f.trials <= 20, "{asked:?}");
+        let free = f.loss_free.unwrap();
+        assert!(free > 193e6 * 0.97 && free <= 193e6, "{free} {asked:?}");
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub struct Args {
     /// UDP: search for the highest rate with no loss, and the highest
     /// with at most --loss-max, instead of sending at -b (then the most
     /// to offer); short trials, then one of -t to confirm (docs/udp.md).
-    #[arg(long, requires = "udp", conflicts_with_all = ["json_stream", "bidir", "bytes"])]
+    #[arg(long, requires = "udp", conflicts_with_all = ["json_stream", "bidir", "bytes", "iperf3"])]
     pub find_max: bool,
     /// With --find-max: the loss the second answer allows, e.g. 0.5% or
     /// 0.001.
@@ -109,7 +109,7 @@ pub struct Args {
     pub trial: String,
     /// UDP: one datagram per system call at both ends (no sendmmsg,
     /// recvmmsg, GSO or GRO): the per-packet baseline.
-    #[arg(long, requires = "udp")]
+    #[arg(long, requires = "udp", conflicts_with = "iperf3")]
     pub no_batch: bool,
     /// Print one JSON report at the end.
     #[arg(long, conflicts_with = "json_stream")]

@@ -20,3 +20,4 @@ mod rfc6349;
 mod server_test;
 mod sweep;
 mod tune;
+mod udp;
