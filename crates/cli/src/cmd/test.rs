@@ -577,9 +577,6 @@ fn find_max(
     options: ClientOptions,
     rec: Option<&Recorder>,
 ) -> anyhow::Result<()> {
-    if rec.is_some() {
-        eprintln!("fatpipe: warning: --find-max results are not stored in the archive yet");
-    }
     let base = TestPlan {
         server: a.host.clone(),
         addr,
@@ -623,6 +620,9 @@ fn find_max(
         print_find_max_end(&mut out, &report)?;
     }
     out.flush()?;
+    if let Some(r) = rec {
+        r.find_max(&report)?;
+    }
     Ok(())
 }
 
