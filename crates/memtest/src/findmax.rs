@@ -148,6 +148,8 @@ pub struct Search {
     confirms: u32,
     /// The short trials' loss-free rate, kept while confirming.
     short_lo: Option<f64>,
+    /// Offered rates of every short trial that lost nothing.
+    free_passes: Vec<f64>,
     done: Option<Found>,
     /// Why the search stopped early, if it did.
     cut_short: Option<String>,
@@ -239,6 +241,7 @@ impl Search {
             confirming: None,
             confirms: 0,
             short_lo: None,
+            free_passes: Vec::new(),
             done: None,
             cut_short: None,
         }
@@ -318,6 +321,9 @@ impl Search {
             return;
         }
         self.started = true;
+        if free {
+            self.free_passes.push(rate);
+        }
         self.free.update(rate, free);
         self.lossy.update(rate, lossy);
         // What arrived when too much was sent is near the capacity; the
@@ -376,6 +382,12 @@ impl Search {
     }
 
     fn start_confirming(&mut self) -> Option<Trial> {
+        // A later failure below an earlier pass (noise) may have left the
+        // bracket without a passing rate: the highest pass is still the
+        // best candidate, and the confirming trial judges it.
+        if self.free.lo.is_none() {
+            self.free.lo = self.free_passes.iter().copied().reduce(f64::max);
+        }
         let Some(lo) = self.free.lo else {
             let lowest = self.free.hi.unwrap_or(0.0);
             let why = format!(
@@ -876,6 +888,47 @@ mod tests {
         assert!(f.trials <= 20, "{asked:?}");
         let free = f.loss_free.unwrap();
         assert!(free > 193e6 * 0.97 && free <= 193e6, "{free} {asked:?}");
+    }
+
+    #[test]
+    fn a_noisy_failure_below_a_pass_does_not_lose_the_pass() {
+        // Passes at 1 Gbit/s, then a trial at 0.9 Gbit/s loses (another
+        // process took the receiver's core), and the budget ends there.
+        let cfg = SearchConfig {
+            max_trials: 4,
+            ..SearchConfig::default()
+        };
+        let mut s = Search::new(cfg);
+        let out = |offered: f64, lost: u64| Outcome {
+            offered_bps: offered,
+            received_bps: offered,
+            sent: 100_000,
+            lost,
+        };
+        let t = s.poll_trial().unwrap();
+        s.handle_outcome(t, out(5e9, 50_000));
+        let t = s.poll_trial().unwrap();
+        s.handle_outcome(
+            Trial {
+                rate: Some(1e9),
+                ..t
+            },
+            out(1e9, 0),
+        );
+        let t = s.poll_trial().unwrap();
+        s.handle_outcome(
+            Trial {
+                rate: Some(0.9e9),
+                ..t
+            },
+            out(0.9e9, 10),
+        );
+        let t = s.poll_trial().unwrap();
+        assert_eq!(t.rate, Some(1e9), "confirms the pass: {t:?}");
+        assert!(t.confirm);
+        s.handle_outcome(t, out(1e9, 0));
+        let f = s.result().unwrap();
+        assert!(f.loss_free.is_some(), "{}", f.statement);
     }
 
     #[test]
