@@ -570,10 +570,16 @@ pub(crate) fn udp_burst(p: &TestParams, path: UdpPath) -> usize {
 /// it may not (the granted size is in the test's start record).
 pub(crate) const UDP_RCVBUF: u64 = 16 << 20;
 
+/// What all UDP receivers of one end ask for together, so that hundreds
+/// of streams do not ask for gigabytes.
+const UDP_RCVBUF_TOTAL: u64 = 64 << 20;
+
 /// Gives a UDP receiver its default large receive buffer (no `-w`).
 pub(crate) fn configure_udp_receiver(s: &UdpSocket, p: &TestParams) {
     if p.window.is_none() {
-        let _ = fatpipe_sys::set_recv_buffer(s, UDP_RCVBUF, true);
+        let per_stream = (UDP_RCVBUF_TOTAL / u64::from(p.total_streams().max(1)))
+            .clamp(1 << 20, UDP_RCVBUF);
+        let _ = fatpipe_sys::set_recv_buffer(s, per_stream, true);
     }
 }
 
