@@ -577,8 +577,8 @@ const UDP_RCVBUF_TOTAL: u64 = 64 << 20;
 /// Gives a UDP receiver its default large receive buffer (no `-w`).
 pub(crate) fn configure_udp_receiver(s: &UdpSocket, p: &TestParams) {
     if p.window.is_none() {
-        let per_stream = (UDP_RCVBUF_TOTAL / u64::from(p.total_streams().max(1)))
-            .clamp(1 << 20, UDP_RCVBUF);
+        let per_stream =
+            (UDP_RCVBUF_TOTAL / u64::from(p.total_streams().max(1))).clamp(1 << 20, UDP_RCVBUF);
         let _ = fatpipe_sys::set_recv_buffer(s, per_stream, true);
     }
 }
