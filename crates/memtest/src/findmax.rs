@@ -415,7 +415,8 @@ impl Search {
     fn handle_confirm(&mut self, trial: Trial, out: Outcome, free: bool) {
         self.confirms += 1;
         let fell_short = trial.rate.is_some_and(|r| out.offered_bps < r * SHORT);
-        if fell_short && self.confirms < self.cfg.max_confirms {
+        if fell_short && self.confirms < self.cfg.max_confirms && self.trials < self.cfg.max_trials
+        {
             // The sender did not offer the rate: nothing was confirmed,
             // so the same trial again.
             return;
@@ -857,6 +858,34 @@ mod tests {
             assert!(free > 2e9 * 0.98 && free <= 2e9 * 1.002, "{seed}: {free}");
             assert!(f.trials <= 20, "{seed}: {}", f.trials);
         }
+    }
+
+    #[test]
+    fn the_trial_budget_holds_confirmations_included() {
+        // Every trial falls 10 % short and every other one loses: the
+        // search and its repeated confirmations must still stop in time.
+        let cfg = SearchConfig {
+            max_trials: 8,
+            ..SearchConfig::default()
+        };
+        let mut s = Search::new(cfg);
+        let mut n = 0;
+        while let Some(t) = s.poll_trial() {
+            n += 1;
+            let offered = t.rate.unwrap_or(1e9) * 0.9;
+            let sent = (offered / 8000.0) as u64;
+            s.handle_outcome(
+                t,
+                Outcome {
+                    offered_bps: offered,
+                    received_bps: offered,
+                    sent,
+                    lost: if n % 2 == 0 { sent / 100 } else { 0 },
+                },
+            );
+            assert!(n <= 8, "trial {n}");
+        }
+        assert!(s.result().is_some());
     }
 
     #[test]
