@@ -270,6 +270,6 @@ case " $LENGTHS " in *" 64 "*)
 esac
 if [ -s "$work/errors" ]; then
     echo
-    echo "some runs failed (n/a above); last errors:"
-    tail -5 "$work/errors"
+    echo "the tools' stderr, last lines (warnings, or why a value is n/a):"
+    sort "$work/errors" | uniq -c | sort -rn | head -5
 fi
