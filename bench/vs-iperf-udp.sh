@@ -59,6 +59,7 @@ BENCH=vs-iperf-udp
 work=$(mktemp -d /tmp/fatpipe-vs-iperf-udp.XXXXXX)
 
 cleanup() {
+    iperf2_stop
     stop_servers
     ip netns del "$NS_S" 2>/dev/null || true
     ip netns del "$NS_C" 2>/dev/null || true
@@ -77,17 +78,26 @@ build_fatpipe
 
 client() { ip netns exec "$NS_C" "$@"; }
 
-# iperf2_server: a fresh iperf2 UDP server (see above), waited for.
+# iperf2_server: a fresh iperf2 UDP server (see above), waited for. It is
+# started from the subshells the measuring functions run in, so its PID
+# goes to a file (not SERVER_PID), and the one before it is ended first.
 iperf2_server() {
-    stop_server iperf2
+    iperf2_stop
     ip netns exec "$NS_S" iperf -s -u -B "$SERVER_IP" -p "$PORT_IPERF2" >>"$work/server-iperf2.log" 2>&1 &
-    SERVER_PID[iperf2]=$!
+    echo $! >"$work/iperf2.pid"
     local i
     for i in $(seq 50); do
         ip netns exec "$NS_S" ss -Hlun "sport = :$PORT_IPERF2" | grep -q . && return 0
         sleep 0.1
     done
     return 1
+}
+
+# iperf2_stop: ends the iperf2 server by the PID in its file.
+iperf2_stop() {
+    [ -f "$work/iperf2.pid" ] || return 0
+    kill "$(cat "$work/iperf2.pid")" 2>/dev/null || true
+    rm -f "$work/iperf2.pid"
 }
 
 # Each *_max prints "SENT_PPS RECV_PPS RECV_BPS" (n/a when the run failed);
