@@ -26,6 +26,7 @@ fn both_ways() -> TestParams {
         zerocopy: false,
         length: 65536,
         bitrate: 0,
+        no_batch: false,
     }
 }
 

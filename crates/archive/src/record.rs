@@ -19,7 +19,10 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, TimeZone, Utc};
 use fatpipe_schema::copy::{CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION};
 use fatpipe_schema::path::{PathReport, PATH_SCHEMA, PATH_SCHEMA_VERSION};
-use fatpipe_schema::test::{StreamStats, TestReport, TEST_SCHEMA, TEST_SCHEMA_VERSION};
+use fatpipe_schema::test::{
+    FindMaxReport, StreamStats, TestReport, FIND_MAX_SCHEMA, FIND_MAX_SCHEMA_VERSION, TEST_SCHEMA,
+    TEST_SCHEMA_VERSION,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -356,6 +359,41 @@ impl Run {
         Ok(run)
     }
 
+    /// A `fatpipe test -u --find-max` run, stored as a test: its
+    /// throughput is the loss-free rate (UDP payload) of the first length
+    /// searched (a sweep runs one length per cell; the document keeps
+    /// every length), absent when no rate was loss-free; its loss and
+    /// bytes the last confirming trial's.
+    pub fn from_find_max(
+        report: &FindMaxReport,
+        path: impl Into<String>,
+        host: HostFacts,
+        finished: DateTime<Utc>,
+    ) -> Result<Run> {
+        check_schema(
+            &report.schema,
+            report.version,
+            FIND_MAX_SCHEMA,
+            FIND_MAX_SCHEMA_VERSION,
+        )?;
+        let started = from_unix_secs(report.timestamp).unwrap_or(finished);
+        let mut run = Run::new(RunKind::Test, path, host, started, finished);
+        run.peer = Some(report.server.clone());
+        if let Some(l) = report.lengths.first() {
+            let confirm = l.trials.iter().rev().find(|t| t.confirm);
+            run.metrics = Metrics {
+                throughput_bps: l.loss_free.map(|p| p.payload_bps),
+                loss_percent: confirm.map(|t| t.loss_percent),
+                bytes: confirm.map(|t| {
+                    (t.received.packets_per_second * t.seconds) as u64 * u64::from(l.length)
+                }),
+                ..Metrics::default()
+            };
+        }
+        run.document = Some(Document::from_value(report)?);
+        Ok(run)
+    }
+
     /// A `fatpipe copy` run: started `seconds` before `finished`, failed
     /// when any file failed (the error line says how many, and the first).
     pub fn from_copy(
@@ -606,6 +644,69 @@ mod tests {
         let d = Document::from_json("{\"b\": 1.50,\n  \"a\": \"x\\ny\"}").unwrap();
         assert_eq!(d.as_str(), "{\"b\": 1.50,   \"a\": \"x\\ny\"}");
         assert!(Document::from_json("{not json").is_err());
+    }
+
+    #[test]
+    fn a_find_max_run_is_a_test_whose_throughput_is_the_loss_free_rate() {
+        use fatpipe_schema::test::{FindMaxLength, FindMaxTrial, RatePoint, TestDirection};
+        let point = |bps: f64| RatePoint {
+            payload_bps: bps,
+            wire_bps: bps * 1.05,
+            packets_per_second: bps / 11_776.0,
+        };
+        let confirm = FindMaxTrial {
+            requested_bps: Some(9e8),
+            offered: point(9e8),
+            received: point(9e8),
+            packets_sent: 764_266,
+            lost: 0,
+            loss_percent: 0.0,
+            seconds: 10.0,
+            confirm: true,
+        };
+        let mut r = FindMaxReport {
+            schema: FIND_MAX_SCHEMA.into(),
+            version: FIND_MAX_SCHEMA_VERSION,
+            timestamp: 1_700_000_000.0,
+            server: "dtn2".into(),
+            server_addr: "198.18.0.2:5301".into(),
+            direction: TestDirection::Up,
+            streams: 1,
+            loss_max_percent: 0.5,
+            precision_percent: 1.0,
+            trial_s: 1.0,
+            confirm_s: 10.0,
+            mtu: 1500,
+            framing_bytes: 38,
+            lengths: vec![FindMaxLength {
+                length: 1472,
+                loss_free: Some(point(9e8)),
+                confirmed: true,
+                with_loss: Some(point(9.1e8)),
+                lower_bound: false,
+                sender_max: point(5e9),
+                trial_count: 1,
+                trials: vec![confirm],
+                send_path: "gso".into(),
+                recv_path: "gro".into(),
+                burst: 44,
+                statement: "loss-free up to 900 Mbit/s (confirmed)".into(),
+            }],
+            warnings: vec![],
+        };
+        let finished = Utc.timestamp_opt(1_700_000_100, 0).unwrap();
+        let run = Run::from_find_max(&r, "lab:x", HostFacts::default(), finished).unwrap();
+        assert_eq!(run.kind, RunKind::Test);
+        assert_eq!(run.metrics.throughput_bps, Some(9e8));
+        assert_eq!(run.metrics.loss_percent, Some(0.0));
+        assert_eq!(run.peer.as_deref(), Some("dtn2"));
+        assert!(run
+            .document
+            .unwrap()
+            .as_str()
+            .contains("fatpipe.test.find_max"));
+        r.version = 2;
+        assert!(Run::from_find_max(&r, "lab:x", HostFacts::default(), finished).is_err());
     }
 
     #[test]

@@ -20,7 +20,8 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::msg::{Protocol, Role, SocketSetup, StreamSample, TestParams};
+use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
+use crate::pacer::Pacer;
 use fatpipe_schema::units;
 
 /// How often a blocked worker looks at its stop flags.
@@ -40,6 +41,18 @@ const RECV_TICK: Duration = Duration::from_millis(20);
 
 /// Largest UDP payload over IPv4.
 const MAX_UDP_PAYLOAD: usize = 65_507;
+
+/// Most lateness a UDP sender catches up (see `pacer`).
+const MAX_LAG: Duration = Duration::from_millis(5);
+
+/// Bytes of receive slots a batching UDP receiver passes per call.
+const RECV_STORAGE: usize = 1 << 20;
+
+/// Longest a stopping UDP receiver reads what is already queued.
+const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+
+/// Most receive slots per `recvmmsg` call.
+const RECV_SLOTS: usize = 256;
 
 /// Bytes of the UDP datagram header: sequence number and send time.
 pub(crate) const UDP_HEADER: usize = 16;
@@ -348,34 +361,28 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
 fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     s.set_write_timeout(Some(POLL))?;
     let len = sh.params.length as usize;
-    let per_packet_s = (len as f64 * 8.0) / sh.params.bitrate as f64;
-    // Many datagrams per system call: one UDP GSO send of up to 64 KiB
-    // where the kernel offers it, else a sendmmsg batch of 32.
-    let mut gso = len * 2 <= MAX_UDP_PAYLOAD && fatpipe_sys::gso_supported(s);
-    let per_call = if gso || len <= MAX_UDP_PAYLOAD / 2 {
-        (MAX_UDP_PAYLOAD / len).min(fatpipe_sys::UDP_MAX_GSO_SEGMENTS)
-    } else {
-        32
-    };
+    let path = udp_send_path(s, &sh.params);
+    let mut gso = path == UdpPath::Gso;
+    let per_call = udp_burst(&sh.params, path);
     let mut buf: Vec<u8> = (0..(per_call * len) as u64)
         .map(|i| fatpipe_sys::pattern_byte(i % len as u64))
         .collect();
     let mut batch = fatpipe_sys::SendBatch::new();
+    let mut pacer = Pacer::new(sh.params.bitrate, len, per_call, MAX_LAG);
     let t0 = Instant::now();
     let mut seq = 0u64;
     loop {
         if sh.stopped() || sh.past_deadline() {
             return Ok(());
         }
-        let due = (t0.elapsed().as_secs_f64() / per_packet_s) as u64 + 1;
-        if seq >= due {
-            let next = t0 + Duration::from_secs_f64(seq as f64 * per_packet_s);
-            let wait = next.saturating_duration_since(Instant::now());
-            std::thread::sleep(wait.min(POLL));
+        let now = t0.elapsed().as_nanos() as u64;
+        let ready = pacer.ready(now);
+        if ready == 0 {
+            std::thread::sleep(pacer.wait(now).min(POLL));
             continue;
         }
         let mut n = 0;
-        while n < per_call && (n as u64) < due - seq && sh.take(len) == len {
+        while n < ready && sh.take(len) == len {
             n += 1;
         }
         if n == 0 {
@@ -386,7 +393,14 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
             d[..8].copy_from_slice(&(seq + k as u64).to_be_bytes());
             d[8..16].copy_from_slice(&now_ns.to_be_bytes());
         }
-        let sent = if gso {
+        let sent = if path == UdpPath::Plain {
+            // --no-batch: one datagram, one system call.
+            s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
+                datagrams: 1,
+                bytes,
+                path: fatpipe_sys::IoPath::Copy,
+            })
+        } else if gso {
             fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
         } else {
             let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
@@ -394,15 +408,18 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
         };
         match sent {
             Ok(sent) => {
-                sh.give_back((n - sent.datagrams.min(n)) * len);
-                seq += sent.datagrams as u64;
-                c.packets
-                    .fetch_add(sent.datagrams as u64, Ordering::Relaxed);
+                let done = sent.datagrams.min(n);
+                sh.give_back((n - done) * len);
+                pacer.sent(done);
+                seq += done as u64;
+                c.packets.fetch_add(done as u64, Ordering::Relaxed);
                 c.bytes.fetch_add(sent.bytes as u64, Ordering::Relaxed);
                 c.last_ns.store(now_ns, Ordering::Relaxed);
             }
             // A full queue (ENOBUFS) or a refused port costs these
-            // datagrams' time, not the test.
+            // datagrams' time, not the test: they were never sent, so
+            // they count neither as sent nor as lost, and the pacer
+            // forgives them if the sender stays behind.
             Err(e)
                 if is_retry(&e)
                     || fatpipe_sys::udp::is_no_buffer_space(&e)
@@ -424,45 +441,162 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
 
 fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     s.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let mut rx = UdpRx::default();
+    if udp_recv_path(s, &sh.params) == UdpPath::Plain {
+        // --no-batch: one datagram, one system call.
+        let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
+        loop {
+            if sh.stopped() {
+                return Ok(());
+            }
+            if sh.udp_recv_stop.load(Ordering::Relaxed) {
+                // Count what is already queued: on a busy host the drain
+                // time may pass before this thread ran again.
+                s.set_nonblocking(true)?;
+                let deadline = Instant::now() + DRAIN_LIMIT;
+                while Instant::now() < deadline {
+                    let Ok(n) = s.recv(&mut buf) else { break };
+                    rx.datagram(&buf[..n], sh.now_ns());
+                }
+                rx.publish(c, sh.now_ns());
+                return Ok(());
+            }
+            match s.recv(&mut buf) {
+                Ok(n) => {
+                    let now = sh.now_ns();
+                    rx.datagram(&buf[..n], now);
+                    rx.publish(c, now);
+                }
+                Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     // recvmmsg, with GRO coalescing where offered: many datagrams per
-    // call in about 256 KiB of slots.
-    let gro = fatpipe_sys::set_gro(s, true).is_ok();
-    let slot = if gro {
+    // call, in about 1 MiB of slots (GRO's are 64 KiB, each holding up
+    // to 64 of the sender's datagrams).
+    let slot = if udp_recv_path(s, &sh.params) == UdpPath::Gso {
         65_536
     } else {
         (sh.params.length as usize).clamp(UDP_HEADER, 65_536)
     };
-    let count = (256 * 1024 / slot).clamp(1, 32);
+    let count = (RECV_STORAGE / slot).clamp(1, RECV_SLOTS);
     let mut batch = fatpipe_sys::RecvBatch::new(count, slot);
-    let mut rx = UdpRx::default();
+    let mut draining: Option<Instant> = None;
     loop {
-        if sh.stopped() || sh.udp_recv_stop.load(Ordering::Relaxed) {
+        if sh.stopped() {
             return Ok(());
+        }
+        if draining.is_none() && sh.udp_recv_stop.load(Ordering::Relaxed) {
+            // Count what is already queued (see the plain path), then stop.
+            s.set_nonblocking(true)?;
+            draining = Some(Instant::now() + DRAIN_LIMIT);
         }
         match batch.recv(s.as_fd()) {
             Ok(_) => {}
+            Err(_) if draining.is_some() => return Ok(()),
             Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => continue,
             Err(e) => return Err(e),
         }
         let now = sh.now_ns();
         for i in 0..batch.len() {
             for d in batch.segments(i) {
-                rx.datagram(d, now, c);
+                rx.datagram(d, now);
             }
+        }
+        // One publication per batch, not per datagram: at millions of
+        // datagrams a second the shared counters' cache line would
+        // otherwise bounce to the sampler's core on every one.
+        rx.publish(c, now);
+        if draining.is_some_and(|d| Instant::now() >= d) {
+            return Ok(());
         }
     }
 }
 
-/// A UDP receiver's loss, order and jitter state.
+/// How a UDP stream moves datagrams at one end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UdpPath {
+    /// One datagram per system call (`--no-batch`).
+    Plain,
+    /// `sendmmsg`/`recvmmsg` batches.
+    Mmsg,
+    /// UDP GSO on send, GRO on receive (batched with `recvmmsg`).
+    Gso,
+}
+
+/// The send path a UDP stream takes: GSO where the kernel offers it and
+/// two datagrams fit one send, else `sendmmsg` batches.
+pub(crate) fn udp_send_path(s: &UdpSocket, p: &TestParams) -> UdpPath {
+    if p.no_batch {
+        UdpPath::Plain
+    } else if p.length as usize * 2 <= MAX_UDP_PAYLOAD && fatpipe_sys::gso_supported(s) {
+        UdpPath::Gso
+    } else {
+        UdpPath::Mmsg
+    }
+}
+
+/// The receive path a UDP stream takes; turns GRO on where offered (the
+/// call is idempotent, so the setup report and the worker agree).
+pub(crate) fn udp_recv_path(s: &UdpSocket, p: &TestParams) -> UdpPath {
+    if p.no_batch {
+        UdpPath::Plain
+    } else if fatpipe_sys::set_gro(s, true).is_ok() {
+        UdpPath::Gso
+    } else {
+        UdpPath::Mmsg
+    }
+}
+
+/// Most datagrams one send call carries: the pacer's burst. One GSO send
+/// of up to 64 KiB (at most 64 segments), a `sendmmsg` batch of as many
+/// (32 for datagrams above 32 KiB), or one with `--no-batch`.
+pub(crate) fn udp_burst(p: &TestParams, path: UdpPath) -> usize {
+    let len = (p.length as usize).max(1);
+    match path {
+        UdpPath::Plain => 1,
+        _ if len <= MAX_UDP_PAYLOAD / 2 => {
+            (MAX_UDP_PAYLOAD / len).min(fatpipe_sys::UDP_MAX_GSO_SEGMENTS)
+        }
+        _ => 32,
+    }
+}
+
+/// The receive buffer a UDP receiver asks for when `-w` gives none: the
+/// kernel's default (about 208 KiB) holds only a few hundred small
+/// datagrams, a fraction of a millisecond at millions a second. Forced
+/// past `net.core.rmem_max` where the process may; capped quietly where
+/// it may not (the granted size is in the test's start record).
+pub(crate) const UDP_RCVBUF: u64 = 16 << 20;
+
+/// What all UDP receivers of one end ask for together, so that hundreds
+/// of streams do not ask for gigabytes.
+const UDP_RCVBUF_TOTAL: u64 = 64 << 20;
+
+/// Gives a UDP receiver its default large receive buffer (no `-w`).
+pub(crate) fn configure_udp_receiver(s: &UdpSocket, p: &TestParams) {
+    if p.window.is_none() {
+        let per_stream =
+            (UDP_RCVBUF_TOTAL / u64::from(p.total_streams().max(1))).clamp(1 << 20, UDP_RCVBUF);
+        let _ = fatpipe_sys::set_recv_buffer(s, per_stream, true);
+    }
+}
+
+/// A UDP receiver's loss, order and jitter state, and its counts since
+/// the last [`publish`](UdpRx::publish).
 #[derive(Debug, Default)]
 struct UdpRx {
     jitter_us: f64,
     last_transit: Option<i128>,
     next_seq: u64,
+    packets: u64,
+    bytes: u64,
+    out_of_order: u64,
 }
 
 impl UdpRx {
-    fn datagram(&mut self, d: &[u8], now_ns: u64, c: &Counters) {
+    fn datagram(&mut self, d: &[u8], now_ns: u64) {
         let (Some(seq), Some(sent)) = (d.get(..8), d.get(8..16)) else {
             return;
         };
@@ -474,24 +608,35 @@ impl UdpRx {
         let seq = u64::from_be_bytes(b);
         b.copy_from_slice(sent);
         let sent_ns = u64::from_be_bytes(b);
-        c.packets.fetch_add(1, Ordering::Relaxed);
-        c.bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
-        c.last_ns.store(now_ns, Ordering::Relaxed);
+        self.packets += 1;
+        self.bytes += d.len() as u64;
         if seq >= self.next_seq {
             self.next_seq = seq + 1;
-            c.expected.store(self.next_seq, Ordering::Relaxed);
         } else {
-            c.out_of_order.fetch_add(1, Ordering::Relaxed);
+            self.out_of_order += 1;
         }
         // RFC 3550: the clocks' offset cancels in the transit difference.
         let transit = i128::from(now_ns) - i128::from(sent_ns);
         if let Some(prev) = self.last_transit {
             let d = (transit - prev).abs() as f64 / 1e3;
             self.jitter_us += (d - self.jitter_us) / 16.0;
-            c.jitter_bits
-                .store(self.jitter_us.to_bits(), Ordering::Relaxed);
         }
         self.last_transit = Some(transit);
+    }
+
+    /// Publishes the running totals (this worker is the counters' only
+    /// writer, so plain stores of totals do).
+    fn publish(&self, c: &Counters, now_ns: u64) {
+        if self.packets == c.packets.load(Ordering::Relaxed) {
+            return;
+        }
+        c.packets.store(self.packets, Ordering::Relaxed);
+        c.bytes.store(self.bytes, Ordering::Relaxed);
+        c.expected.store(self.next_seq, Ordering::Relaxed);
+        c.out_of_order.store(self.out_of_order, Ordering::Relaxed);
+        c.jitter_bits
+            .store(self.jitter_us.to_bits(), Ordering::Relaxed);
+        c.last_ns.store(now_ns, Ordering::Relaxed);
     }
 }
 
@@ -632,7 +777,7 @@ pub(crate) fn configure_buffers(fd: &impl AsFd, p: &TestParams, warnings: &mut V
 }
 
 /// What a socket actually got, read back after connect/accept.
-pub(crate) fn setup_of(id: u32, sock: &Sock, p: &TestParams) -> SocketSetup {
+pub(crate) fn setup_of(id: u32, sock: &Sock, role: Role, p: &TestParams) -> SocketSetup {
     let (sndbuf, rcvbuf, mss, congestion) = match sock {
         Sock::Tcp(t) => (
             fatpipe_sys::get_send_buffer(t).unwrap_or(0),
@@ -647,10 +792,30 @@ pub(crate) fn setup_of(id: u32, sock: &Sock, p: &TestParams) -> SocketSetup {
             String::new(),
         ),
     };
-    let (send_path, recv_path) = match (p.protocol, p.zerocopy) {
-        (Protocol::Tcp, true) => ("sendfile", "recv_trunc"),
-        (Protocol::Tcp, false) => ("copy", "recv_trunc"),
-        (Protocol::Udp, _) => ("mmsg", "mmsg"),
+    // A UDP stream reports the path of its role at this end; the other
+    // column names what the same socket would take the other way.
+    let (send_path, recv_path) = match (sock, p.zerocopy) {
+        (Sock::Tcp(_), true) => ("sendfile", "recv_trunc"),
+        (Sock::Tcp(_), false) => ("copy", "recv_trunc"),
+        (Sock::Udp(u), _) => {
+            let send = match udp_send_path(u, p) {
+                UdpPath::Plain => "plain",
+                UdpPath::Mmsg => "mmsg",
+                UdpPath::Gso => "gso",
+            };
+            let recv = if role == Role::Recv {
+                match udp_recv_path(u, p) {
+                    UdpPath::Plain => "plain",
+                    UdpPath::Mmsg => "mmsg",
+                    UdpPath::Gso => "gro",
+                }
+            } else if p.no_batch {
+                "plain"
+            } else {
+                "mmsg"
+            };
+            (send, recv)
+        }
     };
     SocketSetup {
         id,
@@ -672,7 +837,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::Direction;
+    use crate::msg::{Direction, Protocol};
 
     fn params(bytes: Option<u64>) -> TestParams {
         TestParams {
@@ -692,6 +857,7 @@ mod tests {
             zerocopy: false,
             length: 1000,
             bitrate: 0,
+            no_batch: false,
         }
     }
 
@@ -712,8 +878,11 @@ mod tests {
         let mut rx = UdpRx::default();
         // 0, 1, 3, 2 (late), 5: one lost (4), one out of order.
         for (seq, at) in [(0, 0), (1, 1000), (3, 3000), (2, 3500), (5, 5000)] {
-            rx.datagram(&datagram(seq, seq * 1000), at * 1000 + 7_000_000, &c);
+            rx.datagram(&datagram(seq, seq * 1000), at * 1000 + 7_000_000);
         }
+        assert_eq!(c.packets.load(Ordering::Relaxed), 0, "not yet published");
+        rx.publish(&c, 12_000_000);
+        assert_eq!(c.last_ns.load(Ordering::Relaxed), 12_000_000);
         assert_eq!(c.packets.load(Ordering::Relaxed), 5);
         assert_eq!(c.expected.load(Ordering::Relaxed), 6);
         assert_eq!(c.out_of_order.load(Ordering::Relaxed), 1);
@@ -724,8 +893,10 @@ mod tests {
         // Hellos and runts are not data.
         let mut hello = datagram(9, 0);
         hello[..4].copy_from_slice(UDP_HELLO);
-        rx.datagram(&hello, 0, &c);
-        rx.datagram(&[1, 2, 3], 0, &c);
+        rx.datagram(&hello, 0);
+        rx.datagram(&[1, 2, 3], 0);
+        rx.publish(&c, 13_000_000);
+        assert_eq!(c.last_ns.load(Ordering::Relaxed), 12_000_000, "nothing new");
         assert_eq!(c.packets.load(Ordering::Relaxed), 5);
     }
 

@@ -21,7 +21,9 @@
 //! `Attached` → `Start` → `Interval`s and `SendDone`s → `Final` → `Close`.
 
 pub(crate) mod data;
+pub mod findmax;
 pub mod msg;
+mod pacer;
 mod report;
 pub mod rfc6349;
 pub mod tuning;
@@ -1274,7 +1276,10 @@ fn stall_limit(p: &TestParams) -> Duration {
 }
 
 fn new_stream(id: u32, role: Role, sock: Sock, p: &TestParams) -> Stream {
-    let setup = data::setup_of(id, &sock, p);
+    if let (Sock::Udp(u), Role::Recv) = (&sock, role) {
+        data::configure_udp_receiver(u, p);
+    }
+    let setup = data::setup_of(id, &sock, role, p);
     Stream {
         id,
         role,
@@ -1943,6 +1948,7 @@ mod tests {
             zerocopy: false,
             length: 1470,
             bitrate: 10_000_000,
+            no_batch: false,
         }
     }
 

@@ -89,6 +89,10 @@ pub struct TestParams {
     pub length: u32,
     /// UDP target bitrate per stream, bit/s.
     pub bitrate: u64,
+    /// UDP: one datagram per system call at both ends (`--no-batch`), the
+    /// per-packet baseline; absent from older clients.
+    #[serde(default)]
+    pub no_batch: bool,
 }
 
 impl TestParams {
@@ -534,6 +538,7 @@ mod tests {
             zerocopy: false,
             length: 128 * 1024,
             bitrate: 0,
+            no_batch: false,
         }
     }
 

@@ -38,6 +38,7 @@ fn test_params(protocol: crate::msg::Protocol) -> crate::msg::TestParams {
             1000
         },
         bitrate: 10_000_000,
+        no_batch: false,
     }
 }
 

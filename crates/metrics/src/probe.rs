@@ -147,6 +147,7 @@ pub fn params(q: &ProbeQuery) -> Result<TestParams, String> {
         zerocopy: false,
         length: 128 * 1024,
         bitrate: 0,
+        no_batch: false,
     };
     p.validate()?;
     Ok(p)

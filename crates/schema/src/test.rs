@@ -305,6 +305,122 @@ pub enum TestStreamLine {
     End(TestEnd),
 }
 
+/// Names the result of `fatpipe test -u --find-max`, a member of the
+/// `fatpipe.test` family.
+pub const FIND_MAX_SCHEMA: &str = "fatpipe.test.find_max";
+/// Its version.
+pub const FIND_MAX_SCHEMA_VERSION: u32 = 1;
+
+/// `fatpipe test -u --find-max`: per datagram length, the highest rate
+/// with no loss and the highest with at most the allowed loss, found by
+/// an RFC 2544-style search of short trials and confirmed by one
+/// full-length trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FindMaxReport {
+    /// Always [`FIND_MAX_SCHEMA`].
+    pub schema: String,
+    /// Always [`FIND_MAX_SCHEMA_VERSION`] for this layout.
+    pub version: u32,
+    /// Unix time the search started, seconds.
+    pub timestamp: f64,
+    /// The server as given (host:port).
+    pub server: String,
+    /// The server's address actually used.
+    pub server_addr: String,
+    /// Up (client sends) or down (`-R`).
+    pub direction: TestDirection,
+    /// Streams; every rate is their sum.
+    pub streams: u32,
+    /// Loss allowed for [`FindMaxLength::with_loss`], percent.
+    pub loss_max_percent: f64,
+    /// The search stops when the highest passing and lowest failing
+    /// rates are this close, percent of the failing one.
+    pub precision_percent: f64,
+    /// Length of each searching trial, seconds.
+    pub trial_s: f64,
+    /// Length of the confirming trial, seconds.
+    pub confirm_s: f64,
+    /// Route MTU towards the server, bytes: what the on-the-wire rates
+    /// assume each datagram is cut into (IP fragments above it).
+    pub mtu: u32,
+    /// Per-frame bytes beyond the IP packet in the on-the-wire rates: 38
+    /// for Ethernet (preamble 8, header 14, FCS 4, inter-frame gap 12).
+    pub framing_bytes: u32,
+    /// One per datagram length, in the order asked.
+    pub lengths: Vec<FindMaxLength>,
+    /// Things the user should know (buffers capped, old server).
+    pub warnings: Vec<String>,
+}
+
+/// The search's result for one datagram length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FindMaxLength {
+    /// UDP payload per datagram, bytes.
+    pub length: u32,
+    /// The highest rate with no datagram lost, as confirmed (or, when the
+    /// confirmation failed every time, as the short trials found it);
+    /// absent when even the lowest rate tried lost datagrams.
+    pub loss_free: Option<RatePoint>,
+    /// True when the full-length trial at `loss_free` lost nothing.
+    pub confirmed: bool,
+    /// The highest rate whose loss stayed within the allowed loss (short
+    /// trials); absent when none did.
+    pub with_loss: Option<RatePoint>,
+    /// True when the sender could not offer more than it did without
+    /// loss: `loss_free` (and `with_loss`) are then lower bounds on what
+    /// the path and receiver carry, not their limit.
+    pub lower_bound: bool,
+    /// The most the sender offered in any trial.
+    pub sender_max: RatePoint,
+    /// Trials run, the confirming ones included.
+    pub trial_count: u32,
+    /// Every trial, in order.
+    pub trials: Vec<FindMaxTrial>,
+    /// The sender's I/O path ("plain", "mmsg", "gso").
+    pub send_path: String,
+    /// The receiver's I/O path ("plain", "mmsg", "gro").
+    pub recv_path: String,
+    /// Most datagrams the sender puts in one system call (the pacer's
+    /// burst); 1 with `--no-batch`.
+    pub burst: u32,
+    /// One sentence on how the search ended.
+    pub statement: String,
+}
+
+/// One rate, in the units people compare.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RatePoint {
+    /// UDP payload, bit/s.
+    pub payload_bps: f64,
+    /// On the wire: IP packets (fragments above the MTU) with
+    /// `framing_bytes` each, bit/s.
+    pub wire_bps: f64,
+    /// Datagrams per second.
+    pub packets_per_second: f64,
+}
+
+/// One trial of the search.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FindMaxTrial {
+    /// Rate asked of the sender, UDP payload bit/s; absent for the first
+    /// trial, which sends as fast as the sender can (or at `-b`).
+    pub requested_bps: Option<f64>,
+    /// Rate the sender offered (datagrams sent over the trial).
+    pub offered: RatePoint,
+    /// Rate the receiver got.
+    pub received: RatePoint,
+    /// Datagrams sent.
+    pub packets_sent: u64,
+    /// Datagrams lost (sent but never received).
+    pub lost: u64,
+    /// `lost` as a percentage of `packets_sent`.
+    pub loss_percent: f64,
+    /// Length, seconds.
+    pub seconds: f64,
+    /// The full-length confirming trial.
+    pub confirm: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,6 +186,12 @@ pub fn format_rate(bits_per_sec: f64) -> String {
     format!("{n} {p}bit/s")
 }
 
+/// Formats a packet rate with SI prefixes: "3.71 Mpps", "850 kpps".
+pub fn format_packet_rate(packets_per_sec: f64) -> String {
+    let (n, p) = si(packets_per_sec);
+    format!("{n} {p}pps")
+}
+
 /// Formats a byte count with SI prefixes: "11.6 MB", "2.00 GB", "512 B".
 pub fn format_bytes(bytes: u64) -> String {
     let (n, p) = si(bytes as f64);
@@ -316,6 +322,8 @@ mod tests {
         assert_eq!(format_rate(941e6), "941 Mbit/s");
         assert_eq!(format_rate(24.6e9), "24.6 Gbit/s");
         assert_eq!(format_rate(9.17e9), "9.17 Gbit/s");
+        assert_eq!(format_packet_rate(3.71e6), "3.71 Mpps");
+        assert_eq!(format_packet_rate(85_000.0), "85.0 kpps");
         assert_eq!(format_rate(0.0), "0 bit/s");
         assert_eq!(format_rate(999.7e6), "1.00 Gbit/s");
         assert_eq!(format_bytes(11_625_000), "11.6 MB");

@@ -231,6 +231,34 @@ const PARAMS: &[(&str, Kind, Scope, u8, &str)] = &[
         "false gives --no-auto",
     ),
     ("zerocopy", Kind::Bool, Scope::Any, TEST, "-Z"),
+    (
+        "find_max",
+        Kind::Bool,
+        Scope::Any,
+        TEST,
+        "--find-max (UDP): throughput is the loss-free rate",
+    ),
+    (
+        "loss_max",
+        Kind::Probability,
+        Scope::Any,
+        TEST,
+        "--loss-max (with find_max)",
+    ),
+    (
+        "trial",
+        Kind::Duration,
+        Scope::Any,
+        TEST,
+        "--trial: find_max's searching trials",
+    ),
+    (
+        "no_batch",
+        Kind::Bool,
+        Scope::Any,
+        TEST,
+        "--no-batch (UDP): a datagram per system call",
+    ),
     ("size", Kind::Size, Scope::Any, COPY, "the dataset's size"),
     (
         "files",
@@ -896,6 +924,25 @@ impl Ctx<'_> {
                 if p.contains_key("bytes") && p.contains_key("time") {
                     return fail("bytes", "give time or bytes, not both");
                 }
+                let find_max = text("find_max").as_deref() == Some("true");
+                for k in ["find_max", "no_batch"] {
+                    if !udp && text(k).as_deref() == Some("true") {
+                        return fail(k, "applies to UDP (protocol = \"udp\")");
+                    }
+                }
+                for k in ["loss_max", "trial"] {
+                    if !find_max && p.contains_key(k) {
+                        return fail(k, "applies with find_max = true");
+                    }
+                }
+                if find_max {
+                    if p.contains_key("bytes") {
+                        return fail("bytes", "find_max runs for a time, not a byte count");
+                    }
+                    if text("direction").as_deref() == Some("bidir") {
+                        return fail("direction", "find_max searches one direction");
+                    }
+                }
             }
             "copy" => {
                 if text("direction").as_deref() == Some("bidir") {
@@ -1150,6 +1197,34 @@ source = "Table 3"
             bad.starts_with("x.toml:4: matrix.mode.colour: unknown parameter"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn find_max_and_no_batch_are_udp_test_parameters() {
+        let e = parse(
+            "name = \"p\"\ntarget = \"lab\"\n[defaults]\nprotocol = \"udp\"\ntrial = \"2s\"\n\
+             loss_max = \"0.1%\"\nfind_max = true\n[matrix]\nno_batch = [false, true]\n",
+        )
+        .unwrap();
+        assert_eq!(e.count_cells(), 2);
+        for (text, want) in [
+            (
+                "name = \"p\"\ntarget = \"lab\"\n[defaults]\nfind_max = true\n",
+                "x.toml:4: find_max: applies to UDP",
+            ),
+            (
+                "name = \"p\"\ntarget = \"lab\"\n[defaults]\nprotocol = \"udp\"\ntrial = \"1s\"\n",
+                "x.toml:5: trial: applies with find_max = true",
+            ),
+            (
+                "name = \"p\"\ntarget = \"lab\"\n[defaults]\nprotocol = \"udp\"\nfind_max = true\n\
+                 direction = \"bidir\"\n",
+                "x.toml:6: direction: find_max searches one direction",
+            ),
+        ] {
+            let got = err(text);
+            assert!(got.starts_with(want), "{got}");
+        }
     }
 
     #[test]

@@ -133,6 +133,10 @@ pub fn schedule(e: &Experiment, cells: &[Cell], done: &BTreeSet<(String, u32)>) 
 const RUN_OVERHEAD: Duration = Duration::from_millis(700);
 /// The pre-flight path probe of an auto-tuned test or copy.
 const PREFLIGHT: Duration = Duration::from_secs(3);
+
+/// What each `--find-max` trial costs beyond its length: a session's
+/// set-up, the receivers' drain, the pause between trials.
+const FIND_MAX_TRIAL_OVERHEAD: Duration = Duration::from_millis(600);
 /// A `fatpipe path` probe with its defaults.
 const PATH_PROBE: Duration = Duration::from_secs(6);
 
@@ -171,7 +175,14 @@ pub fn estimate(cell: &Cell) -> Duration {
                     secs(get("time"), Duration::from_secs(10)) + secs(get("omit"), Duration::ZERO)
                 }
             };
-            measured + rtt * 4
+            if get("find_max").as_deref() == Some("true") {
+                // A typical search: a dozen short trials, each a session
+                // with its own set-up, then the confirming trial.
+                let trial = secs(get("trial"), Duration::from_secs(1));
+                measured + (trial + FIND_MAX_TRIAL_OVERHEAD + rtt * 4) * 12
+            } else {
+                measured + rtt * 4
+            }
         }
     };
     let pre = if auto && command != "path" {
@@ -257,6 +268,14 @@ pub fn argv(cell: &Cell, end: &Endpoint) -> Vec<String> {
             }
             if get("zerocopy").as_deref() == Some("true") {
                 a.push("-Z".into());
+            }
+            if get("find_max").as_deref() == Some("true") {
+                a.push("--find-max".into());
+                flag("--loss-max", "loss_max", &mut a);
+                flag("--trial", "trial", &mut a);
+            }
+            if get("no_batch").as_deref() == Some("true") {
+                a.push("--no-batch".into());
             }
         }
     }
@@ -389,6 +408,23 @@ mod tests {
         assert_eq!(
             argv(&cells(&e)[0], &end).join(" "),
             "test 198.18.0.2:4000 -l 1472 -b 1G -t 3s -R -u --json"
+        );
+        let e = exp(
+            "name = \"a\"\ntarget = \"lab\"\n[defaults]\nprotocol = \"udp\"\nlength = 64\n\
+             find_max = true\ntrial = \"2s\"\nloss_max = \"0.1%\"\nno_batch = true\ntime = \"5s\"\n",
+        );
+        let c = &cells(&e)[0];
+        assert_eq!(
+            argv(c, &end).join(" "),
+            "test 198.18.0.2:4000 -l 64 -t 5s -u --find-max --loss-max 0.1% --trial 2s \
+             --no-batch --json"
+        );
+        // Twelve trials of 2 s and their set-up, then the 5 s confirmation.
+        assert_eq!(
+            estimate(c),
+            Duration::from_secs(5)
+                + (Duration::from_secs(2) + FIND_MAX_TRIAL_OVERHEAD) * 12
+                + RUN_OVERHEAD
         );
         let e =
             exp("name = \"a\"\ntarget = \"lab\"\n[defaults]\ncommand = \"copy\"\nstreams = 4\n");

@@ -28,7 +28,7 @@ use fatpipe_archive::{Annotation, HostFacts, Run, RunKind, Store};
 use fatpipe_lab::{End, Lab, LinkChange, LinkSpec, QueueSpec, UpOptions};
 use fatpipe_schema::copy::CopyReport;
 use fatpipe_schema::path::PathReport;
-use fatpipe_schema::test::TestReport;
+use fatpipe_schema::test::{FindMaxReport, TestReport};
 use fatpipe_schema::units;
 
 use crate::error::SweepError;
@@ -277,6 +277,10 @@ fn build_run(
 ) -> Result<Run, String> {
     let bad = |e: serde_json::Error| format!("unreadable result document: {e}");
     let run = match kind_of(cell) {
+        RunKind::Test if arg(&cell.params, "find_max").as_deref() == Some("true") => {
+            let r: FindMaxReport = serde_json::from_slice(stdout).map_err(bad)?;
+            Run::from_find_max(&r, path, host.clone(), finished)
+        }
         RunKind::Test => {
             let r: TestReport = serde_json::from_slice(stdout).map_err(bad)?;
             Run::from_test(&r, path, host.clone(), finished)

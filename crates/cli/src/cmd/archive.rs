@@ -258,6 +258,11 @@ impl Recorder {
         self.store(Run::from_test(r, &self.path, host_facts(), Utc::now()))
     }
 
+    /// A `test -u --find-max` report.
+    pub fn find_max(&self, r: &fatpipe_schema::test::FindMaxReport) -> anyhow::Result<()> {
+        self.store(Run::from_find_max(r, &self.path, host_facts(), Utc::now()))
+    }
+
     /// A copy's report.
     pub fn copy(&self, r: &fatpipe_schema::copy::CopyReport) -> anyhow::Result<()> {
         self.store(Run::from_copy(r, &self.path, host_facts(), Utc::now()))

@@ -22,12 +22,14 @@ use std::time::Duration;
 use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::{ClientOptions, EngineError};
+use fatpipe_memtest::findmax::{self, FindMaxPlan, SearchConfig};
 use fatpipe_memtest::msg::{Direction, Protocol, TestParams, MAX_STREAMS};
 use fatpipe_memtest::rfc6349;
 use fatpipe_memtest::tuning::{self, TestTarget};
 use fatpipe_memtest::{run_client, Progress, TestPlan};
 use fatpipe_schema::test::{
-    Rfc6349, StreamStats, TestEnd, TestInterval, TestStart, TestStreamLine,
+    FindMaxReport, FindMaxTrial, Rfc6349, StreamStats, TestEnd, TestInterval, TestStart,
+    TestStreamLine,
 };
 use fatpipe_schema::tune::{Action, AutoTune, Decision};
 use fatpipe_schema::units;
@@ -89,9 +91,26 @@ pub struct Args {
     #[arg(short = 'b', long)]
     pub bitrate: Option<String>,
     /// Write size (TCP, default 128K) or datagram size (UDP, 64..65507,
-    /// default 1460).
+    /// default 1460); with --find-max a list, e.g. 64,512,1472.
     #[arg(short = 'l', long)]
     pub length: Option<String>,
+    /// UDP: search for the highest rate with no loss, and the highest
+    /// with at most --loss-max, instead of sending at -b (then the most
+    /// to offer); short trials, then one of -t to confirm (docs/udp.md).
+    #[arg(long, requires = "udp", conflicts_with_all = ["json_stream", "bidir", "bytes", "iperf3"])]
+    pub find_max: bool,
+    /// With --find-max: the loss the second answer allows, e.g. 0.5% or
+    /// 0.001.
+    #[arg(long, requires = "find_max", default_value = "0.5%")]
+    pub loss_max: String,
+    /// With --find-max: length of each searching trial (-t is the
+    /// confirming trial's).
+    #[arg(long, requires = "find_max", default_value = "1s")]
+    pub trial: String,
+    /// UDP: one datagram per system call at both ends (no sendmmsg,
+    /// recvmmsg, GSO or GRO): the per-packet baseline.
+    #[arg(long, requires = "udp", conflicts_with = "iperf3")]
+    pub no_batch: bool,
     /// Print one JSON report at the end.
     #[arg(long, conflicts_with = "json_stream")]
     pub json: bool,
@@ -163,6 +182,9 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         key,
         ..ClientOptions::default()
     };
+    if args.find_max {
+        return find_max(&args, params, addr, options, rec);
+    }
     let mut baseline = None;
     let mut auto = if wants_auto(&args, &params) {
         auto_tune(&args, addr, &options, &mut params, &mut baseline)?
@@ -415,13 +437,11 @@ pub(super) fn plan(a: &Args) -> anyhow::Result<TestParams> {
     // The warm-up ends on an interval boundary so that intervals line up.
     let omit = units::parse_duration(&a.omit).map_err(usage)?;
     let omit_ms = round_up(omit.as_millis() as u64, interval.as_millis() as u64);
-    let length = match (&a.length, protocol) {
-        (Some(l), _) => units::parse_size(l).map_err(usage)?,
+    let length = match (lengths(a)?.first(), protocol) {
+        (Some(&l), _) => l,
         (None, Protocol::Tcp) => 128 * 1024,
         (None, Protocol::Udp) => 1460,
     };
-    let length =
-        u32::try_from(length).map_err(|_| crate::exit::usage("-l/--length is too large"))?;
     let bitrate = match (&a.bitrate, protocol) {
         (Some(b), _) => units::parse_rate(b).map_err(usage)?,
         (None, Protocol::Udp) => 1_000_000,
@@ -474,9 +494,235 @@ pub(super) fn plan(a: &Args) -> anyhow::Result<TestParams> {
         zerocopy: a.zerocopy,
         length,
         bitrate,
+        no_batch: a.no_batch,
     };
     p.validate().map_err(crate::exit::usage)?;
+    for &l in lengths(a)?.iter().skip(1) {
+        TestParams {
+            length: l,
+            ..p.clone()
+        }
+        .validate()
+        .map_err(crate::exit::usage)?;
+    }
     Ok(p)
+}
+
+/// The lengths `-l` names: one, or with `--find-max` a comma-separated
+/// list; none when `-l` is absent.
+fn lengths(a: &Args) -> anyhow::Result<Vec<u32>> {
+    let Some(text) = &a.length else {
+        return Ok(Vec::new());
+    };
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() > 1 && !a.find_max {
+        return Err(crate::exit::usage(
+            "-l/--length takes a list (64,1472) only with --find-max",
+        ));
+    }
+    if parts.len() > 64 {
+        return Err(crate::exit::usage("-l/--length: at most 64 lengths"));
+    }
+    parts
+        .into_iter()
+        .map(|p| {
+            let v = units::parse_size(p).map_err(|e| crate::exit::usage(e.to_string()))?;
+            u32::try_from(v).map_err(|_| crate::exit::usage("-l/--length is too large"))
+        })
+        .collect()
+}
+
+/// `--find-max`'s search, from the flags: lengths, allowed loss, trial
+/// lengths and the ceiling (`-b`, else as fast as the sender can).
+fn find_max_plan(a: &Args, params: &TestParams, base: TestPlan) -> anyhow::Result<FindMaxPlan> {
+    let usage = |e: units::UnitError| crate::exit::usage(e.to_string());
+    let loss_max = units::parse_probability(&a.loss_max).map_err(usage)?;
+    if loss_max <= 0.0 || loss_max >= 0.5 {
+        return Err(crate::exit::usage(
+            "--loss-max must be above 0 and below 50%, e.g. 0.5%",
+        ));
+    }
+    let trial = units::parse_duration(&a.trial).map_err(usage)?;
+    if trial < Duration::from_millis(100) || trial > Duration::from_secs(600) {
+        return Err(crate::exit::usage("--trial must be 100ms..10m"));
+    }
+    let confirm = Duration::from_millis(params.duration_ms);
+    let mut lengths = lengths(a)?;
+    if lengths.is_empty() {
+        lengths.push(params.length);
+    }
+    let ceiling = a
+        .bitrate
+        .is_some()
+        .then(|| params.bitrate as f64 * f64::from(params.streams));
+    Ok(FindMaxPlan {
+        base,
+        lengths,
+        search: SearchConfig {
+            loss_max,
+            ceiling,
+            ..SearchConfig::default()
+        },
+        trial,
+        confirm,
+    })
+}
+
+/// Runs `--find-max` and prints each trial as it ends, then the table
+/// (or the JSON document).
+fn find_max(
+    a: &Args,
+    params: TestParams,
+    addr: SocketAddr,
+    options: ClientOptions,
+    rec: Option<&Recorder>,
+) -> anyhow::Result<()> {
+    let base = TestPlan {
+        server: a.host.clone(),
+        addr,
+        options,
+        params: params.clone(),
+    };
+    let plan = find_max_plan(a, &params, base)?;
+    let mut out = std::io::stdout();
+    if !a.json {
+        print_find_max_start(&mut out, &plan)?;
+    }
+    let mut io_err: Option<std::io::Error> = None;
+    let mut index = 0u32;
+    let mut last_len = 0;
+    let mut on_trial = |len: u32, t: &FindMaxTrial| {
+        if a.json || io_err.is_some() {
+            return;
+        }
+        if len != last_len {
+            (index, last_len) = (0, len);
+        }
+        index += 1;
+        if let Err(e) = print_trial(&mut out, len, index, t) {
+            io_err = Some(e);
+        }
+    };
+    let report = findmax::run(&plan, &mut on_trial).map_err(|e| {
+        if e.is_auth() {
+            crate::exit::usage(format!("{}: {e}", a.host))
+        } else {
+            anyhow::Error::new(e).context(format!("find-max against {}", a.host))
+        }
+    })?;
+    if let Some(e) = io_err {
+        return Err(e.into());
+    }
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        print_find_max_end(&mut out, &report)?;
+    }
+    out.flush()?;
+    if let Some(r) = rec {
+        r.find_max(&report)?;
+    }
+    Ok(())
+}
+
+fn print_find_max_start(out: &mut impl Write, plan: &FindMaxPlan) -> std::io::Result<()> {
+    let p = &plan.base.params;
+    let dir = if p.direction == Direction::Down {
+        "server sends"
+    } else {
+        "client sends"
+    };
+    let top = match plan.search.ceiling {
+        Some(c) => format!("at most {}", units::format_rate(c)),
+        None => "as fast as the sender can".into(),
+    };
+    writeln!(
+        out,
+        "find-max: UDP to {}, {} stream(s), {dir}; from {top}, {:.3}% loss allowed, \
+         {:.0}% precision, trials of {} and one of {} to confirm{}",
+        plan.base.server,
+        p.streams,
+        plan.search.loss_max * 100.0,
+        plan.search.precision * 100.0,
+        units::format_duration(plan.trial),
+        units::format_duration(plan.confirm),
+        if p.no_batch {
+            "; one datagram per system call (--no-batch)"
+        } else {
+            ""
+        }
+    )?;
+    out.flush()
+}
+
+fn print_trial(out: &mut impl Write, len: u32, i: u32, t: &FindMaxTrial) -> std::io::Result<()> {
+    let what = if t.confirm {
+        "confirm".to_string()
+    } else {
+        format!("trial {i:>2}")
+    };
+    let asked = match t.requested_bps {
+        Some(r) => format!("at {}", units::format_rate(r)),
+        None => "at the top".to_string(),
+    };
+    writeln!(
+        out,
+        "  {len:>5} B  {what:<9} {asked:<22} offered {:<13} ({})  received {:<13} lost {}/{} ({:.3}%)",
+        units::format_rate(t.offered.payload_bps),
+        units::format_packet_rate(t.offered.packets_per_second),
+        units::format_rate(t.received.payload_bps),
+        t.lost,
+        t.packets_sent,
+        t.loss_percent
+    )?;
+    out.flush()
+}
+
+fn print_find_max_end(out: &mut impl Write, r: &FindMaxReport) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "- - - - - - - - - - - - - - - - - - - - - - - - - - - - - -"
+    )?;
+    writeln!(
+        out,
+        "length    loss-free (UDP payload)      on the wire    ≤{}% loss (payload)  trials  send/recv     burst",
+        r.loss_max_percent
+    )?;
+    for l in &r.lengths {
+        let at_least = if l.lower_bound { "≥" } else { " " };
+        let (free, pps, wire) = match &l.loss_free {
+            Some(p) => (
+                format!("{at_least}{}", units::format_rate(p.payload_bps)),
+                units::format_packet_rate(p.packets_per_second),
+                units::format_rate(p.wire_bps),
+            ),
+            None => ("none".into(), String::new(), String::new()),
+        };
+        let lossy = l.with_loss.map_or("none".into(), |p| {
+            format!("{at_least}{}", units::format_rate(p.payload_bps))
+        });
+        writeln!(
+            out,
+            "{:<8}  {free:<15} {pps:<12} {wire:<14} {lossy:<21} {:<7} {:<13} {}",
+            format!("{} B", l.length),
+            l.trial_count,
+            format!("{}/{}", l.send_path, l.recv_path),
+            l.burst
+        )?;
+    }
+    for l in &r.lengths {
+        writeln!(out, "{} B: {}", l.length, l.statement)?;
+    }
+    writeln!(
+        out,
+        "on the wire: IP packets (MTU {}, fragments above it) with {} bytes of Ethernet framing each",
+        r.mtu, r.framing_bytes
+    )?;
+    for w in &r.warnings {
+        eprintln!("fatpipe: warning: {w}");
+    }
+    Ok(())
 }
 
 fn round_up(v: u64, step: u64) -> u64 {
@@ -874,6 +1120,91 @@ mod tests {
         assert!(parse(&["h", "-u", "-Z"]).is_err());
         assert!(parse(&["h", "-u", "--rfc6349"]).is_err());
         assert!(parse(&["h", "--rfc6349", "--no-auto"]).is_ok());
+    }
+
+    fn find_max(argv: &[&str]) -> anyhow::Result<FindMaxPlan> {
+        let mut full = vec!["fatpipe-test"];
+        full.extend_from_slice(argv);
+        let cli = Cli::try_parse_from(full)?;
+        let p = plan(&cli.args)?;
+        let base = TestPlan {
+            server: "h".into(),
+            addr: "127.0.0.1:5301".parse()?,
+            options: ClientOptions::default(),
+            params: p.clone(),
+        };
+        find_max_plan(&cli.args, &p, base)
+    }
+
+    #[test]
+    fn find_max_takes_a_list_of_lengths_and_the_allowed_loss() {
+        let f = find_max(&["h", "-u", "--find-max", "-l", "64,512, 1472,8972,65507"]).unwrap();
+        assert_eq!(f.lengths, vec![64, 512, 1472, 8972, 65_507]);
+        assert_eq!(f.base.params.length, 64);
+        assert!((f.search.loss_max - 0.005).abs() < 1e-12, "0.5% by default");
+        assert_eq!(f.search.ceiling, None, "no -b: as fast as the sender can");
+        assert_eq!(f.trial, Duration::from_secs(1));
+        assert_eq!(f.confirm, Duration::from_secs(10), "-t is the confirmation");
+        let f = find_max(&[
+            "h",
+            "-u",
+            "--find-max",
+            "--loss-max",
+            "0.1%",
+            "-b",
+            "1g",
+            "-P",
+            "2",
+            "-t",
+            "5s",
+            "--trial",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(f.lengths, vec![1460], "the UDP default length");
+        assert!((f.search.loss_max - 0.001).abs() < 1e-12);
+        assert_eq!(f.search.ceiling, Some(2e9), "-b per stream, two streams");
+        assert_eq!(
+            (f.trial, f.confirm),
+            (Duration::from_millis(250), Duration::from_secs(5))
+        );
+        let p = parse(&["h", "-u", "--no-batch"]).unwrap();
+        assert!(p.no_batch);
+        assert!(!parse(&["h", "-u"]).unwrap().no_batch);
+    }
+
+    #[test]
+    fn find_max_refuses_what_it_cannot_search() {
+        for argv in [
+            &["h", "--find-max"][..],
+            &["h", "--no-batch"],
+            &["h", "-u", "-l", "64,1472"],
+            &["h", "-u", "--find-max", "-l", "64,63"],
+            &["h", "-u", "--find-max", "-l", "64,70000"],
+            &["h", "-u", "--find-max", "--bidir"],
+            &["h", "-u", "--find-max", "--json-stream"],
+            &["h", "-u", "--find-max", "-n", "1G"],
+            &["h", "-u", "--loss-max", "1%"],
+        ] {
+            let mut full = vec!["fatpipe-test"];
+            full.extend_from_slice(argv);
+            let refused = match Cli::try_parse_from(full) {
+                Err(_) => true,
+                Ok(cli) => plan(&cli.args).is_err(),
+            };
+            assert!(refused, "{argv:?}");
+        }
+        for argv in [
+            &["h", "-u", "--find-max", "--loss-max", "0"][..],
+            &["h", "-u", "--find-max", "--loss-max", "60%"],
+            &["h", "-u", "--find-max", "--trial", "1ms"],
+        ] {
+            let err = find_max(argv).unwrap_err();
+            assert!(
+                err.chain().any(|e| e.is::<crate::exit::UsageError>()),
+                "{argv:?}: {err}"
+            );
+        }
     }
 
     #[test]

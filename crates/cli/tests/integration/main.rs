@@ -21,3 +21,4 @@ mod rfc6349;
 mod server_test;
 mod sweep;
 mod tune;
+mod udp;
