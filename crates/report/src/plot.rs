@@ -1061,18 +1061,33 @@ fn draw_line<DB: DrawingBackend>(
         }
     }
     if p.series.iter().any(|s| !s.label.is_empty()) {
-        // Lines that rise to the right leave the upper left empty.
-        let rising = p
-            .series
-            .iter()
-            .all(|s| s.points.first().map(|q| q.y) <= s.points.last().map(|q| q.y));
+        // The legend goes in the corner with the fewest points near it
+        // (a third of the width and of the height), upper corners first.
+        let (xa, xb) = (x0 - pad, x1 + pad);
+        let crowd = |right: bool, top: bool| {
+            p.series
+                .iter()
+                .flat_map(|s| &s.points)
+                .filter(|q| {
+                    let fx = (q.x - xa) / (xb - xa);
+                    let fyv = (fy(q.y) - y0) / (y1 - y0);
+                    (if right { fx > 0.6 } else { fx < 0.4 })
+                        && (if top { fyv > 0.6 } else { fyv < 0.4 })
+                })
+                .count()
+        };
+        let corner = [
+            (SeriesLabelPosition::UpperLeft, false, true),
+            (SeriesLabelPosition::UpperRight, true, true),
+            (SeriesLabelPosition::LowerRight, true, false),
+            (SeriesLabelPosition::LowerLeft, false, false),
+        ]
+        .into_iter()
+        .min_by_key(|(_, r, t)| crowd(*r, *t))
+        .map_or(SeriesLabelPosition::UpperLeft, |c| c.0);
         chart
             .configure_series_labels()
-            .position(if rising {
-                SeriesLabelPosition::UpperLeft
-            } else {
-                SeriesLabelPosition::UpperRight
-            })
+            .position(corner)
             .label_font(text(16))
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(0x99, 0x99, 0x99))

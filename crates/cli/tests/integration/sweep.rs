@@ -507,6 +507,9 @@ fn lab_sweep_runs_a_small_study_end_to_end() {
          [report]\nrows = \"window\"\ncolumns = \"rate\"\n",
     )
     .unwrap();
+    // Labs up before this sweep (another sweep's, on a shared machine) are
+    // not this test's to account for.
+    let before = lab_names(&d);
     let out = run(d
         .cmd()
         .args(["sweep", "lab.toml", "--archive", "a.sqlite", "--json"]));
@@ -558,9 +561,21 @@ fn lab_sweep_runs_a_small_study_end_to_end() {
     assert_eq!(rates, [50_000_000, 100_000_000].into_iter().collect());
     // The sweep removed its labs.
     std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<String> = lab_names(&d)
+        .into_iter()
+        .filter(|n| n.starts_with("sw") && !before.contains(n))
+        .collect();
+    assert!(left.is_empty(), "labs left behind: {left:?}");
+}
+
+/// The names of the labs that are up.
+fn lab_names(d: &util::Dir) -> Vec<String> {
     let labs = run(d.cmd().args(["lab", "list", "--json"]));
-    assert!(
-        !String::from_utf8_lossy(&labs.stdout).contains("sw"),
-        "a lab was left behind"
-    );
+    assert_exit(&labs, 0);
+    let v: serde_json::Value = serde_json::from_slice(&labs.stdout).unwrap_or_default();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["name"].as_str().map(str::to_string))
+        .collect()
 }
