@@ -678,13 +678,8 @@ fn value_label(k: &str, v: &Value) -> String {
             return size_label(n);
         }
     }
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        Value::Bool(true) => "yes".into(),
-        Value::Bool(false) => "no".into(),
-        other => other.to_string(),
-    }
+    // Otherwise as the tables print it, so a legend and a table agree.
+    tables::show(v)
 }
 
 /// The x axis for parameter `k` over its values `xs` (sorted): numbers on
@@ -929,8 +924,7 @@ fn draw_line<DB: DrawingBackend>(
     let (plot_area, note_area) = if p.notes.is_empty() {
         (area.clone(), None)
     } else {
-        let (h, _) = (area.dim_in_pixel().1, ());
-        let (a, b) = area.split_vertically(h.saturating_sub(26));
+        let (a, b) = area.split_vertically(area.dim_in_pixel().1.saturating_sub(26));
         (a, Some(b))
     };
     let mut chart = ChartBuilder::on(&plot_area)
@@ -1591,6 +1585,11 @@ pub(crate) mod tests {
         out
     }
 
+    /// Segments of an annotation's dashed line in `svg`.
+    pub(crate) fn dashes(svg: &str) -> usize {
+        svg.matches("stroke=\"#000000\" stroke-width=\"2\"").count()
+    }
+
     fn texts(svg: &str) -> Vec<String> {
         outline(svg)
             .lines()
@@ -1770,8 +1769,9 @@ pub(crate) mod tests {
         );
         assert!(t.iter().any(|x| x == "time (UTC)"));
         assert!(t.iter().any(|x| x.starts_with("2026-09-")), "{t:?}");
-        // The marker: a dashed black line.
-        assert!(svg.contains("stroke-dasharray") || svg.matches("#000000").count() > 2);
+        // The marker: a dashed line, drawn as short black segments of
+        // width 2 (the axes and ticks are width 1), all at one x.
+        assert!(dashes(&svg) >= 10, "no dashed marker: {}", dashes(&svg));
     }
 
     #[test]
@@ -1788,6 +1788,11 @@ pub(crate) mod tests {
             })
             .collect();
         let h = history_data(&runs, &[], Metric::Throughput, caption("h")).unwrap();
+        assert_eq!(
+            dashes(&Plot::History(h.clone()).svg().unwrap()),
+            0,
+            "no note, no marker"
+        );
         // 312 days: a day would make 312 buckets, a week 45.
         assert_eq!(h.bucket_s, 7.0 * 86_400.0);
         assert!(h.series[0].1.len() < 200);
@@ -1845,9 +1850,10 @@ pub(crate) mod tests {
         insta::assert_snapshot!("seed", outline(&seed().svg().unwrap()));
     }
 
-    /// `FATPIPE_PLOT_DUMP=DIR cargo test -p fatpipe-report` writes every
-    /// kind as SVG and PNG, to look at.
+    /// Not a check: `FATPIPE_PLOT_DUMP=DIR cargo test -p fatpipe-report --
+    /// --ignored dump` writes every kind as SVG and PNG, to look at.
     #[test]
+    #[ignore = "writes files to look at; run with --ignored"]
     fn dump_for_people() {
         let Ok(dir) = std::env::var("FATPIPE_PLOT_DUMP") else {
             return;

@@ -444,7 +444,7 @@ fn label(g: &Group<'_>, vary: &[String]) -> String {
 }
 
 /// A parameter value for people: strings without quotes.
-fn show(v: &Value) -> String {
+pub(crate) fn show(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => "-".into(),

@@ -175,28 +175,28 @@ pub fn write(args: Args) -> anyhow::Result<Option<PathBuf>> {
         return Err(usage("--columns and --split need --rows"));
     }
 
-    let rows_param = rows.clone();
-    let columns_param = columns.clone();
-    let split_params = split.clone();
+    // A plot alone needs none of the tables.
     let mut out_tables: Vec<Table> = Vec::new();
-    if let Some(rows) = rows {
-        out_tables.extend(tables::pivot(
-            &runs,
-            &PivotSpec {
-                rows,
-                columns,
-                split,
-                metric,
-                stat,
-            },
-        ));
-    }
-    if let Some(e) = &exp {
-        if !e.seed_figures.is_empty() {
-            out_tables.push(tables::seed(&runs, &e.seed_figures));
+    if args.plot.is_none() {
+        if let Some(r) = &rows {
+            out_tables.extend(tables::pivot(
+                &runs,
+                &PivotSpec {
+                    rows: r.clone(),
+                    columns: columns.clone(),
+                    split: split.clone(),
+                    metric,
+                    stat,
+                },
+            ));
         }
+        if let Some(e) = &exp {
+            if !e.seed_figures.is_empty() {
+                out_tables.push(tables::seed(&runs, &e.seed_figures));
+            }
+        }
+        out_tables.push(tables::cells(&runs));
     }
-    out_tables.push(tables::cells(&runs));
     let heading = match &exp {
         Some(e) => format!(
             "{}{} — {} runs on {}{}",
@@ -245,9 +245,9 @@ pub fn write(args: Args) -> anyhow::Result<Option<PathBuf>> {
             notes: &notes,
             context: context_line(sample.as_ref(), &runs),
             exp: exp.as_ref(),
-            rows: rows_param.as_deref(),
-            columns: columns_param.as_deref(),
-            split: &split_params,
+            rows: rows.as_deref(),
+            columns: columns.as_deref(),
+            split: &split,
             series: &args.series,
             metric,
             stat,

@@ -211,7 +211,13 @@ fn report_draws_each_plot_kind_from_a_fixed_archive() {
     ] {
         assert!(has(&t, want), "{want:?} not in {t:?}");
     }
-    assert!(svg.contains("stroke-dasharray") || svg.matches("<polyline").count() > 2);
+    // The note's marker: a dashed line of short black width-2 segments
+    // (axes and ticks are width 1).
+    let dashes = svg.matches("stroke=\"#000000\" stroke-width=\"2\"").count();
+    assert!(
+        dashes >= 10,
+        "no dashed marker for the note ({dashes} segments)"
+    );
 
     // PNG: a real image of the default size.
     let out = report(
