@@ -296,7 +296,8 @@ pub fn run_client_prepared(
         match session {
             Ok(()) => {
                 if let Some(m) = &local {
-                    report.notes = m.notes.clone();
+                    // Capped as a pull's are, so both directions report alike.
+                    report.notes = m.notes_to_send();
                 }
                 report.reconnects = attempt;
                 report.elapsed = started.elapsed();
@@ -637,7 +638,8 @@ pub fn run_source(
 }
 
 /// Sends a source's manifest: its entries, what the walk skipped or
-/// changed (at most [`MAX_NOTES`] + 1 notes), then the entries' count.
+/// changed (`notes` as [`Manifest::notes_to_send`] caps them: at most
+/// [`MAX_NOTES`] + 1), then the entries' count.
 fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry], notes: &[Note]) -> Result<(), CopyError> {
     // Few large writes rather than one per message (no Nagle here).
     let mut w = io::BufWriter::with_capacity(1 << 20, ctrl);
@@ -659,7 +661,7 @@ fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry], notes: &[Note]) -> Res
         }
         t[..end].to_string()
     };
-    for batch in notes[..notes.len().min(MAX_NOTES + 1)].chunks(100) {
+    for batch in notes.chunks(100) {
         let batch = batch
             .iter()
             .map(|n| Note {
