@@ -384,9 +384,8 @@ impl Run {
             run.metrics = Metrics {
                 throughput_bps: l.loss_free.map(|p| p.payload_bps),
                 loss_percent: confirm.map(|t| t.loss_percent),
-                bytes: confirm.map(|t| {
-                    (t.received.packets_per_second * t.seconds) as u64 * u64::from(l.length)
-                }),
+                // Counted, not rebuilt from a rate and a time.
+                bytes: confirm.map(|t| t.packets_sent.saturating_sub(t.lost) * u64::from(l.length)),
                 ..Metrics::default()
             };
         }

@@ -442,7 +442,9 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
 fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     s.set_read_timeout(Some(Duration::from_millis(50)))?;
     let mut rx = UdpRx::default();
-    if udp_recv_path(s, &sh.params) == UdpPath::Plain {
+    // Once: choosing the path turns GRO on, a system call.
+    let path = udp_recv_path(s, &sh.params);
+    if path == UdpPath::Plain {
         // --no-batch: one datagram, one system call.
         let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
         loop {
@@ -475,7 +477,7 @@ fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     // recvmmsg, with GRO coalescing where offered: many datagrams per
     // call, in about 1 MiB of slots (GRO's are 64 KiB, each holding up
     // to 64 of the sender's datagrams).
-    let slot = if udp_recv_path(s, &sh.params) == UdpPath::Gso {
+    let slot = if path == UdpPath::Gso {
         65_536
     } else {
         (sh.params.length as usize).clamp(UDP_HEADER, 65_536)
