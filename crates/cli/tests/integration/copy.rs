@@ -474,6 +474,10 @@ fn escapes_wrong_keys_and_read_only_are_refused() {
 /// The tree the kill-and-rerun tests copy: one 24 MiB file first (in send
 /// order), then 300 small files of about 12 KB (batches of up to a 1 MiB
 /// chunk: 4 units), a symlink and an empty directory.
+/// The resume tree's big file, sent first (its name sorts first).
+#[cfg(feature = "test-hooks")]
+const BIG: u64 = 24 << 20;
+
 #[cfg(feature = "test-hooks")]
 fn resume_tree(root: &Path) -> PathBuf {
     let t = mkdir(&root.join("src"));
@@ -519,9 +523,6 @@ fn complete_files(src: &Path, dest: &Path) -> (u64, u64) {
 /// server that stalled is killed and started again on its port, so no
 /// stalled session of it outlives the kill.
 #[cfg(feature = "test-hooks")]
-/// The resume tree's big file, sent first (its name sorts first).
-const BIG: u64 = 24 << 20;
-
 fn kill_at_and_rerun(push: bool, stall: &str, on_server: bool) {
     let dir = util::setup();
     let src = resume_tree(dir.path());
