@@ -14,6 +14,7 @@ mod demo;
 mod iperf3;
 mod lab;
 mod lab_copy;
+mod lab_faults;
 mod metrics;
 mod path;
 mod report;
