@@ -472,8 +472,8 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     if let Some(r) = rec {
         r.copy(&out)?;
     }
-    for f in &out.failures {
-        eprintln!("fatpipe: copy: {}: {}", f.path, f.message);
+    for line in failure_lines(&out.failures) {
+        eprintln!("fatpipe: copy: {line}");
     }
     for p in &out.problems {
         eprintln!("fatpipe: copy: not copied: {p}");
@@ -665,6 +665,41 @@ fn notes(r: &session::Report, kind: NoteKind) -> impl Iterator<Item = CopyNote> 
 /// One line on what the copy left out or changed by policy (special files
 /// skipped, hard links copied as separate files), naming the first few;
 /// `None` when there is nothing to say. The same for push and pull.
+/// One line per failed file, except that a full file system is said once:
+/// the first file it failed is named with the line that says where and by
+/// how much, the others on it are counted in one more line (a full disk
+/// in a tree copy fails every file after it, and a wall of identical lines
+/// would bury the one that matters).
+fn failure_lines(failures: &[CopyFailure]) -> Vec<String> {
+    const FULL: &str = "no space left on ";
+    // The file system a full-disk message names: "/data (xfs)", "device".
+    let disk = |m: &str| {
+        let rest = m.strip_prefix(FULL)?;
+        let end = rest
+            .find("): ")
+            .map_or_else(|| rest.find([':', ' ']).unwrap_or(rest.len()), |i| i + 1);
+        Some(rest[..end].to_string())
+    };
+    let mut lines = Vec::new();
+    let mut full: Vec<(String, usize)> = Vec::new();
+    for f in failures {
+        if let Some(d) = disk(&f.message) {
+            if let Some(seen) = full.iter_mut().find(|(k, _)| *k == d) {
+                seen.1 += 1;
+                continue;
+            }
+            full.push((d, 0));
+        }
+        lines.push(format!("{}: {}", f.path, f.message));
+    }
+    for (d, more) in full {
+        if more > 0 {
+            lines.push(format!("{more} more files failed for lack of space on {d}"));
+        }
+    }
+    lines
+}
+
 fn notes_line(r: &CopyReport) -> Option<String> {
     fn some(v: &[CopyNote], shown: impl Fn(&CopyNote) -> String) -> String {
         let mut names: Vec<String> = v.iter().take(3).map(shown).collect();
@@ -871,6 +906,37 @@ fn peak_rss() -> u64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_full_disk_is_said_once_with_the_others_counted() {
+        let f = |path: &str, message: &str| CopyFailure {
+            path: path.into(),
+            message: message.into(),
+        };
+        let full = |need: &str| {
+            format!("no space left on /data (xfs): 1 MiB free of 6 MiB, this file needs {need} (journal kept: free space and re-run to resume)")
+        };
+        let lines = failure_lines(&[
+            f("big.bin", &full("12 MiB")),
+            f("a/b", "permission denied (os error 13)"),
+            f("small/1", &full("20 KiB")),
+            f(
+                "other",
+                "no space left on device (journal kept: free space and re-run to resume)",
+            ),
+            f("small/2", &full("4 KiB")),
+        ]);
+        assert_eq!(
+            lines,
+            [
+                format!("big.bin: {}", full("12 MiB")),
+                "a/b: permission denied (os error 13)".to_string(),
+                "other: no space left on device (journal kept: free space and re-run to resume)"
+                    .to_string(),
+                "2 more files failed for lack of space on /data (xfs)".to_string(),
+            ]
+        );
+    }
     use super::*;
     use clap::Parser;
 
