@@ -37,8 +37,11 @@ fn udp_find_max_on_loopback_reports_each_length() {
     let host = format!("127.0.0.1:{port}");
     // A ceiling loopback carries easily: the search ends at it, says the
     // sender (here: the -b cap) is the limit, and confirms it.
+    let archive = dir.path().join("a.sqlite");
+    let archive_flag = format!("--archive={}", archive.display());
     let r = find_max_json(dir.cmd().args([
         "test",
+        &archive_flag,
         &host,
         "-u",
         "--find-max",
@@ -104,6 +107,42 @@ fn udp_find_max_on_loopback_reports_each_length() {
     let l = &r.lengths[0];
     let free = l.loss_free.unwrap_or_default();
     assert!((free.wire_bps / free.payload_bps - 130.0 / 64.0).abs() < 1e-6);
+
+    // The archive holds one run per length, each in its length's cell with
+    // that length's loss-free rate, so the report sets rate against length.
+    let out = run(dir
+        .cmd()
+        .args(["archive", "list", "--json", "--archive"])
+        .arg(&archive));
+    assert_exit(&out, 0);
+    let stored: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    for l in &r.lengths {
+        let cell = format!(
+            r#"{{"find_max":true,"length":{},"no_batch":false,"protocol":"udp"}}"#,
+            l.length
+        );
+        let s = stored
+            .iter()
+            .find(|s| s["sweep"]["cell"] == cell.as_str())
+            .unwrap_or_else(|| panic!("no run in cell {cell}: {stored:?}"));
+        assert_eq!(s["sweep"]["sweep"], "find-max");
+        let tp = s["metrics"]["throughput_bps"].as_f64();
+        assert_eq!(tp, l.loss_free.map(|p| p.payload_bps), "{s}");
+    }
+    let svg = dir.path().join("length.svg");
+    let out = run(dir
+        .cmd()
+        .args(["report", "--archive"])
+        .arg(&archive)
+        .args(["--plot", "length", "--out"])
+        .arg(&svg));
+    assert_exit(&out, 0);
+    let svg = std::fs::read_to_string(&svg).expect("plot written");
+    assert!(svg.contains("1472 B") && svg.contains("64 B"), "{svg}");
 
     // The text form: one line per trial, the table, the statement.
     let out = run(dir.cmd().args([
