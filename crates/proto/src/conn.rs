@@ -37,7 +37,7 @@ use crate::Cookie;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnError {
     /// The peer ended the session with `Close`; the reason may be empty.
-    #[error("peer closed the session{}", if .0.is_empty() { String::new() } else { format!(": {}", .0) })]
+    #[error("peer closed the session{}", if .0.is_empty() { String::new() } else { format!(": {}", crate::escape(.0)) })]
     Closed(String),
     /// The connection ended (EOF) without a `Close`.
     #[error("connection closed by peer")]
@@ -149,7 +149,8 @@ fn reject_text(code: ErrorCode, reason: &str) -> String {
     if reason.is_empty() || auth {
         format!("server refused: {what}")
     } else {
-        format!("server refused: {what}: {reason}")
+        // The reason is the peer's text: escaped before any terminal sees it.
+        format!("server refused: {what}: {}", crate::escape(reason))
     }
 }
 

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
+use fatpipe_proto::escape;
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyNote, CopyReport, CopyTimeline, COPY_SCHEMA,
     COPY_SCHEMA_VERSION,
@@ -373,7 +374,8 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let quiet = args.quiet;
     let on_retry = |line: &str| {
         if !quiet {
-            eprintln!("{}fatpipe: copy: {line}", clear_line());
+            // The reason may quote the server: escaped.
+            eprintln!("{}fatpipe: copy: {}", clear_line(), escape(line));
         }
     };
     // Only when auto-tuning chose the streams does it adjust them in flight.
@@ -473,10 +475,11 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         r.copy(&out)?;
     }
     for f in &out.failures {
-        eprintln!("fatpipe: copy: {}: {}", f.path, f.message);
+        eprintln!("fatpipe: copy: {}: {}", escape(&f.path), escape(&f.message));
     }
+    // Names and reasons from the sender (the server, on a pull): escaped.
     for p in &out.problems {
-        eprintln!("fatpipe: copy: not copied: {p}");
+        eprintln!("fatpipe: copy: not copied: {}", escape(p));
     }
     if out.files_failed > 0 || !out.failures.is_empty() {
         anyhow::bail!(
@@ -691,7 +694,8 @@ fn notes_line(r: &CopyReport) -> Option<String> {
     if r.notes_not_listed > 0 {
         parts.push(format!("{} more not listed", r.notes_not_listed));
     }
-    (!parts.is_empty()).then(|| parts.join("; "))
+    // File names come from the sender (the server, on a pull): escaped.
+    (!parts.is_empty()).then(|| escape(&parts.join("; ")).into_owned())
 }
 
 /// Samples a copy's progress (seconds since `t0`, bytes so far) every
@@ -807,7 +811,7 @@ fn print_summary(r: &CopyReport) {
         r.streams,
         units::format_bytes_iec(r.chunk_size),
         r.io_local,
-        r.io_remote
+        escape(&r.io_remote)
     );
 }
 
