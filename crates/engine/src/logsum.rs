@@ -105,19 +105,24 @@ impl Summariser {
     /// first counted event has ended by `now`; then starts afresh.
     pub fn poll(&mut self, now: Instant) -> Vec<String> {
         match self.start {
-            Some(s) if now.saturating_duration_since(s) >= self.window => self.flush(),
+            Some(s) if now.saturating_duration_since(s) >= self.window => self.flush(now),
             _ => Vec::new(),
         }
     }
 
-    /// The summary lines of what was counted so far, now (at shutdown).
-    pub fn flush(&mut self) -> Vec<String> {
-        self.start = None;
+    /// The summary lines of what was counted so far, now (at shutdown):
+    /// "last N s" names the time since the window began, at most the
+    /// window.
+    pub fn flush(&mut self, now: Instant) -> Vec<String> {
+        let span = match self.start.take() {
+            Some(s) => now.saturating_duration_since(s).min(self.window),
+            None => self.window,
+        };
         let mut kinds: Vec<_> = self.kinds.drain().collect();
         kinds.sort_by_key(|(e, _)| *e);
         kinds
             .into_iter()
-            .map(|(event, kind)| line(self.window, event, &kind))
+            .map(|(event, kind)| line(span, event, &kind))
             .collect()
     }
 }
@@ -125,7 +130,8 @@ impl Summariser {
 fn line(window: Duration, event: Event, kind: &Kind) -> String {
     let mut s = format!(
         "last {} s: {} {}",
-        window.as_secs(),
+        // Whole seconds, rounded up: a partial window at shutdown is not "0 s".
+        window.as_millis().div_ceil(1000),
         thousands(kind.total),
         event.noun()
     );
@@ -238,13 +244,25 @@ mod tests {
         s.record(t0, Event::HandshakeCap, ip("0.0.0.7"));
         assert_eq!(s.kinds[&Event::HandshakeCap].by_addr.len(), MAX_ADDRESSES);
         assert_eq!(
-            s.flush(),
+            s.flush(t0 + Duration::from_secs(10)),
             [format!(
                 "last 10 s: 1,525 connections dropped at the handshake limit from 0.0.0.7 \
                  (and more than {} other addresses)",
                 MAX_ADDRESSES - 1
             )]
         );
+    }
+
+    #[test]
+    fn a_flush_at_shutdown_names_the_part_of_the_window_that_passed() {
+        let t0 = Instant::now();
+        let mut s = Summariser::new(Duration::from_secs(10));
+        s.record(t0, Event::NeverStarted, ip("127.0.0.2"));
+        assert_eq!(
+            s.flush(t0 + Duration::from_millis(2_500)),
+            ["last 3 s: 1 sessions ended for not starting from 127.0.0.2"]
+        );
+        assert!(s.flush(t0 + Duration::from_secs(3)).is_empty());
     }
 
     #[test]

@@ -467,7 +467,7 @@ impl Server {
     /// [`Shutdown::trigger`], drains (see the module docs) and returns.
     pub fn run(&self) -> Result<()> {
         let stop = Arc::new(AtomicBool::new(false));
-        let _stop_watchdog = StopOnDrop(Arc::clone(&stop));
+        let _stop_watchdog = StopOnDrop(Arc::clone(&stop), Arc::clone(&self.shared));
         {
             let shared = Arc::clone(&self.shared);
             let stop = Arc::clone(&stop);
@@ -875,18 +875,20 @@ fn watchdog(shared: &Shared, stop: &AtomicBool) {
             (shared.logger)(&line);
         }
     }
-    let lines = lock(&shared.summary).flush();
-    for line in lines {
-        (shared.logger)(&line);
-    }
 }
 
-/// Sets its flag when dropped (stops the watchdog when `run` returns).
-struct StopOnDrop(Arc<AtomicBool>);
+/// When `run` returns: stops the watchdog and writes what the summaries
+/// counted so far (here, not on the watchdog, which the exiting process
+/// would not wait for).
+struct StopOnDrop(Arc<AtomicBool>, Arc<Shared>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
+        let lines = lock(&self.1.summary).flush(Instant::now());
+        for line in lines {
+            (self.1.logger)(&line);
+        }
     }
 }
 
