@@ -21,8 +21,8 @@
 //! # What a peer can make it spend
 //!
 //! Every connection costs a thread (with a [`CONN_STACK`] stack) and, before
-//! authentication, at most one frame of buffer ([`fatpipe_proto::MAX_FRAME`]
-//! + 4 bytes). Connections still handshaking are capped in total
+//! authentication, at most one frame of buffer (4 bytes more than
+//! [`fatpipe_proto::MAX_FRAME`]). Connections still handshaking are capped in total
 //! (`max_handshakes`) and per source address (`max_handshakes_per_source`;
 //! IPv6 sources count by /64, since one host holds a whole /64), so one
 //! host cannot fill the server's handshake slots: past its cap a

@@ -200,11 +200,11 @@ fn flood(kind: Kind, to: SocketAddr, key: &Key, stop: &AtomicBool, stats: &Stats
                 break;
             }
             if let Some((s, sent)) = slot {
-                let alive = !closed(s)
-                    && !(tick
-                        && matches!(kind, Kind::Slow(_))
-                        && s.write(&SLOW_FRAME[*sent % SLOW_FRAME.len()..][..1])
-                            .is_err());
+                let byte_failed = tick
+                    && matches!(kind, Kind::Slow(_))
+                    && s.write(&SLOW_FRAME[*sent % SLOW_FRAME.len()..][..1])
+                        .is_err();
+                let alive = !byte_failed && !closed(s);
                 if tick {
                     *sent += 1;
                 }
