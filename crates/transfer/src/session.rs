@@ -37,7 +37,7 @@ use crate::beneath::{Dir, ResolveError};
 use crate::hash::Algo;
 use crate::io::keepalive;
 use crate::live::{congestion_allowed, CtrlSend, Live, Pool};
-use crate::manifest::{Manifest, WalkError};
+use crate::manifest::{entry_cost, Limits, Manifest, WalkError, MAX_MANIFEST_BYTES};
 use crate::relpath::RelPath;
 use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
@@ -821,6 +821,7 @@ pub fn run_sink(
 ) -> Result<SinkResult, CopyError> {
     let mut entries = Vec::new();
     let mut notes = Vec::new();
+    let mut bytes = 0usize;
     loop {
         match read_msg(&mut ctrl).map_err(net)? {
             Msg::Notes(n) => {
@@ -835,6 +836,13 @@ pub fn run_sink(
                 if entries.len() + e.len() > MAX_ENTRIES {
                     return Err(CopyError::Failed(format!(
                         "more than {MAX_ENTRIES} entries"
+                    )));
+                }
+                bytes = e.iter().map(entry_cost).fold(bytes, usize::saturating_add);
+                if bytes > MAX_MANIFEST_BYTES {
+                    return Err(CopyError::Failed(format!(
+                        "the manifest is larger than {} MiB (the receiver's bound)",
+                        MAX_MANIFEST_BYTES >> 20
                     )));
                 }
                 entries.extend(e)
@@ -1131,7 +1139,11 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
                 return Err(usage("nothing to copy".into()));
             }
             let root = Arc::new(root);
-            let mut m = Manifest::default();
+            // The peer chose the tree: the walk is bounded.
+            let mut m = Manifest::bounded(Limits {
+                entries: MAX_ENTRIES,
+                bytes: MAX_MANIFEST_BYTES,
+            });
             for raw in &req.paths {
                 let p = RelPath::parse_optional(raw).map_err(|e| bad_path(raw, e.to_string()))?;
                 let contents = p.is_none() || raw.ends_with(b"/");
@@ -1169,6 +1181,12 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
                     }
                 };
                 walked.map_err(|e| usage(format!("{name}/{e}")))?;
+                if let Some(bound) = m.exceeded() {
+                    return Err(usage(format!(
+                        "{name}: the pull lists {bound}, past this server's bound \
+                         (docs/security.md); pull a smaller part of the tree"
+                    )));
+                }
             }
             check_unique_tops(&m.entries).map_err(usage)?;
             Ok(ServerPlan::Pull(m))
