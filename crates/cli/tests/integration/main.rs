@@ -11,6 +11,7 @@ mod adjust;
 mod auto;
 mod copy;
 mod demo;
+mod escape;
 mod flood;
 mod iperf3;
 mod lab;
