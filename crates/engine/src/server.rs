@@ -72,6 +72,14 @@ pub trait Service: Send + Sync + 'static {
         Ok(())
     }
 
+    /// True if a client without the key may open this service on a keyed
+    /// server (its session then says [`ServerSession::authenticated`] is
+    /// false, and the service must serve it only what is public). The
+    /// default: no.
+    fn open_without_key(&self) -> bool {
+        false
+    }
+
     /// Runs one session on the calling (per-connection) thread. When it
     /// returns, the server closes the control connection, with the error's
     /// text as the reason if it failed.
@@ -105,6 +113,7 @@ pub struct ServerSession {
     started: Arc<AtomicBool>,
     /// Set by the watchdog when the session did not start in time.
     expired: Arc<AtomicBool>,
+    authenticated: bool,
 }
 
 impl ServerSession {
@@ -117,6 +126,13 @@ impl ServerSession {
                 .zip(&self.cookie)
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0
+    }
+
+    /// True if the client proved the key, or the server has none; false
+    /// for a keyless client of a keyed server (only services that
+    /// [`Service::open_without_key`] get such sessions).
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
     }
 
     /// The parameters the client opened the service with.
@@ -352,6 +368,12 @@ impl ServerBuilder {
             .into_iter()
             .map(|s| (s.name(), s))
             .collect::<HashMap<_, _>>();
+        let mut keyless_services: Vec<String> = services
+            .values()
+            .filter(|s| s.open_without_key())
+            .map(|s| s.name().to_string())
+            .collect();
+        keyless_services.sort();
         Ok(Server {
             listener,
             local,
@@ -360,6 +382,7 @@ impl ServerBuilder {
                 config: ServerConfig {
                     key: self.key,
                     preauth_timeout: self.preauth_timeout,
+                    keyless_services,
                 },
                 max_sessions: self.max_sessions,
                 max_handshakes: self.max_handshakes,
@@ -542,9 +565,18 @@ fn handle_conn(
         }
         while let Some(ev) = conn.poll_event() {
             match ev {
-                ServerEvent::Open { service, params } => {
+                ServerEvent::Open {
+                    service,
+                    params,
+                    authenticated,
+                } => {
                     handshaking.release();
-                    return open_session(shared, conn, stream, peer, &service, params);
+                    let open = Opened {
+                        name: &service,
+                        params,
+                        authenticated,
+                    };
+                    return open_session(shared, conn, stream, peer, open);
                 }
                 ServerEvent::DataHello { cookie, tag } => {
                     return attach_data(shared, conn, stream, peer, cookie, tag);
@@ -597,14 +629,25 @@ fn handle_conn(
     }
 }
 
+/// What a client asked to open.
+struct Opened<'a> {
+    name: &'a str,
+    params: Vec<u8>,
+    authenticated: bool,
+}
+
 fn open_session(
     shared: &Arc<Shared>,
     mut conn: ServerConn,
     mut stream: TcpStream,
     peer: SocketAddr,
-    name: &str,
-    params: Vec<u8>,
+    open: Opened<'_>,
 ) {
+    let Opened {
+        name,
+        params,
+        authenticated,
+    } = open;
     let Some(service) = shared.services.get(name).cloned() else {
         let mut names: Vec<_> = shared.services.keys().copied().collect();
         names.sort_unstable();
@@ -673,6 +716,7 @@ fn open_session(
         report: Report::new(Arc::clone(&shared.observer), service_name, peer.ip()),
         started: Arc::clone(&started),
         expired: Arc::clone(&expired),
+        authenticated,
     };
     lock(&shared.live).insert(
         cookie,

@@ -1089,7 +1089,7 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
     };
     if !export.public && !cfg.keyed {
         return Err(usage(format!(
-            "export '{name}' is not public and the server has no key: start it with --key-file (or mark the export :public)"
+            "export '{name}' is not public: it needs the server's pre-shared key (the client passes --key-file; a server without a key serves only :public exports)"
         )));
     }
     if !(CHUNK_LIMITS.0..=CHUNK_LIMITS.1).contains(&req.chunk_size) {

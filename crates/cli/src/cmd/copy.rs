@@ -507,6 +507,7 @@ fn auto_tune(
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
 ) -> Result<Option<CopyTuning>, String> {
+    let keyless = key.is_none();
     let options = fatpipe_engine::ClientOptions {
         key,
         ..fatpipe_engine::ClientOptions::default()
@@ -514,6 +515,17 @@ fn auto_tune(
     let (push, bwlimit) = (plan.job.push, plan.job.bwlimit);
     let tuned = match auto::run(&service::preflight_request(addr, options, push, bwlimit)) {
         Ok(t) => t,
+        // A keyed server probes only for key holders, but may still serve
+        // its `:public` exports to this keyless client: copy untuned, and
+        // let the copy's own request be refused if the export is not.
+        Err(e) if e.is_auth() && keyless => {
+            if args.verbose {
+                eprintln!(
+                    "fatpipe: copy: auto-tuning off: the server probes only for clients with its key"
+                );
+            }
+            return Ok(None);
+        }
         Err(e) if e.is_auth() => return Err(format!("{}: {e}", plan.host)),
         Err(e) => {
             if !args.quiet {

@@ -59,7 +59,8 @@ pub struct Args {
     #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Publish a directory to `fatpipe copy` (repeatable); `:ro` refuses
-    /// writes, `:public` serves it without the key.
+    /// writes, `:public` serves it without the key (also on a keyed
+    /// server: clients without the key may copy public exports only).
     #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
     pub exports: Vec<String>,
     /// On SIGTERM/SIGINT, how long running sessions may go on before they

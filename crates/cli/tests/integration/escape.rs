@@ -55,3 +55,54 @@ fn hostile_names_from_the_server_are_escaped_in_notes_and_errors() {
         "{err}"
     );
 }
+
+/// A keyed server serves its `:public` exports to clients without the
+/// key, and nothing else: not its other exports, not `test` (issue 16).
+#[test]
+fn a_keyed_server_serves_public_exports_and_only_them_without_the_key() {
+    let dir = setup();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "public-test-key-0123\n").unwrap();
+    let public = mkdir(&dir.path().join("pub"));
+    let private = mkdir(&dir.path().join("priv"));
+    std::fs::write(public.join("open"), b"anyone may read this").unwrap();
+    std::fs::write(private.join("secret"), b"key holders only").unwrap();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--export")
+        .arg(format!("pub={}:public", public.display()))
+        .arg("--export")
+        .arg(format!("priv={}", private.display()));
+    let (_srv, port) = spawn_server(cmd);
+    let copy = |src: &str, dst: &str| {
+        run(dir.cmd().args([
+            "copy",
+            "--retries",
+            "0",
+            "--port",
+            &port.to_string(),
+            src,
+            dst,
+        ]))
+    };
+
+    let out = copy("127.0.0.1:pub/open", "got-open");
+    assert_exit(&out, 0);
+    assert_eq!(
+        std::fs::read(dir.path().join("got-open")).unwrap(),
+        b"anyone may read this"
+    );
+    let out = copy("127.0.0.1:priv/secret", "got-secret");
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not public"), "{err}");
+    assert!(!dir.path().join("got-secret").exists());
+    let out = run(dir
+        .cmd()
+        .args(["test", &format!("127.0.0.1:{port}"), "-t", "0.2"]));
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requires a key"), "{err}");
+}
