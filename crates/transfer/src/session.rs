@@ -855,6 +855,29 @@ pub fn run_sink(
             }
         }
     }
+    // The receiver keeps a flag per chunk of every file: a manifest naming
+    // a 2^60-byte file must not make it allocate gigabytes.
+    let chunks = entries
+        .iter()
+        .map(|e| match e.kind {
+            EntryKind::File { size, .. } => crate::plan::chunk_count(size, opts.chunk_size),
+            _ => 0,
+        })
+        .fold(0u64, u64::saturating_add);
+    if chunks > MAX_SESSION_CHUNKS {
+        let e = CopyError::Failed(format!(
+            "the manifest holds {chunks} chunks, more than the receiver's bound of \
+             {MAX_SESSION_CHUNKS} (at {} per chunk); use larger chunks or copy less at once",
+            fatpipe_schema::units::format_bytes_iec(u64::from(opts.chunk_size))
+        ));
+        let _ = write_msg(
+            &mut ctrl,
+            &Msg::Abort {
+                message: e.to_string(),
+            },
+        );
+        return Err(e);
+    }
     let (base, rename) = match map(&entries) {
         Ok(x) => x,
         Err(e) => {
@@ -1023,6 +1046,10 @@ pub fn run_sink(
 
 /// The most manifest entries one session accepts.
 pub const MAX_ENTRIES: usize = 16_000_000;
+
+/// The most chunks (over all files) one receiving session tracks: a byte
+/// each, so 64 MiB of flags; 64 TiB at 1 MiB chunks.
+pub const MAX_SESSION_CHUNKS: u64 = 1 << 26;
 
 enum ServerPlan {
     Pull(Manifest),
