@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,9 @@ pub struct Control {
 struct Inner {
     reader: Mutex<ReadHalf>,
     writer: Mutex<TcpStream>,
+    /// Set on the first service message received: the server's watchdog
+    /// reads it to tell a session that started from one that never did.
+    started: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -69,6 +73,7 @@ impl Control {
                     buf: vec![0; 16 * 1024],
                 }),
                 writer: Mutex::new(writer),
+                started: Arc::new(AtomicBool::new(false)),
             }),
         })
     }
@@ -102,7 +107,10 @@ impl Control {
         loop {
             if let Some(body) = decoder.next_frame()? {
                 return match Message::decode(&body)? {
-                    Message::Payload(p) => Ok(Some(p)),
+                    Message::Payload(p) => {
+                        self.inner.started.store(true, Ordering::Relaxed);
+                        Ok(Some(p))
+                    }
                     Message::Close { reason } => Err(ConnError::Closed(reason).into()),
                     Message::Reject { code, reason } => {
                         Err(ConnError::Rejected { code, reason }.into())
@@ -135,6 +143,11 @@ impl Control {
                 Err(e) => return Err(EngineError::io("read control connection", e)),
             }
         }
+    }
+
+    /// The flag set once a service message has been received.
+    pub(crate) fn started_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.inner.started)
     }
 
     /// Ends the session: sends `Close` with `reason` (empty for a normal end)

@@ -367,7 +367,10 @@ mod tests {
                 }
                 let got = sent as f64 * len as f64 * 8.0 / 10.0;
                 let err = (got - rate as f64).abs() / rate as f64;
-                assert!(err < 0.01, "{rate} bit/s, {len} B, {late_ns} ns late: {got}");
+                assert!(
+                    err < 0.01,
+                    "{rate} bit/s, {len} B, {late_ns} ns late: {got}"
+                );
             }
         }
     }
@@ -437,7 +440,10 @@ mod tests {
         assert_eq!(q.ready(t + w.as_nanos() as u64 - 1_000), 0);
         assert_eq!(q.ready(t + w.as_nanos() as u64), 32);
         q.sent(32);
-        assert_eq!(q.wait(t + w.as_nanos() as u64), Duration::from_nanos(170_667));
+        assert_eq!(
+            q.wait(t + w.as_nanos() as u64),
+            Duration::from_nanos(170_667)
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
+use fatpipe_proto::escape;
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyNote, CopyReport, CopyTimeline, COPY_SCHEMA,
     COPY_SCHEMA_VERSION,
@@ -373,7 +374,8 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let quiet = args.quiet;
     let on_retry = |line: &str| {
         if !quiet {
-            eprintln!("{}fatpipe: copy: {line}", clear_line());
+            // The reason may quote the server: escaped.
+            eprintln!("{}fatpipe: copy: {}", clear_line(), escape(line));
         }
     };
     // Only when auto-tuning chose the streams does it adjust them in flight.
@@ -475,8 +477,9 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     for line in failure_lines(&out.failures) {
         eprintln!("fatpipe: copy: {line}");
     }
+    // Names and reasons from the sender (the server, on a pull): escaped.
     for p in &out.problems {
-        eprintln!("fatpipe: copy: not copied: {p}");
+        eprintln!("fatpipe: copy: not copied: {}", escape(p));
     }
     if out.files_failed > 0 || !out.failures.is_empty() {
         anyhow::bail!(
@@ -504,6 +507,7 @@ fn auto_tune(
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
 ) -> Result<Option<CopyTuning>, String> {
+    let keyless = key.is_none();
     let options = fatpipe_engine::ClientOptions {
         key,
         ..fatpipe_engine::ClientOptions::default()
@@ -511,6 +515,17 @@ fn auto_tune(
     let (push, bwlimit) = (plan.job.push, plan.job.bwlimit);
     let tuned = match auto::run(&service::preflight_request(addr, options, push, bwlimit)) {
         Ok(t) => t,
+        // A keyed server probes only for key holders, but may still serve
+        // its `:public` exports to this keyless client: copy untuned, and
+        // let the copy's own request be refused if the export is not.
+        Err(e) if e.is_auth() && keyless => {
+            if args.verbose {
+                eprintln!(
+                    "fatpipe: copy: auto-tuning off: the server probes only for clients with its key"
+                );
+            }
+            return Ok(None);
+        }
         Err(e) if e.is_auth() => return Err(format!("{}: {e}", plan.host)),
         Err(e) => {
             if !args.quiet {
@@ -690,11 +705,14 @@ fn failure_lines(failures: &[CopyFailure]) -> Vec<String> {
             }
             full.push((d, 0));
         }
-        lines.push(format!("{}: {}", f.path, f.message));
+        lines.push(format!("{}: {}", escape(&f.path), escape(&f.message)));
     }
     for (d, more) in full {
         if more > 0 {
-            lines.push(format!("{more} more files failed for lack of space on {d}"));
+            lines.push(format!(
+                "{more} more files failed for lack of space on {}",
+                escape(&d)
+            ));
         }
     }
     lines
@@ -726,7 +744,8 @@ fn notes_line(r: &CopyReport) -> Option<String> {
     if r.notes_not_listed > 0 {
         parts.push(format!("{} more not listed", r.notes_not_listed));
     }
-    (!parts.is_empty()).then(|| parts.join("; "))
+    // File names come from the sender (the server, on a pull): escaped.
+    (!parts.is_empty()).then(|| escape(&parts.join("; ")).into_owned())
 }
 
 /// Samples a copy's progress (seconds since `t0`, bytes so far) every
@@ -842,7 +861,7 @@ fn print_summary(r: &CopyReport) {
         r.streams,
         units::format_bytes_iec(r.chunk_size),
         r.io_local,
-        r.io_remote
+        escape(&r.io_remote)
     );
 }
 

@@ -11,6 +11,8 @@ mod adjust;
 mod auto;
 mod copy;
 mod demo;
+mod escape;
+mod flood;
 mod iperf3;
 mod lab;
 mod lab_copy;
