@@ -666,7 +666,7 @@ impl Sink {
                     })
                     .unwrap_or_default();
                 format!(
-                    "no space left on {on}{free}{need} (journal kept: free space and re-run to resume)"
+                    "no space left on {on}{free}{need} (free space and re-run the same command to resume)"
                 )
             }
             io::ErrorKind::QuotaExceeded if os => {

@@ -933,7 +933,7 @@ mod tests {
             message: message.into(),
         };
         let full = |need: &str| {
-            format!("no space left on /data (xfs): 1 MiB free of 6 MiB, this file needs {need} (journal kept: free space and re-run to resume)")
+            format!("no space left on /data (xfs): 1 MiB free of 6 MiB, this file needs {need} (free space and re-run the same command to resume)")
         };
         let lines = failure_lines(&[
             f("big.bin", &full("12 MiB")),
@@ -941,7 +941,7 @@ mod tests {
             f("small/1", &full("20 KiB")),
             f(
                 "other",
-                "no space left on device (journal kept: free space and re-run to resume)",
+                "no space left on device (free space and re-run the same command to resume)",
             ),
             f("small/2", &full("4 KiB")),
         ]);
@@ -950,7 +950,7 @@ mod tests {
             [
                 format!("big.bin: {}", full("12 MiB")),
                 "a/b: permission denied (os error 13)".to_string(),
-                "other: no space left on device (journal kept: free space and re-run to resume)"
+                "other: no space left on device (free space and re-run the same command to resume)"
                     .to_string(),
                 "2 more files failed for lack of space on /data (xfs)".to_string(),
             ]
