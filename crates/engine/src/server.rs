@@ -245,8 +245,10 @@ pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
 /// still far above what a 1000-stream test's burst of data hellos keeps in
 /// flight at once.
 pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 256;
-/// Default cap on sessions from one source address.
-pub const DEFAULT_MAX_SESSIONS_PER_SOURCE: usize = 64;
+/// Default cap on sessions from one source address: a quarter of the
+/// total, like the handshakes; a site behind one NAT address running
+/// fifty tests at once (each with its probe session) stays well inside.
+pub const DEFAULT_MAX_SESSIONS_PER_SOURCE: usize = 256;
 /// Default time an opened session has to start (a data connection or a
 /// control message): no less than the services' own set-up waits, so it
 /// ends no session that would otherwise have started.

@@ -128,6 +128,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn extreme_length_prefixes_neither_overflow_nor_panic() {
+        // Run by `cargo test` in debug, with overflow checks on.
+        for len in [u32::MAX, u32::MAX - 3, MAX_FRAME as u32 + 1, 1 << 31] {
+            let mut d = FrameDecoder::new();
+            d.push(&len.to_be_bytes());
+            assert!(d.wanted() >= 1);
+            assert!(matches!(d.next_frame(), Err(DecodeError::TooLarge { .. })));
+        }
+    }
+
+    #[test]
     fn reading_what_is_wanted_never_crosses_a_frame() {
         let mut wire = Vec::new();
         encode_frame(&mut wire, b"hello").unwrap();

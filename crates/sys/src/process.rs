@@ -44,6 +44,81 @@ pub fn on_termination(on_signal: impl Fn(&'static str) + Send + 'static) -> io::
     Ok(())
 }
 
+/// A user from the user database, to run as ([`drop_to`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// Its name.
+    pub name: String,
+    /// Its user id.
+    pub uid: u32,
+    /// Its primary group id.
+    pub gid: u32,
+}
+
+/// Looks `name` up in the user database (`getpwnam_r`: files, LDAP,
+/// whatever NSS is configured with); `Ok(None)` if there is no such user.
+pub fn lookup_user(name: &str) -> io::Result<Option<User>> {
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "user name holds a NUL byte"))?;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // SAFETY: passwd is plain data (integers and pointers); all-zero is
+        // a valid value for getpwnam_r to overwrite.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call: `cname` is a NUL-
+        // terminated string, `pw` and `found` are writable, and `buf` is
+        // writable for `buf.len()` bytes; the strings getpwnam_r stores in
+        // `pw` point into `buf`, which outlives their use below (none).
+        let rc = unsafe {
+            libc::getpwnam_r(
+                cname.as_ptr(),
+                &mut pw,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut found,
+            )
+        };
+        match rc {
+            0 if found.is_null() => return Ok(None),
+            0 => {
+                return Ok(Some(User {
+                    name: name.to_string(),
+                    uid: pw.pw_uid,
+                    gid: pw.pw_gid,
+                }))
+            }
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+/// Runs this process as `user` from now on: supplementary groups cut to
+/// its primary group, then the group id, then the user id (in that order:
+/// after `setuid` the others are no longer permitted). The C library's
+/// wrappers apply each change to every thread of the process. Then
+/// checks that root cannot be regained; any failure is an error and the
+/// caller must not go on.
+pub fn drop_to(user: &User) -> io::Result<()> {
+    let gid: libc::gid_t = user.gid;
+    // SAFETY: `gid` is one valid gid_t, read by setgroups for the call.
+    platform::cvt(unsafe { libc::setgroups(1, &gid) })?;
+    // SAFETY: plain integer arguments.
+    platform::cvt(unsafe { libc::setgid(user.gid) })?;
+    // SAFETY: plain integer argument.
+    platform::cvt(unsafe { libc::setuid(user.uid) })?;
+    // SAFETY: plain integer argument; this must fail now.
+    if user.uid != 0 && unsafe { libc::setuid(0) } == 0 {
+        return Err(io::Error::other("root could be regained after dropping it"));
+    }
+    let (uid, euid) = (rustix::process::getuid(), rustix::process::geteuid());
+    if uid.as_raw() != user.uid || euid.as_raw() != user.uid {
+        return Err(io::Error::other("the user id did not change"));
+    }
+    Ok(())
+}
+
 /// Whether this process runs with effective user id 0.
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -124,6 +199,14 @@ pub fn tight_timer_slack() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn root_is_uid_0_and_nobody_is_no_one() {
+        let root = super::lookup_user("root").unwrap().expect("a root user");
+        assert_eq!((root.uid, root.gid), (0, 0));
+        assert_eq!(super::lookup_user("no-such-user-fatpipe-x").unwrap(), None);
+        assert!(super::lookup_user("a\0b").is_err());
+    }
+
     use super::*;
 
     /// `CAP_NET_ADMIN` as capget reports it agrees with the kernel's own

@@ -63,6 +63,11 @@ pub struct Args {
     /// server: clients without the key may copy public exports only).
     #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
     pub exports: Vec<String>,
+    /// Started as root: bind, then run as this user (and its group) from
+    /// then on. Each export directory must be owned by it or by root and
+    /// not writable by others, or the server refuses to start.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
     /// On SIGTERM/SIGINT, how long running sessions may go on before they
     /// are closed ("the server is shutting down").
     #[arg(long, default_value = "10s")]
@@ -152,6 +157,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
         None => None,
     };
+    // Every socket is bound: root is needed no longer.
+    if let Some(name) = &args.user {
+        drop_privileges(name, &args.exports)?;
+    }
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
     if let Some((registry, addr)) = &metrics {
@@ -173,4 +182,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     server.run()?;
     Ok(())
+}
+
+/// `--user NAME`: checks the exports for that user, then becomes it. Any
+/// failure is one line and exit 2; the server never serves half-dropped.
+fn drop_privileges(name: &str, exports: &[String]) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let usage = |m: String| crate::exit::usage(format!("--user {name}: {m}"));
+    if !fatpipe_sys::process::is_root() {
+        return Err(usage("needs the server started as root".into()));
+    }
+    let user = fatpipe_sys::process::lookup_user(name)
+        .map_err(|e| usage(format!("cannot look the user up: {e}")))?
+        .ok_or_else(|| usage("no such user".into()))?;
+    for spec in exports {
+        let export: fatpipe_transfer::session::Export =
+            spec.parse().map_err(|e: String| usage(e))?;
+        let meta = std::fs::metadata(&export.path)
+            .map_err(|e| usage(format!("export {}: {e}", export.path.display())))?;
+        if meta.uid() != user.uid && meta.uid() != 0 {
+            return Err(usage(format!(
+                "export {} is owned by uid {}, not by {name} or root",
+                export.path.display(),
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o002 != 0 {
+            return Err(usage(format!(
+                "export {} is writable by others (mode {:o})",
+                export.path.display(),
+                meta.mode() & 0o7777
+            )));
+        }
+    }
+    fatpipe_sys::process::drop_to(&user)
+        .map_err(|e| usage(format!("cannot become uid {}: {e}", user.uid)))
 }

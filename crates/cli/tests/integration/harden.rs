@@ -1,6 +1,9 @@
-//! Text from the peer reaches the user's terminal escaped (issue 16, the
-//! scp CVE-2019-6109 class): a server's export holding names with ESC and
-//! CR, pulled by the real client.
+//! A server you can expose (issue 16), the real binary on loopback: text
+//! from the peer reaches the user's terminal escaped (the scp
+//! CVE-2019-6109 class: a server's export holding names with ESC and CR);
+//! a keyed server serves its `:public` exports, and only those, to clients
+//! without the key; `server --user` drops root and checks its exports.
+//! The flood tests are in `flood`.
 
 use std::process::Command;
 
@@ -105,4 +108,69 @@ fn a_keyed_server_serves_public_exports_and_only_them_without_the_key() {
     assert_exit(&out, 2);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("requires a key"), "{err}");
+}
+
+/// `server --user nobody` binds as root, then runs as nobody; exports it
+/// could be tricked through (owned by another user, writable by others)
+/// stop it from starting, with one line (issue 16).
+#[test]
+fn server_user_drops_root_and_checks_its_exports() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    if !crate::util::need_root("server_user_drops_root_and_checks_its_exports") {
+        return;
+    }
+    let dir = setup();
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    // The temporary directory is root's 0700: nobody must pass through.
+    mode(dir.path(), 0o755);
+    let export = mkdir(&dir.path().join("export"));
+    mode(&export, 0o755);
+    std::fs::write(export.join("f"), b"readable by nobody").unwrap();
+    mode(&export.join("f"), 0o644);
+    let server = |extra: &[&str]| {
+        let mut cmd = dir.cmd();
+        cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+            .args(["--user", "nobody", "--export"])
+            .arg(format!("x={}:public", export.display()))
+            .args(extra);
+        cmd
+    };
+
+    let (srv, port) = spawn_server(server(&[]));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", srv.0.id())).unwrap();
+    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let gids = status.lines().find(|l| l.starts_with("Gid:")).unwrap();
+    let groups = status.lines().find(|l| l.starts_with("Groups:")).unwrap();
+    assert_eq!(
+        uids.split_whitespace().skip(1).collect::<Vec<_>>(),
+        ["65534"; 4],
+        "{uids}"
+    );
+    assert!(!gids.split_whitespace().skip(1).any(|g| g == "0"), "{gids}");
+    assert!(
+        !groups.split_whitespace().skip(1).any(|g| g == "0"),
+        "{groups}"
+    );
+    let out = run(dir
+        .cmd()
+        .args(["copy", "--retries", "0", "--port", &port.to_string()])
+        .args(["127.0.0.1:x/f", "got"]));
+    assert_exit(&out, 0);
+    drop(srv);
+
+    mode(&export, 0o777);
+    let out = run(&mut server(&[]));
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("writable by others"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    mode(&export, 0o755);
+
+    chown(&export, Some(12345), None).unwrap();
+    let out = run(&mut server(&[]));
+    assert_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("owned by uid 12345"), "{err}");
 }
