@@ -10,11 +10,12 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::{FrameDecoder, Message, MAX_PAYLOAD};
+use fatpipe_secure::Stream;
 
 use crate::error::{EngineError, Result};
 use fatpipe_proto::ConnError;
@@ -31,12 +32,13 @@ pub struct Control {
 #[derive(Debug)]
 struct Inner {
     reader: Mutex<ReadHalf>,
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Stream>,
+    encryption: Option<fatpipe_secure::Encryption>,
 }
 
 #[derive(Debug)]
 struct ReadHalf {
-    stream: TcpStream,
+    stream: Stream,
     /// Messages decoded during the handshake, delivered first.
     early: VecDeque<std::result::Result<Vec<u8>, ConnError>>,
     decoder: FrameDecoder,
@@ -47,7 +49,7 @@ impl Control {
     /// Wraps an established control connection; `buffered` holds bytes the
     /// handshake machine had already read past its last frame.
     pub(crate) fn new(
-        stream: TcpStream,
+        stream: Stream,
         buffered: &[u8],
         early: Vec<std::result::Result<Vec<u8>, ConnError>>,
     ) -> Result<Control> {
@@ -58,6 +60,7 @@ impl Control {
             .set_write_timeout(Some(WRITE_TIMEOUT))
             .map_err(|e| EngineError::io("set control write timeout", e))?;
         let _ = stream.set_nodelay(true);
+        let encryption = stream.encryption().cloned();
         let mut decoder = FrameDecoder::new();
         decoder.push(buffered);
         Ok(Control {
@@ -69,8 +72,14 @@ impl Control {
                     buf: vec![0; 16 * 1024],
                 }),
                 writer: Mutex::new(writer),
+                encryption,
             }),
         })
+    }
+
+    /// What encrypts the control connection (`--encrypt`), if anything.
+    pub fn encryption(&self) -> Option<&fatpipe_secure::Encryption> {
+        self.inner.encryption.as_ref()
     }
 
     /// Sends one service message (at most [`MAX_PAYLOAD`] bytes).

@@ -43,9 +43,38 @@ struct Tls {
 
 struct SealHalf {
     sealer: Sealer,
+    /// Sealed records; `out[sent..]` is not on the wire yet (a write that
+    /// timed out part-way leaves it for the next write or flush).
     out: Vec<u8>,
-    /// A write failed part-way through a record: nothing more may follow.
+    sent: usize,
+    /// A write failed for good, or close_notify went out: nothing more
+    /// may follow.
     broken: bool,
+}
+
+impl SealHalf {
+    /// Writes what is left of `out`. A timeout keeps the rest for later;
+    /// any other failure breaks the stream (a record was cut).
+    fn push(&mut self, tcp: &TcpStream) -> io::Result<()> {
+        while self.sent < self.out.len() {
+            match (&*tcp).write(&self.out[self.sent..]) {
+                Ok(0) => {
+                    self.broken = true;
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => return Err(e),
+                Err(e) => {
+                    self.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        self.out.clear();
+        self.sent = 0;
+        Ok(())
+    }
 }
 
 impl Stream {
@@ -67,6 +96,7 @@ impl Stream {
                 sealer: Mutex::new(SealHalf {
                     sealer,
                     out: Vec::with_capacity(WRITE_BATCH + WRITE_BATCH / 64),
+                    sent: 0,
                     broken: false,
                 }),
                 opener: Mutex::new(opener),
@@ -119,14 +149,13 @@ impl Stream {
                 Err(TryLockError::WouldBlock) => None,
             };
             if let Some(mut half) = half {
-                if !half.broken {
+                if !half.broken && half.push(&self.tcp).is_ok() {
                     let SealHalf { sealer, out, .. } = &mut *half;
-                    out.clear();
                     if sealer.close_notify(out).is_ok() {
-                        let _ = (&self.tcp).write_all(out);
+                        let _ = half.push(&self.tcp);
                     }
-                    half.broken = true;
                 }
+                half.broken = true;
             }
         }
         self.tcp.shutdown(how)
@@ -182,15 +211,26 @@ impl Stream {
                 "TLS stream closed or broken by an earlier failed write",
             ));
         }
+        // What an earlier, timed-out write left goes first; if it times
+        // out again, nothing of `buf` was taken.
+        half.push(&self.tcp)?;
         let take = buf.len().min(WRITE_BATCH);
         let SealHalf { sealer, out, .. } = &mut *half;
-        out.clear();
         sealer.seal(&buf[..take], out).map_err(invalid)?;
-        if let Err(e) = (&self.tcp).write_all(out) {
-            half.broken = true;
-            return Err(e);
+        match half.push(&self.tcp) {
+            // Sealed is taken: the rest goes out with the next write or flush.
+            Err(e) if is_timeout(&e) && !half.broken => Ok(take),
+            Err(e) => Err(e),
+            Ok(()) => Ok(take),
         }
-        Ok(take)
+    }
+
+    fn flush_tls(&self, tls: &Tls) -> io::Result<()> {
+        let mut half = relock(&tls.sealer);
+        if half.broken {
+            return Ok(());
+        }
+        half.push(&self.tcp)
     }
 }
 
@@ -227,8 +267,10 @@ impl Write for &Stream {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        // Every write is on the wire when it returns.
-        Ok(())
+        match &self.tls {
+            None => Ok(()),
+            Some(tls) => self.flush_tls(tls),
+        }
     }
 }
 
@@ -244,8 +286,15 @@ impl Write for Stream {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        (&*self).flush()
     }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// A record-layer failure as the `io::Error` the data paths see; its text

@@ -43,8 +43,9 @@ pub struct Args {
     #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Publish a directory to `fatpipe copy` (repeatable); `:ro` refuses
-    /// writes, `:public` serves it without the key.
-    #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
+    /// writes, `:public` serves it without the key, `:encrypted` only to
+    /// clients that `--encrypt`.
+    #[arg(long = "export", value_name = "NAME=DIR[:ro][:public][:encrypted]")]
     pub exports: Vec<String>,
     /// On SIGTERM/SIGINT, how long running sessions may go on before they
     /// are closed ("the server is shutting down").
