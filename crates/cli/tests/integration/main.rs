@@ -11,6 +11,7 @@ mod adjust;
 mod auto;
 mod copy;
 mod demo;
+mod encrypt;
 mod iperf3;
 mod lab;
 mod lab_copy;
