@@ -16,7 +16,9 @@
 //! partial checksum from a TUN device, as it trusts a virtio NIC), so the
 //! common path never sums a payload. A corrupted segment is the exception:
 //! its checksum is completed first and the bit flipped after, so the
-//! receiving stack detects the error as a real one would.
+//! receiving stack detects the error as a real one would. A tampered
+//! segment ([`tamper_payload`]) is the opposite: a payload bit changes and
+//! the checksum is left to match, so the receiver accepts the damage.
 
 /// Bytes of the `virtio_net_hdr` in front of every frame.
 pub const VNET_HDR_LEN: usize = 10;
@@ -225,6 +227,58 @@ pub fn flip_bit(frame: &mut [u8], bit: u32) {
     pkt[b / 8] ^= 0x80 >> (b % 8);
 }
 
+/// Where the transport payload of `pkt` starts and how long it is, for
+/// TCP and UDP over IPv4 or IPv6 (without extension headers); `None` for
+/// anything else, including IPv4 fragments (only the first has an L4
+/// header, and no fragment can have its checksum fixed on its own).
+pub fn payload_span(pkt: &[u8]) -> Option<(usize, usize)> {
+    let (ip, proto, v6) = ip_header(pkt)?;
+    if !v6 && get16(pkt, 6) & 0x3FFF != 0 {
+        return None;
+    }
+    let l4 = match proto {
+        PROTO_TCP => usize::from(*pkt.get(ip + 12)? >> 4) * 4,
+        PROTO_UDP => 8,
+        _ => return None,
+    };
+    if l4 < 8 || pkt.len() < ip + l4 {
+        return None;
+    }
+    Some((ip + l4, pkt.len() - ip - l4))
+}
+
+/// Flips payload bit `bit` of a frame, counted from byte `first` of its IP
+/// packet (the first payload byte of the segment meant), and leaves an L4
+/// checksum that verifies: the undetected error a faulty NIC or middlebox
+/// makes. A partial checksum (`NEEDS_CSUM`) covers only the pseudo-header
+/// and is completed later over the changed bytes (by the receiving kernel,
+/// which trusts it, or by whoever segments a super-packet), so it stays as
+/// it is; a complete one is summed again. Headers are never touched.
+/// Returns false, changing nothing, if the bit is outside the payload or
+/// the checksum cannot be made to match (a GSO frame without `NEEDS_CSUM`).
+pub fn tamper_payload(frame: &mut [u8], first: usize, bit: u32) -> bool {
+    let Some(hdr) = VnetHdr::parse(frame) else {
+        return false;
+    };
+    let pkt = &mut frame[VNET_HDR_LEN..];
+    let Some((start, len)) = payload_span(pkt) else {
+        return false;
+    };
+    let at = first + bit as usize / 8;
+    if first < start || at >= start + len {
+        return false;
+    }
+    let partial = hdr.flags & F_NEEDS_CSUM != 0;
+    if !partial && hdr.gso_type != GSO_NONE {
+        return false;
+    }
+    pkt[at] ^= 0x80 >> (bit % 8);
+    if !partial {
+        refresh_l4_checksum(pkt);
+    }
+    true
+}
+
 /// The IP header length, L4 protocol and version of `pkt`.
 pub fn ip_header(pkt: &[u8]) -> Option<(usize, u8, bool)> {
     match pkt.first()? >> 4 {
@@ -256,6 +310,25 @@ pub fn fold(mut s: u64) -> u16 {
         s = (s & 0xFFFF) + (s >> 16);
     }
     s as u16
+}
+
+/// Computes a complete TCP or UDP checksum of `pkt` again after its payload
+/// changed. A UDP/IPv4 packet sent without a checksum (0) stays without.
+fn refresh_l4_checksum(pkt: &mut [u8]) {
+    let Some((ip, proto, v6)) = ip_header(pkt) else {
+        return;
+    };
+    let at = ip + if proto == PROTO_TCP { 16 } else { 6 };
+    if at + 2 > pkt.len() || (proto == PROTO_UDP && !v6 && get16(pkt, at) == 0) {
+        return;
+    }
+    put16(pkt, at, 0);
+    let l4_len = pkt.len() - ip;
+    let mut c = !fold(pseudo_sum(pkt, v6, proto, l4_len) + sum(&pkt[ip..], 0));
+    if c == 0 && proto == PROTO_UDP {
+        c = 0xFFFF;
+    }
+    put16(pkt, at, c);
 }
 
 fn pseudo_sum(p: &[u8], v6: bool, proto: u8, l4_len: usize) -> u64 {
@@ -414,5 +487,163 @@ pub(crate) mod tests {
         // RFC 1071's example words sum to 0xDDF2.
         let data = [0x00, 0x01, 0xF2, 0x03, 0xF4, 0xF5, 0xF6, 0xF7];
         assert_eq!(fold(sum(&data, 0)), 0xDDF2);
+    }
+
+    /// A plain (non-GSO) UDP frame of `payload` bytes with a partial
+    /// checksum, as a kernel with checksum offload hands it over.
+    fn udp_frame(v6: bool, payload: usize) -> Vec<u8> {
+        let mut f = gso_frame(v6, 0, 1448);
+        let ip = if v6 { 40 } else { 20 };
+        f.truncate(VNET_HDR_LEN + ip + 8);
+        f.extend((0..payload).map(|i| (i * 13 + 5) as u8));
+        let p = &mut f[VNET_HDR_LEN..];
+        let l4 = 8 + payload;
+        if v6 {
+            p[6] = PROTO_UDP;
+            put16(p, 4, l4 as u16);
+        } else {
+            p[9] = PROTO_UDP;
+            put16(p, 2, (ip + l4) as u16);
+            put16(p, 10, 0);
+            let c = !fold(sum(&p[..20], 0));
+            put16(p, 10, c);
+        }
+        put16(p, ip + 4, l4 as u16);
+        let pseudo = fold(pseudo_sum(p, v6, PROTO_UDP, l4));
+        put16(p, ip + 6, pseudo);
+        VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_NONE,
+            hdr_len: (ip + 8) as u16,
+            gso_size: 0,
+            csum_start: ip as u16,
+            csum_offset: 6,
+        }
+        .write(&mut f);
+        f
+    }
+
+    /// Whether the frame's L4 checksum verifies as the receiver checks it
+    /// (a partial one is completed first, as a NIC or segmenter would).
+    fn verifies(frame: &[u8]) -> bool {
+        let mut g = frame.to_vec();
+        assert!(complete_checksum(&mut g));
+        let p = &g[VNET_HDR_LEN..];
+        let (ip, proto, v6) = ip_header(p).expect("ip");
+        fold(pseudo_sum(p, v6, proto, p.len() - ip) + sum(&p[ip..], 0)) == 0xFFFF
+    }
+
+    /// Positions of the bits that differ between two equal-length buffers.
+    fn diff_bits(a: &[u8], b: &[u8]) -> Vec<usize> {
+        assert_eq!(a.len(), b.len());
+        let mut out = Vec::new();
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            for k in 0..8 {
+                if (x ^ y) & (0x80 >> k) != 0 {
+                    out.push(i * 8 + k);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn tampered_payload_still_verifies_tcp_and_udp_v4_and_v6() {
+        for v6 in [false, true] {
+            let tcp = {
+                let mut f = gso_frame(v6, 700, 1448);
+                f[1] = GSO_NONE;
+                let ip = if v6 { 40 } else { 20 };
+                let pseudo = fold(pseudo_sum(&f[VNET_HDR_LEN..], v6, PROTO_TCP, 32 + 700));
+                put16(&mut f[VNET_HDR_LEN..], ip + 16, pseudo);
+                f
+            };
+            for clean in [tcp, udp_frame(v6, 900)] {
+                assert!(verifies(&clean));
+                let (start, len) = payload_span(&clean[VNET_HDR_LEN..]).expect("span");
+                // Partial checksum left partial, and a complete one refreshed.
+                let mut complete = clean.clone();
+                assert!(complete_checksum(&mut complete));
+                for original in [clean.clone(), complete] {
+                    for bit in [0, 7, 8 * len as u32 - 1, 1234] {
+                        let mut f = original.clone();
+                        assert!(tamper_payload(&mut f, start, bit));
+                        assert!(verifies(&f), "v6 {v6} bit {bit}: receiver accepts it");
+                        let d = diff_bits(
+                            &f[VNET_HDR_LEN + start..],
+                            &original[VNET_HDR_LEN + start..],
+                        );
+                        assert_eq!(d, vec![bit as usize], "exactly the named bit");
+                        // Headers are untouched but for a refreshed checksum.
+                        let (ip, proto, _) = ip_header(&f[VNET_HDR_LEN..]).expect("ip");
+                        let cs = VNET_HDR_LEN + ip + if proto == PROTO_TCP { 16 } else { 6 };
+                        let headers = |g: &[u8]| {
+                            let mut h = g[..VNET_HDR_LEN + start].to_vec();
+                            h[cs..cs + 2].fill(0);
+                            h
+                        };
+                        assert_eq!(headers(&f), headers(&original), "headers");
+                    }
+                    // Outside the payload: refused, nothing changed.
+                    let mut f = original.clone();
+                    assert!(!tamper_payload(&mut f, start, 8 * len as u32));
+                    assert!(!tamper_payload(&mut f, start - 1, 0));
+                    assert_eq!(f, original);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn udp_without_checksum_stays_without() {
+        let mut f = udp_frame(false, 100);
+        assert!(complete_checksum(&mut f));
+        put16(&mut f[VNET_HDR_LEN..], 26, 0);
+        let (start, _) = payload_span(&f[VNET_HDR_LEN..]).expect("span");
+        assert!(tamper_payload(&mut f, start, 3));
+        assert_eq!(get16(&f[VNET_HDR_LEN..], 26), 0);
+    }
+
+    #[test]
+    fn tampered_super_packet_segments_all_verify() {
+        for v6 in [false, true] {
+            let frame = gso_frame(v6, 10 * 1448 + 100, 1448);
+            let (l, _) = split_all(&frame);
+            let hl = l.ip_hdr + l.tcp_hdr;
+            // Segment 3, bit 5000 of its payload; the whole frame travels.
+            let mut f = frame.clone();
+            assert!(tamper_payload(&mut f, hl + 3 * 1448, 5000));
+            assert!(
+                !tamper_payload(&mut f, hl + 10 * 1448, 100 * 8),
+                "past the end"
+            );
+            let (_, segs) = split_all(&f);
+            let (_, clean) = split_all(&frame);
+            for (i, (s, c)) in segs.iter().zip(&clean).enumerate() {
+                assert!(verifies(s), "segment {i}");
+                let d = diff_bits(s, c);
+                assert_eq!(d.len(), usize::from(i == 3), "segment {i}: {d:?}");
+            }
+            // Without NEEDS_CSUM a super-packet's checksum cannot be fixed.
+            let mut g = frame.clone();
+            g[0] = 0;
+            assert!(!tamper_payload(&mut g, hl, 0));
+            assert_eq!(g[VNET_HDR_LEN..], frame[VNET_HDR_LEN..]);
+        }
+    }
+
+    #[test]
+    fn no_payload_span_for_fragments_or_other_protocols() {
+        let f = gso_frame(false, 100, 1448);
+        let mut p = f[VNET_HDR_LEN..].to_vec();
+        assert_eq!(payload_span(&p), Some((52, 100)));
+        put16(&mut p, 6, 0x2000); // more fragments
+        assert_eq!(payload_span(&p), None);
+        put16(&mut p, 6, 0);
+        p[9] = 1; // ICMP
+        assert_eq!(payload_span(&p), None);
+        for n in 0..60 {
+            let _ = payload_span(&f[VNET_HDR_LEN..VNET_HDR_LEN + n]);
+        }
     }
 }

@@ -6,6 +6,9 @@
 //! segment of the frame through the link model and decides whether the frame
 //! travels whole (the common case, no copy), is cut into its surviving
 //! segments (a loss or bit error hit part of a super-packet), or is gone.
+//! A tampered segment does not need a cut: its payload bit is flipped in
+//! place and the partial checksum covers it, so the frame still travels
+//! whole.
 //! Because it takes `now` as an argument, the tests below push hundreds of
 //! thousands of segments through it on a virtual clock, GSO cuts included.
 
@@ -57,8 +60,16 @@ pub struct Pipe {
     link: Link,
     ring: PacketRing,
     scratch: Vec<u8>,
-    fates: Vec<Option<(Nanos, Option<u32>)>>,
+    fates: Vec<Option<Fate>>,
     stats: DirStats,
+}
+
+/// What the link made of one segment of a super-packet that survived.
+#[derive(Debug, Clone, Copy)]
+struct Fate {
+    due: Nanos,
+    corrupt_bit: Option<u32>,
+    tamper_bit: Option<u32>,
 }
 
 impl Pipe {
@@ -109,8 +120,15 @@ impl Pipe {
         };
         let pkt = &frame[VNET_HDR_LEN..];
         let Some(layout) = Layout::of(&hdr, pkt) else {
-            let mut seg = Segment::new(pkt.len() as u32, now);
+            let span = packet::payload_span(pkt);
+            let payload = span.map_or(0, |(_, n)| n as u32);
+            let mut seg = Segment::with_payload(pkt.len() as u32, payload, now);
             if self.link.process(&mut seg) == Verdict::Pass {
+                if let (Some(bit), Some((start, _))) = (seg.tamper_bit, span) {
+                    if let Some(slot) = self.ring.reserved_mut() {
+                        packet::tamper_payload(&mut slot[..len], start, bit);
+                    }
+                }
                 if let Some(bit) = seg.corrupt_bit {
                     // A checksum that cannot be completed here (a super-packet
                     // this module cannot cut) would let the flip through
@@ -130,17 +148,31 @@ impl Pipe {
         };
         self.fates.clear();
         let mut whole = true;
+        let headers = layout.ip_hdr + layout.tcp_hdr;
         for i in 0..layout.segments() {
-            let mut seg = Segment::new(layout.wire_len(i) as u32, now);
+            let wire = layout.wire_len(i);
+            let mut seg = Segment::with_payload(wire as u32, (wire - headers) as u32, now);
             let fate = match self.link.process(&mut seg) {
-                Verdict::Pass => Some((seg.at, seg.corrupt_bit)),
+                Verdict::Pass => Some(Fate {
+                    due: seg.at,
+                    corrupt_bit: seg.corrupt_bit,
+                    tamper_bit: seg.tamper_bit,
+                }),
                 Verdict::Drop(_) => None,
             };
-            whole &= matches!(fate, Some((_, None)));
+            whole &= fate.is_some_and(|f| f.corrupt_bit.is_none());
             self.fates.push(fate);
         }
         if whole {
-            let due = self.fates.last().copied().flatten().map_or(now, |f| f.0);
+            let due = self.fates.last().copied().flatten().map_or(now, |f| f.due);
+            if let Some(slot) = self.ring.reserved_mut() {
+                for (i, fate) in self.fates.iter().enumerate() {
+                    if let Some(bit) = fate.and_then(|f| f.tamper_bit) {
+                        let first = headers + i * layout.mss;
+                        packet::tamper_payload(&mut slot[..len], first, bit);
+                    }
+                }
+            }
             self.ring.commit(len, due);
             return;
         }
@@ -153,7 +185,12 @@ impl Pipe {
         self.stats.split_frames += 1;
         self.scratch[..len].copy_from_slice(frame);
         for (i, fate) in self.fates.iter().enumerate() {
-            let Some((due, corrupt)) = *fate else {
+            let Some(Fate {
+                due,
+                corrupt_bit,
+                tamper_bit,
+            }) = *fate
+            else {
                 continue;
             };
             let n = VNET_HDR_LEN + layout.wire_len(i);
@@ -162,7 +199,10 @@ impl Pipe {
                 continue;
             };
             layout.write_segment(&self.scratch[VNET_HDR_LEN..len], i, slot);
-            if let Some(bit) = corrupt {
+            if let Some(bit) = tamper_bit {
+                packet::tamper_payload(&mut slot[..n], headers, bit);
+            }
+            if let Some(bit) = corrupt_bit {
                 packet::complete_checksum(&mut slot[..n]);
                 packet::flip_bit(&mut slot[..n], bit);
             }
@@ -387,6 +427,103 @@ mod tests {
             "a 552-byte packet at BER 1e-3 is hit ~99% of the time: {bad}"
         );
         assert_eq!(bad, p.stats().link.corrupted);
+    }
+
+    #[test]
+    fn tampered_segments_verify_and_differ_by_their_count_of_bits() {
+        // Super-packets of 44 segments with 1% loss (so some are cut) and
+        // payload tampering: every segment that comes out, whole or cut,
+        // verifies its checksum, and the payload differs from what was sent
+        // in exactly as many bits as the link counted tampered segments.
+        for v6 in [false, true] {
+            let mut p = Pipe::new(&DirConfig {
+                loss: 0.01,
+                tamper: 2e-6,
+                seed: 11,
+                ..DirConfig::default()
+            });
+            let f = gso_frame(v6, 44 * 1448, 1448);
+            let hdr = VnetHdr::parse(&f).expect("hdr");
+            let layout = Layout::of(&hdr, &f[VNET_HDR_LEN..]).expect("layout");
+            let hl = layout.ip_hdr + layout.tcp_hdr;
+            let sent = &f[VNET_HDR_LEN + hl..];
+            let base = 0xFFFF_FF00u32; // the first sequence number of gso_frame
+            let mut flipped = 0u64;
+            for round in 0..400 {
+                push(&mut p, round, &f);
+                while let Some((frame, due)) = p.front() {
+                    let h = VnetHdr::parse(frame).expect("hdr");
+                    let pkt = &frame[VNET_HDR_LEN..];
+                    let segs: Vec<Vec<u8>> = match Layout::of(&h, pkt) {
+                        Some(l) => (0..l.segments())
+                            .map(|i| {
+                                let mut out = vec![0u8; VNET_HDR_LEN + l.wire_len(i)];
+                                l.write_segment(pkt, i, &mut out);
+                                out
+                            })
+                            .collect(),
+                        None => vec![frame.to_vec()],
+                    };
+                    for mut s in segs {
+                        assert!(packet::complete_checksum(&mut s));
+                        let q = &s[VNET_HDR_LEN..];
+                        let ip = layout.ip_hdr;
+                        let pseudo = if v6 {
+                            packet::sum(&q[8..40], 0)
+                        } else {
+                            packet::sum(&q[12..20], 0)
+                        } + (q.len() - ip) as u64
+                            + 6;
+                        let ok = packet::fold(pseudo + packet::sum(&q[ip..], 0)) == 0xFFFF;
+                        assert!(ok, "v6 {v6}: every tampered segment verifies");
+                        let seq = u32::from_be_bytes([q[ip + 4], q[ip + 5], q[ip + 6], q[ip + 7]]);
+                        let off = seq.wrapping_sub(base) as usize;
+                        let got = &q[hl..];
+                        flipped += got
+                            .iter()
+                            .zip(&sent[off..off + got.len()])
+                            .map(|(a, b)| u64::from((a ^ b).count_ones()))
+                            .sum::<u64>();
+                    }
+                    p.delivered(due, true);
+                }
+            }
+            let c = p.stats().link;
+            assert!(c.tampered > 20, "v6 {v6}: {c:?}");
+            assert_eq!(flipped, c.tampered, "v6 {v6}");
+            assert!(c.random_losses > 0 && p.stats().split_frames > 0);
+        }
+    }
+
+    #[test]
+    fn tampered_plain_packets_verify_and_acks_are_spared() {
+        // A plain TCP packet with 500 payload bytes and a pure ACK (none),
+        // both with partial checksums, through a link that hits every bit.
+        let mut p = Pipe::new(&DirConfig {
+            tamper: 1e-2,
+            seed: 4,
+            ..DirConfig::default()
+        });
+        for payload in [500, 0] {
+            let mut f = gso_frame(false, payload, 1448);
+            f[1] = packet::GSO_NONE;
+            let pkt = &f[VNET_HDR_LEN..];
+            let pseudo = packet::fold(packet::sum(&pkt[12..20], 0) + (pkt.len() - 20) as u64 + 6);
+            f[VNET_HDR_LEN + 36..VNET_HDR_LEN + 38].copy_from_slice(&pseudo.to_be_bytes());
+            for round in 0..50 {
+                push(&mut p, round, &f);
+                let (frame, due) = p.front().expect("delivered");
+                let mut g = frame.to_vec();
+                assert_eq!(g[..VNET_HDR_LEN + 52], f[..VNET_HDR_LEN + 52], "headers");
+                assert_eq!(g == f, payload == 0, "payload {payload}");
+                assert!(packet::complete_checksum(&mut g));
+                let q = &g[VNET_HDR_LEN..];
+                let pseudo = packet::sum(&q[12..20], 0) + (q.len() - 20) as u64 + 6;
+                assert_eq!(packet::fold(pseudo + packet::sum(&q[20..], 0)), 0xFFFF);
+                p.delivered(due, true);
+            }
+        }
+        assert_eq!(p.stats().link.tampered, 50);
     }
 
     #[test]

@@ -120,6 +120,11 @@ pub struct LinkSpec {
     pub overhead: u32,
     /// Bit error rate (each bit flipped with this probability).
     pub corrupt: f64,
+    /// Undetected payload bit error rate: each payload bit flipped with
+    /// this probability and the checksum fixed up, so the receiver's TCP
+    /// or UDP accepts it. Records from before the field had none (0).
+    #[serde(default)]
+    pub tamper: f64,
     /// Seed of the link's random generators.
     pub seed: u64,
 }
@@ -137,6 +142,7 @@ impl Default for LinkSpec {
             mtu: 1500,
             overhead: ETHERNET_OVERHEAD,
             corrupt: 0.0,
+            tamper: 0.0,
             seed: 1,
         }
     }
@@ -159,6 +165,9 @@ pub struct LinkChange {
     pub queue: Option<QueueSpec>,
     /// New bit error rate.
     pub corrupt: Option<f64>,
+    /// New undetected payload bit error rate.
+    #[serde(default)]
+    pub tamper: Option<f64>,
     /// New per-packet framing overhead in bytes.
     #[serde(default)]
     pub overhead: Option<u32>,
@@ -187,8 +196,11 @@ impl LinkSpec {
         if self.jitter > self.rtt {
             return bad("--jitter must not exceed --rtt");
         }
-        if !(0.0..=1.0).contains(&self.loss) || !(0.0..=1.0).contains(&self.corrupt) {
-            return bad("--loss and --corrupt must lie in [0, 1]");
+        if ![self.loss, self.corrupt, self.tamper]
+            .iter()
+            .all(|p| (0.0..=1.0).contains(p))
+        {
+            return bad("--loss, --corrupt and --tamper must lie in [0, 1]");
         }
         if !self.loss_burst.is_finite() || self.loss_burst < 1.0 {
             return bad("--loss-burst must be at least 1 (segments)");
@@ -226,6 +238,9 @@ impl LinkSpec {
         if let Some(v) = c.corrupt {
             self.corrupt = v;
         }
+        if let Some(v) = c.tamper {
+            self.tamper = v;
+        }
         if let Some(v) = c.overhead {
             self.overhead = v;
         }
@@ -255,6 +270,7 @@ impl LinkSpec {
             loss_burst: self.loss_burst,
             queue_bytes: self.queue.bytes(rate, self.rtt),
             ber: self.corrupt,
+            tamper: self.tamper,
             down,
             seed: self.seed ^ salt,
         }
@@ -305,6 +321,9 @@ impl LinkSpec {
         }
         if self.corrupt > 0.0 {
             s += &format!(", ber {:e}", self.corrupt);
+        }
+        if self.tamper > 0.0 {
+            s += &format!(", tamper {:e}", self.tamper);
         }
         s += &format!(", queue {}, mtu {}", self.queue, self.mtu);
         if self.overhead != ETHERNET_OVERHEAD {
@@ -425,6 +444,20 @@ mod tests {
             ..LinkChange::default()
         });
         assert_eq!((spec.overhead, spec.loss), (0, 0.001));
+        spec.apply(&LinkChange {
+            tamper: Some(1e-7),
+            ..LinkChange::default()
+        });
+        assert_eq!(spec.dir_config(Dir::BtoA, None).tamper, 1e-7);
+        assert!(spec.summary().contains("tamper 1e-7"), "{}", spec.summary());
+        assert!(spec.validate().is_ok());
+        spec.tamper = 2.0;
+        assert!(spec.validate().is_err());
+        spec.tamper = 0.0;
+        // A change sent by an older client has no tamper field: unchanged.
+        let old: LinkChange = serde_json::from_str(r#"{"rtt":null,"rate":null,"loss":null,"loss_burst":null,"jitter":null,"queue":null,"corrupt":null,"down":null}"#)
+            .expect("old change");
+        assert_eq!(old.tamper, None);
         spec.mtu = 1000;
         assert!(spec.validate().is_err());
         spec.mtu = 9000;

@@ -767,6 +767,7 @@ fn change_to(want: &LinkSpec) -> LinkChange {
         jitter: Some(want.jitter),
         queue: Some(want.queue),
         corrupt: Some(want.corrupt),
+        tamper: Some(want.tamper),
         overhead: Some(want.overhead),
         down: None,
     }

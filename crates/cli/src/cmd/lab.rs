@@ -51,7 +51,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Change a running link: `--loss 0.1% --rtt 200ms`, `--down 5s`, `--corrupt 1e-6`.
+    /// Change a running link: `--loss 0.1% --rtt 200ms`, `--down 5s`, `--corrupt 1e-6`, `--tamper 1e-7`.
     Set(SetArgs),
     /// Remove a lab (namespaces, forwarder, processes inside), or all of them.
     Down {
@@ -106,6 +106,11 @@ struct UpArgs {
     /// Bit error rate: each bit flipped with this probability (1e-6).
     #[arg(long, default_value = "0", value_parser = probability)]
     corrupt: f64,
+    /// Payload bit error rate the checksums miss: each payload bit flipped
+    /// with this probability and the TCP/UDP checksum fixed up (a faulty
+    /// NIC or middlebox); only end-to-end checks catch it (1e-7).
+    #[arg(long, value_name = "BER", default_value = "0", value_parser = probability)]
+    tamper: f64,
     /// Seed of the random loss, jitter and corruption (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
@@ -142,6 +147,9 @@ struct SetArgs {
     /// New bit error rate.
     #[arg(long, value_parser = probability)]
     corrupt: Option<f64>,
+    /// New undetected payload bit error rate (checksums fixed up).
+    #[arg(long, value_name = "BER", value_parser = probability)]
+    tamper: Option<f64>,
     /// New per-packet framing overhead in bytes (38 Ethernet, 0 IP only).
     #[arg(long, value_name = "BYTES")]
     overhead: Option<u32>,
@@ -180,6 +188,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         mtu: a.mtu,
         overhead: a.overhead,
         corrupt: a.corrupt,
+        tamper: a.tamper,
         seed,
     };
     let opts = UpOptions {
@@ -292,12 +301,13 @@ fn set(a: SetArgs) -> anyhow::Result<()> {
         jitter: a.jitter,
         queue: a.queue,
         corrupt: a.corrupt,
+        tamper: a.tamper,
         overhead: a.overhead,
         down: a.down,
     };
     if change == LinkChange::default() {
         return Err(crate::exit::usage(
-            "lab set: give at least one of --rtt --rate --asym-rate --loss --loss-burst --jitter --queue --corrupt --overhead --down",
+            "lab set: give at least one of --rtt --rate --asym-rate --loss --loss-burst --jitter --queue --corrupt --tamper --overhead --down",
         ));
     }
     let spec = fatpipe_lab::set(&a.name, &change).map_err(lab_err)?;
@@ -339,7 +349,7 @@ fn render_stats(s: &LabStats) -> String {
     );
     out += &format!("{:<22} {:>16} {:>16}\n", "", "a -> b", "b -> a");
     type Row = (&'static str, fn(&DirStats) -> String);
-    let rows: [Row; 15] = [
+    let rows: [Row; 16] = [
         ("frames in", |d| d.frames_in.to_string()),
         ("segments", |d| d.link.segments.to_string()),
         ("bytes", |d| units::format_bytes(d.link.bytes)),
@@ -348,6 +358,7 @@ fn render_stats(s: &LabStats) -> String {
         ("queue drops", |d| d.link.queue_drops.to_string()),
         ("down drops", |d| d.link.down_drops.to_string()),
         ("corrupted", |d| d.link.corrupted.to_string()),
+        ("tampered (undetected)", |d| d.link.tampered.to_string()),
         ("peak queue", |d| {
             units::format_bytes(d.link.peak_queue_bytes)
         }),
@@ -500,10 +511,13 @@ mod tests {
             "5s",
             "--overhead",
             "24",
+            "--tamper",
+            "1e-7",
         ]) else {
             panic!("set should parse");
         };
         assert_eq!(s.overhead, Some(24));
+        assert_eq!(s.tamper, Some(1e-7));
         assert_eq!(s.loss, Some(0.001));
         assert_eq!(s.rtt, Some(Duration::from_millis(200)));
         assert_eq!(s.down, Some(Duration::from_secs(5)));
@@ -520,7 +534,11 @@ mod tests {
             b_to_a: DirStats::default(),
         };
         s.a_to_b.link.random_losses = 17;
+        s.b_to_a.link.tampered = 3;
         let t = render_stats(&s);
+        assert!(t
+            .lines()
+            .any(|l| l.starts_with("tampered (undetected)") && l.ends_with(" 3")));
         assert!(t.contains("a -> b") && t.contains("b -> a"));
         assert!(t
             .lines()

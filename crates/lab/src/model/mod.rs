@@ -22,7 +22,10 @@
 //! 3. [`Loss`]: random loss on the wire (Bernoulli or Gilbert–Elliott); a
 //!    lost segment still used its slot on the bottleneck, as on a real path.
 //! 4. [`DelayLine`]: propagation delay plus jitter that never reorders.
-//! 5. [`Corrupt`]: bit errors at a given bit error rate.
+//! 5. [`Corrupt`]: bit errors at a given bit error rate, which the
+//!    receiver's checksum catches.
+//! 6. [`Tamper`]: payload bit errors the checksum does not catch (the
+//!    driver fixes it up), as a faulty NIC or middlebox makes them.
 
 mod corrupt;
 mod delay;
@@ -30,12 +33,14 @@ mod loss;
 mod outage;
 mod rate;
 pub mod rng;
+mod tamper;
 
 pub use corrupt::Corrupt;
 pub use delay::DelayLine;
 pub use loss::Loss;
 pub use outage::Outage;
 pub use rate::Bottleneck;
+pub use tamper::Tamper;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,21 +58,34 @@ pub type Nanos = u64;
 pub struct Segment {
     /// Bytes on the wire (the IP packet: headers and payload).
     pub len: u32,
+    /// Of those, the transport payload bytes (what [`Tamper`] may change);
+    /// `len` when the driver does not know the headers.
+    pub payload: u32,
     /// When the segment reaches the current stage; after the last stage,
     /// when it is due at the far end.
     pub at: Nanos,
     /// Set by [`Corrupt`]: which bit of the segment to flip, counted from
     /// the first byte, in `0..len * 8`.
     pub corrupt_bit: Option<u32>,
+    /// Set by [`Tamper`]: which payload bit to flip without the checksum
+    /// noticing, counted from the first payload byte, in `0..payload * 8`.
+    pub tamper_bit: Option<u32>,
 }
 
 impl Segment {
     /// A segment of `len` bytes arriving at `at`.
     pub fn new(len: u32, at: Nanos) -> Segment {
+        Segment::with_payload(len, len, at)
+    }
+
+    /// A segment of `len` bytes of which `payload` are transport payload.
+    pub fn with_payload(len: u32, payload: u32, at: Nanos) -> Segment {
         Segment {
             len,
+            payload: payload.min(len),
             at,
             corrupt_bit: None,
+            tamper_bit: None,
         }
     }
 }
@@ -115,6 +133,10 @@ pub struct DirConfig {
     pub queue_bytes: u64,
     /// Bit error rate: each bit is flipped with this probability.
     pub ber: f64,
+    /// Undetected payload bit error rate: each payload bit is flipped with
+    /// this probability and the checksum made to match.
+    #[serde(default)]
+    pub tamper: f64,
     /// The link takes nothing in during `[start, end)`.
     pub down: Option<(Nanos, Nanos)>,
     /// Seed of every stage's generator.
@@ -132,6 +154,7 @@ impl Default for DirConfig {
             loss_burst: 1.0,
             queue_bytes: u64::MAX,
             ber: 0.0,
+            tamper: 0.0,
             down: None,
             seed: 1,
         }
@@ -157,6 +180,10 @@ pub struct Counters {
     pub down_drops: u64,
     /// Segments delivered with a flipped bit.
     pub corrupted: u64,
+    /// Segments delivered with a payload bit flipped and a checksum that
+    /// still verifies.
+    #[serde(default)]
+    pub tampered: u64,
     /// The most bytes the queue ever held.
     pub peak_queue_bytes: u64,
 }
@@ -192,6 +219,7 @@ impl Link {
             Box::new(Loss::new(cfg.seed)),
             Box::new(DelayLine::new(cfg.seed)),
             Box::new(Corrupt::new(cfg.seed)),
+            Box::new(Tamper::new(cfg.seed)),
         ];
         for s in &mut stages {
             s.configure(cfg);
@@ -210,7 +238,8 @@ impl Link {
     }
 
     /// Runs one segment through the stages. On `Pass`, `seg.at` is the due
-    /// time at the far end and `seg.corrupt_bit` says whether to flip a bit.
+    /// time at the far end, `seg.corrupt_bit` says whether to flip a bit and
+    /// `seg.tamper_bit` whether to flip a payload bit undetected.
     pub fn process(&mut self, seg: &mut Segment) -> Verdict {
         self.counters.segments += 1;
         self.counters.bytes += u64::from(seg.len);
@@ -228,6 +257,9 @@ impl Link {
         self.counters.delivered_bytes += u64::from(seg.len);
         if seg.corrupt_bit.is_some() {
             self.counters.corrupted += 1;
+        }
+        if seg.tamper_bit.is_some() {
+            self.counters.tampered += 1;
         }
         Verdict::Pass
     }

@@ -347,6 +347,81 @@ fn corruption_follows_the_bit_error_rate() {
     assert!(within_binomial(c, n, p, 4.5), "corrupted {c} of {n}, p {p}");
 }
 
+/// Runs `n` segments of 1500 bytes with `payload` payload bytes each, one
+/// per virtual microsecond; returns the tamper marks.
+fn tamper_marks(link: &mut Link, n: u64, payload: u32) -> Vec<Option<u32>> {
+    (0..n)
+        .map(|i| {
+            let mut s = Segment::with_payload(1500, payload, i * US);
+            link.process(&mut s);
+            s.tamper_bit
+        })
+        .collect()
+}
+
+#[test]
+fn tampering_follows_its_rate_over_payload_bits_only() {
+    let ber = 1e-6;
+    let tamper = |seed| DirConfig {
+        tamper: ber,
+        seed,
+        ..cfg()
+    };
+    let mut link = Link::new(&tamper(21));
+    let n = 200_000u64;
+    let marks = tamper_marks(&mut link, n, 1448);
+    // Only payload bits are named: 1448 bytes, never the 52 of headers.
+    assert!(marks.iter().flatten().all(|&b| b < 1448 * 8));
+    let p = 1.0 - (1.0 - ber).powf(1448.0 * 8.0);
+    let c = link.counters();
+    assert!(
+        within_binomial(c.tampered, n, p, 4.5),
+        "tampered {} of {n}, p {p}",
+        c.tampered
+    );
+    assert_eq!(c.tampered, marks.iter().flatten().count() as u64);
+    assert_eq!(
+        (c.corrupted, c.delivered),
+        (0, n),
+        "nothing lost or detected"
+    );
+    // Pure ACKs carry no payload and are never hit, at any rate.
+    let mut acks = Link::new(&DirConfig {
+        tamper: 1.0,
+        ..cfg()
+    });
+    assert!(tamper_marks(&mut acks, 1000, 0).iter().all(Option::is_none));
+    // Seeded: the same seed marks the same bits, another seed others.
+    let again = tamper_marks(&mut Link::new(&tamper(21)), n, 1448);
+    assert_eq!(marks, again);
+    assert_ne!(marks, tamper_marks(&mut Link::new(&tamper(22)), n, 1448));
+}
+
+#[test]
+fn tampering_leaves_the_other_stages_alone_and_changes_live() {
+    // Loss draws the same sequence with tampering on or off: turning it on
+    // in a test changes nothing else about the link.
+    let lossy = DirConfig {
+        loss: 0.02,
+        seed: 9,
+        ..cfg()
+    };
+    let plain = run(&mut Link::new(&lossy), 50_000, 1500, |i| i as Nanos * US);
+    let mut link = Link::new(&DirConfig {
+        tamper: 1e-5,
+        ..lossy.clone()
+    });
+    let tampered = run(&mut link, 50_000, 1500, |i| i as Nanos * US);
+    assert_eq!(plain, tampered);
+    let c = link.counters();
+    assert!(c.tampered > 0 && c.tampered <= c.delivered);
+    // A live change to 0 stops it; lost segments are never counted.
+    link.configure(&lossy);
+    let before = link.counters().tampered;
+    run(&mut link, 10_000, 1500, |i| (50_000 + i as Nanos) * US);
+    assert_eq!(link.counters().tampered, before);
+}
+
 #[test]
 fn counters_add_up() {
     let mut link = Link::new(&DirConfig {
