@@ -425,7 +425,13 @@ mod tests {
             .is_err());
         // The right certificate with a chain behind it is not it either.
         assert!(v
-            .verify_server_cert(&mine.cert, &[other.cert.clone()], &name, &[], now)
+            .verify_server_cert(
+                &mine.cert,
+                std::slice::from_ref(&other.cert),
+                &name,
+                &[],
+                now
+            )
             .is_err());
     }
 

@@ -1716,7 +1716,7 @@ mod tests {
 
     impl Conn for TestConn {
         fn open(&self, _tag: u32) -> Result<Stream, CopyError> {
-            let s = Stream::connect(self.addr).map_err(net)?;
+            let s = Stream::from(std::net::TcpStream::connect(self.addr).map_err(net)?);
             self.opened.lock().unwrap().push(s.try_clone().unwrap());
             Ok(s)
         }
@@ -1751,7 +1751,7 @@ mod tests {
                     match l.accept() {
                         Ok((s, _)) => {
                             s.set_nonblocking(false).unwrap();
-                            return Ok(s);
+                            return Ok(Stream::from(s));
                         }
                         Err(_) if Instant::now() < end => {
                             std::thread::sleep(Duration::from_millis(2))
@@ -2251,7 +2251,10 @@ mod tests {
         let opened = srv.link.opened.lock().unwrap();
         assert_eq!(opened.len(), 6);
         for s in &opened[3..] {
-            let acked = fatpipe_sys::tcp_info(s).unwrap().bytes_acked.unwrap_or(0);
+            let acked = fatpipe_sys::tcp_info(s.tcp())
+                .unwrap()
+                .bytes_acked
+                .unwrap_or(0);
             assert!(acked > 1 << 20, "an added stream moved only {acked} bytes");
         }
         drop(opened);
@@ -2271,7 +2274,7 @@ mod tests {
         let opened = srv.link.opened.lock().unwrap();
         assert_eq!(opened.len(), 6);
         for s in &opened[3..] {
-            let got = fatpipe_sys::tcp_info(s)
+            let got = fatpipe_sys::tcp_info(s.tcp())
                 .unwrap()
                 .bytes_received
                 .unwrap_or(0);
