@@ -2511,6 +2511,9 @@ mod tests {
                 encrypted: false
             }
         );
+        let e: Export = "med=/srv/med:encrypted:ro".parse().unwrap();
+        assert!(e.encrypted && e.read_only && !e.public);
+        assert_eq!(e.path, PathBuf::from("/srv/med"));
         let e: Export = "x=/a:b".parse().unwrap();
         assert_eq!(e.path, PathBuf::from("/a:b"));
         assert!("noequals".parse::<Export>().is_err());
