@@ -54,7 +54,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
-install_missing jq:jq
+install_missing jq:jq ping:iputils-ping
 build_fatpipe
 
 echo "encrypt-bench-key-$$-0123456789" >"$work/key"
