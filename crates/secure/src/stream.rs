@@ -137,10 +137,12 @@ impl Stream {
         })
     }
 
-    /// Shuts the connection down as `TcpStream::shutdown` does; an
-    /// encrypted stream first sends close_notify when no writer is busy.
+    /// Shuts the connection down as `TcpStream::shutdown` does. Shutting
+    /// the write side of an encrypted stream (the graceful end) first sends
+    /// close_notify when no writer is busy; `Both` is an abort (it wakes
+    /// blocked threads) and sends nothing that could block.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        if let (Some(tls), Shutdown::Write | Shutdown::Both) = (&self.tls, how) {
+        if let (Some(tls), Shutdown::Write) = (&self.tls, how) {
             // Never wait for a writer (shutting down is how a blocked one is
             // woken); the peer then sees the end of the TCP stream instead.
             let half = match tls.sealer.try_lock() {
