@@ -115,7 +115,9 @@ if [ -d fuzz ] && [ "$FUZZ_SECONDS" != 0 ]; then
     command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked -q
     for target in $(cargo +nightly fuzz list); do
       say "fuzz $target for ${FUZZ_SECONDS}s"
-      cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3
+      # -a: debug assertions and overflow checks on (cargo fuzz builds
+      # release without them by default): wire arithmetic must not overflow.
+      cargo +nightly fuzz run "$target" -a -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3
     done
   fi
 fi

@@ -23,6 +23,7 @@ fuzz_target!(|data: &[u8]| {
         &ServerConfig {
             key: key.clone(),
             preauth_timeout: Duration::from_secs(5),
+            keyless_services: vec!["copy".into()],
         },
         now,
         [7; 32],
@@ -32,7 +33,16 @@ fuzz_target!(|data: &[u8]| {
         while let Some(ev) = s.poll_event() {
             // Random bytes cannot produce a valid HMAC over our nonce.
             if keyed {
-                assert!(!matches!(ev, ServerEvent::Open { .. }), "open without proof");
+                // Only a keyless service may open without the proof.
+                if let ServerEvent::Open {
+                    service,
+                    authenticated,
+                    ..
+                } = &ev
+                {
+                    assert!(!authenticated, "authenticated without proof");
+                    assert_eq!(service, "copy", "open without proof");
+                }
             }
             if let ServerEvent::Open { .. } = ev {
                 s.accept(now, [1; 32]);

@@ -33,8 +33,8 @@ pub use error::{ArchiveError, Result};
 pub use location::{Location, ARCHIVE_ENV};
 pub use postgres::{PgStore, POSTGRES_MIGRATIONS};
 pub use record::{
-    cell_key, Annotation, Document, HostFacts, Measurement, Metrics, NicFacts, Run, RunKind,
-    RunStatus, SweepRef,
+    cell_key, find_max_cell, Annotation, Document, HostFacts, Measurement, Metrics, NicFacts, Run,
+    RunKind, RunStatus, SweepRef, FIND_MAX_SWEEP,
 };
 pub use sqlite::{SqliteStore, SQLITE_MIGRATIONS};
 pub use store::{

@@ -20,8 +20,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use fatpipe_schema::copy::{CopyReport, COPY_SCHEMA, COPY_SCHEMA_VERSION};
 use fatpipe_schema::path::{PathReport, PATH_SCHEMA, PATH_SCHEMA_VERSION};
 use fatpipe_schema::test::{
-    FindMaxReport, StreamStats, TestReport, FIND_MAX_SCHEMA, FIND_MAX_SCHEMA_VERSION, TEST_SCHEMA,
-    TEST_SCHEMA_VERSION,
+    FindMaxLength, FindMaxReport, StreamStats, TestDirection, TestReport, FIND_MAX_SCHEMA,
+    FIND_MAX_SCHEMA_VERSION, TEST_SCHEMA, TEST_SCHEMA_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -359,17 +359,21 @@ impl Run {
         Ok(run)
     }
 
-    /// A `fatpipe test -u --find-max` run, stored as a test: its
-    /// throughput is the loss-free rate (UDP payload) of the first length
-    /// searched (a sweep runs one length per cell; the document keeps
-    /// every length), absent when no rate was loss-free; its loss and
-    /// bytes the last confirming trial's.
+    /// A `fatpipe test -u --find-max` run, stored as one test run per
+    /// datagram length searched, in the report's order, so a report can
+    /// set the loss-free rate against the length. Each run's document is
+    /// the report narrowed to its length (the same `fatpipe.test.find_max`
+    /// schema, with one entry in `lengths`); its throughput is that
+    /// length's loss-free rate (UDP payload), absent when no rate was
+    /// loss-free; its loss and bytes are the last confirming trial's. A
+    /// sweep (one length per cell) files its one run under its cell;
+    /// `test --archive` files each under [`find_max_cell`].
     pub fn from_find_max(
         report: &FindMaxReport,
         path: impl Into<String>,
         host: HostFacts,
         finished: DateTime<Utc>,
-    ) -> Result<Run> {
+    ) -> Result<Vec<Run>> {
         check_schema(
             &report.schema,
             report.version,
@@ -377,20 +381,31 @@ impl Run {
             FIND_MAX_SCHEMA_VERSION,
         )?;
         let started = from_unix_secs(report.timestamp).unwrap_or(finished);
-        let mut run = Run::new(RunKind::Test, path, host, started, finished);
-        run.peer = Some(report.server.clone());
-        if let Some(l) = report.lengths.first() {
-            let confirm = l.trials.iter().rev().find(|t| t.confirm);
-            run.metrics = Metrics {
-                throughput_bps: l.loss_free.map(|p| p.payload_bps),
-                loss_percent: confirm.map(|t| t.loss_percent),
-                // Counted, not rebuilt from a rate and a time.
-                bytes: confirm.map(|t| t.packets_sent.saturating_sub(t.lost) * u64::from(l.length)),
-                ..Metrics::default()
-            };
-        }
-        run.document = Some(Document::from_value(report)?);
-        Ok(run)
+        let path = path.into();
+        report
+            .lengths
+            .iter()
+            .map(|l| {
+                let mut run =
+                    Run::new(RunKind::Test, path.clone(), host.clone(), started, finished);
+                run.peer = Some(report.server.clone());
+                let confirm = l.trials.iter().rev().find(|t| t.confirm);
+                run.metrics = Metrics {
+                    throughput_bps: l.loss_free.map(|p| p.payload_bps),
+                    loss_percent: confirm.map(|t| t.loss_percent),
+                    // Counted, not rebuilt from a rate and a time.
+                    bytes: confirm
+                        .map(|t| t.packets_sent.saturating_sub(t.lost) * u64::from(l.length)),
+                    ..Metrics::default()
+                };
+                let one = FindMaxReport {
+                    lengths: vec![l.clone()],
+                    ..report.clone()
+                };
+                run.document = Some(Document::from_value(&one)?);
+                Ok(run)
+            })
+            .collect()
     }
 
     /// A `fatpipe copy` run: started `seconds` before `finished`, failed
@@ -509,6 +524,29 @@ impl Annotation {
 /// key whatever order they were written in.
 pub fn cell_key(params: &serde_json::Value) -> String {
     canonical(params).to_string()
+}
+
+/// The sweep name under which `test --archive` files the runs of a
+/// find-max search (one cell per length; see [`find_max_cell`]), as
+/// `demo` files its steps under `demo`.
+pub const FIND_MAX_SWEEP: &str = "find-max";
+
+/// The cell key of one length of a find-max search stored outside a
+/// sweep: the parameters a sweep would give such a cell (`protocol`,
+/// `find_max`, `length`, `no_batch`, and `direction` when reversed), so
+/// `fatpipe report` groups and plots these runs by length as it does a
+/// sweep's.
+pub fn find_max_cell(report: &FindMaxReport, length: &FindMaxLength) -> String {
+    let mut params = serde_json::json!({
+        "protocol": "udp",
+        "find_max": true,
+        "length": length.length,
+        "no_batch": length.send_path == "plain",
+    });
+    if report.direction == TestDirection::Down {
+        params["direction"] = "down".into();
+    }
+    cell_key(&params)
 }
 
 /// `t` truncated to whole microseconds, the archive's resolution.
@@ -646,8 +684,94 @@ mod tests {
     }
 
     #[test]
+    fn a_find_max_run_of_several_lengths_stores_each_length_as_its_own_run() {
+        use fatpipe_schema::test::{FindMaxLength, FindMaxTrial, RatePoint};
+        let point = |bps: f64| RatePoint {
+            payload_bps: bps,
+            wire_bps: bps * 1.05,
+            packets_per_second: bps / 8000.0,
+        };
+        let length = |len: u32, free: Option<f64>, sent: u64, path: &str| FindMaxLength {
+            length: len,
+            loss_free: free.map(point),
+            confirmed: free.is_some(),
+            with_loss: free.map(point),
+            lower_bound: false,
+            sender_max: point(5e9),
+            trial_count: 1,
+            trials: vec![FindMaxTrial {
+                requested_bps: Some(1e8),
+                offered: point(1e8),
+                received: point(1e8),
+                packets_sent: sent,
+                lost: 10,
+                loss_percent: 10.0 / sent as f64 * 100.0,
+                seconds: 10.0,
+                confirm: true,
+            }],
+            send_path: path.into(),
+            recv_path: path.into(),
+            burst: 1,
+            statement: format!("{len} B"),
+        };
+        let mut r = FindMaxReport {
+            schema: FIND_MAX_SCHEMA.into(),
+            version: FIND_MAX_SCHEMA_VERSION,
+            timestamp: 1_700_000_000.0,
+            server: "dtn2".into(),
+            server_addr: "198.18.0.2:5301".into(),
+            direction: TestDirection::Up,
+            streams: 1,
+            loss_max_percent: 0.5,
+            precision_percent: 1.0,
+            trial_s: 1.0,
+            confirm_s: 10.0,
+            mtu: 9000,
+            framing_bytes: 38,
+            lengths: vec![
+                length(64, Some(2e8), 1000, "gso"),
+                length(1472, Some(3e9), 2000, "gso"),
+                length(65507, None, 3000, "mmsg"),
+            ],
+            warnings: vec!["w".into()],
+        };
+        let finished = Utc.timestamp_opt(1_700_000_100, 0).unwrap();
+        let runs = Run::from_find_max(&r, "lab:x", HostFacts::default(), finished).unwrap();
+        assert_eq!(runs.len(), 3);
+        let tp: Vec<Option<f64>> = runs.iter().map(|r| r.metrics.throughput_bps).collect();
+        assert_eq!(tp, [Some(2e8), Some(3e9), None]);
+        let bytes: Vec<Option<u64>> = runs.iter().map(|r| r.metrics.bytes).collect();
+        assert_eq!(
+            bytes,
+            [Some(990 * 64), Some(1990 * 1472), Some(2990 * 65507)]
+        );
+        assert_ne!(runs[0].uuid, runs[1].uuid);
+        for (run, l) in runs.iter().zip(&r.lengths) {
+            // Each document is the report with its own length only.
+            let doc: FindMaxReport = run.document.as_ref().unwrap().parse().unwrap();
+            assert_eq!(doc.lengths, vec![l.clone()]);
+            assert_eq!((doc.mtu, &doc.warnings), (9000, &r.warnings));
+            assert_eq!(run.started, from_unix_secs(r.timestamp).unwrap());
+        }
+        // Outside a sweep, each length is its own cell, keyed as a sweep
+        // would key it.
+        let keys: Vec<String> = r.lengths.iter().map(|l| find_max_cell(&r, l)).collect();
+        assert_eq!(
+            keys[0],
+            r#"{"find_max":true,"length":64,"no_batch":false,"protocol":"udp"}"#
+        );
+        assert_ne!(keys[0], keys[1]);
+        r.lengths[0].send_path = "plain".into();
+        r.direction = TestDirection::Down;
+        assert_eq!(
+            find_max_cell(&r, &r.lengths[0]),
+            r#"{"direction":"down","find_max":true,"length":64,"no_batch":true,"protocol":"udp"}"#
+        );
+    }
+
+    #[test]
     fn a_find_max_run_is_a_test_whose_throughput_is_the_loss_free_rate() {
-        use fatpipe_schema::test::{FindMaxLength, FindMaxTrial, RatePoint, TestDirection};
+        use fatpipe_schema::test::{FindMaxTrial, RatePoint};
         let point = |bps: f64| RatePoint {
             payload_bps: bps,
             wire_bps: bps * 1.05,
@@ -694,7 +818,9 @@ mod tests {
             warnings: vec![],
         };
         let finished = Utc.timestamp_opt(1_700_000_100, 0).unwrap();
-        let run = Run::from_find_max(&r, "lab:x", HostFacts::default(), finished).unwrap();
+        let mut runs = Run::from_find_max(&r, "lab:x", HostFacts::default(), finished).unwrap();
+        assert_eq!(runs.len(), 1);
+        let run = runs.remove(0);
         assert_eq!(run.kind, RunKind::Test);
         assert_eq!(run.metrics.throughput_bps, Some(9e8));
         assert_eq!(run.metrics.loss_percent, Some(0.0));

@@ -59,7 +59,9 @@ pub fn report(result: anyhow::Result<()>) -> ExitCode {
     {
         return ExitCode::SUCCESS;
     }
-    eprintln!("fatpipe: {}", one_line(&err));
+    // The chain may quote the peer (a server's refusal, a file name):
+    // escaped, so it cannot drive the terminal.
+    eprintln!("fatpipe: {}", fatpipe_proto::escape(&one_line(&err)));
     if err.chain().any(|e| e.is::<UsageError>()) {
         ExitCode::from(2)
     } else {

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,9 @@ struct Inner {
     reader: Mutex<ReadHalf>,
     writer: Mutex<Stream>,
     encryption: Option<fatpipe_secure::Encryption>,
+    /// Set on the first service message received: the server's watchdog
+    /// reads it to tell a session that started from one that never did.
+    started: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -73,6 +77,7 @@ impl Control {
                 }),
                 writer: Mutex::new(writer),
                 encryption,
+                started: Arc::new(AtomicBool::new(false)),
             }),
         })
     }
@@ -111,7 +116,10 @@ impl Control {
         loop {
             if let Some(body) = decoder.next_frame()? {
                 return match Message::decode(&body)? {
-                    Message::Payload(p) => Ok(Some(p)),
+                    Message::Payload(p) => {
+                        self.inner.started.store(true, Ordering::Relaxed);
+                        Ok(Some(p))
+                    }
                     Message::Close { reason } => Err(ConnError::Closed(reason).into()),
                     Message::Reject { code, reason } => {
                         Err(ConnError::Rejected { code, reason }.into())
@@ -144,6 +152,11 @@ impl Control {
                 Err(e) => return Err(EngineError::io("read control connection", e)),
             }
         }
+    }
+
+    /// The flag set once a service message has been received.
+    pub(crate) fn started_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.inner.started)
     }
 
     /// Ends the session: sends `Close` with `reason` (empty for a normal end)

@@ -56,6 +56,7 @@
 pub mod client;
 pub mod control;
 pub mod error;
+pub mod logsum;
 pub mod observe;
 pub mod server;
 

@@ -18,6 +18,24 @@
 //! with that reason and their control connection shut; then
 //! [`Server::run`] returns.
 //!
+//! # What a peer can make it spend
+//!
+//! Every connection costs a thread (with a [`CONN_STACK`] stack) and, before
+//! authentication, at most one frame of buffer (4 bytes more than
+//! [`fatpipe_proto::MAX_FRAME`]). Connections still handshaking are capped in total
+//! (`max_handshakes`) and per source address (`max_handshakes_per_source`;
+//! IPv6 sources count by /64, since one host holds a whole /64), so one
+//! host cannot fill the server's handshake slots: past its cap a
+//! connection is closed unread, which costs an `accept` and a `close`.
+//! The pre-auth deadline covers the whole handshake from `accept`, so a
+//! peer sending a byte a second cannot stretch it. Sessions are capped in
+//! total and per source the same way, and a session the client opened but
+//! never started (no data connection, no control message within
+//! `start_timeout`) is ended by the watchdog thread. Timeouts, failed
+//! handshakes and refusals at a cap are logged as rate-limited summaries
+//! ([`crate::logsum`]), never a line each. docs/security.md lists every
+//! bound with its value and flag.
+//!
 //! Whoever watches the server (the Prometheus metrics) hears of sessions,
 //! refusals and failed authentication through an [`Observer`]; services
 //! add their bytes, streams and results through their session's
@@ -25,7 +43,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -37,6 +55,7 @@ use fatpipe_secure::{Encryption, Stream};
 
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
+use crate::logsum::{Event, Summariser};
 use crate::observe::{NoObserver, Observer, Outcome, Refusal, Report};
 
 /// What a service returns; any error type will do, it is logged.
@@ -53,6 +72,14 @@ pub trait Service: Send + Sync + 'static {
     fn check(&self, params: &[u8]) -> std::result::Result<(), String> {
         let _ = params;
         Ok(())
+    }
+
+    /// True if a client without the key may open this service on a keyed
+    /// server (its session then says [`ServerSession::authenticated`] is
+    /// false, and the service must serve it only what is public). The
+    /// default: no.
+    fn open_without_key(&self) -> bool {
+        false
     }
 
     /// Runs one session on the calling (per-connection) thread. When it
@@ -84,6 +111,11 @@ pub struct ServerSession {
     shutdown: Shutdown,
     cookie: Cookie,
     report: Report,
+    /// Set on the first data connection or control message.
+    started: Arc<AtomicBool>,
+    /// Set by the watchdog when the session did not start in time.
+    expired: Arc<AtomicBool>,
+    authenticated: bool,
 }
 
 impl ServerSession {
@@ -96,6 +128,13 @@ impl ServerSession {
                 .zip(&self.cookie)
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0
+    }
+
+    /// True if the client proved the key, or the server has none; false
+    /// for a keyless client of a keyed server (only services that
+    /// [`Service::open_without_key`] get such sessions).
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
     }
 
     /// The parameters the client opened the service with.
@@ -128,9 +167,15 @@ impl ServerSession {
     /// Waits up to `timeout` for the next data connection of this session.
     pub fn accept_data(&self, timeout: Duration) -> Result<DataConn> {
         match self.data.recv_timeout(timeout) {
-            Ok(d) => Ok(d),
+            Ok(d) => {
+                self.started.store(true, Ordering::Relaxed);
+                Ok(d)
+            }
             Err(RecvTimeoutError::Timeout) => {
                 Err(EngineError::Timeout("waiting for a data connection".into()))
+            }
+            Err(RecvTimeoutError::Disconnected) if self.expired.load(Ordering::Relaxed) => {
+                Err(EngineError::Timeout(NOT_STARTED.into()))
             }
             Err(RecvTimeoutError::Disconnected) => {
                 Err(EngineError::Service("the server is shutting down".into()))
@@ -183,15 +228,43 @@ pub struct ServerBuilder {
     max_sessions: usize,
     preauth_timeout: Duration,
     max_handshakes: usize,
+    limits: SourceLimits,
+    start_timeout: Duration,
     logger: Logger,
     observer: Arc<dyn Observer>,
     drain_timeout: Duration,
+}
+
+/// Caps per source address (IPv4 address, or IPv6 /64).
+#[derive(Debug, Clone, Copy)]
+struct SourceLimits {
+    handshakes: usize,
+    sessions: usize,
 }
 
 /// Defaults: 5 s to authenticate, 1000 concurrent sessions.
 pub const DEFAULT_PREAUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default cap on concurrent sessions.
 pub const DEFAULT_MAX_SESSIONS: usize = 1000;
+/// Default cap on connections still handshaking, in total.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 1024;
+/// Default cap on connections still handshaking from one source address:
+/// a quarter of the total, so one host never holds more than that, and
+/// still far above what a 1000-stream test's burst of data hellos keeps in
+/// flight at once.
+pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 256;
+/// Default cap on sessions from one source address.
+pub const DEFAULT_MAX_SESSIONS_PER_SOURCE: usize = 64;
+/// Default time an opened session has to start (a data connection or a
+/// control message): no less than the services' own set-up waits, so it
+/// ends no session that would otherwise have started.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Stack of each connection thread (the session's service runs on it).
+/// Half Rust's default: services keep large buffers on the heap, and a
+/// thousand idle threads reserve 1 GiB of address space, not of memory.
+pub const CONN_STACK: usize = 1 << 20;
+/// How often the watchdog ends overdue sessions and writes log summaries.
+const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 /// The port a server listens on, and clients dial, unless told otherwise:
 /// one port for every service (sessions name theirs when they open).
 pub const DEFAULT_PORT: u16 = 5301;
@@ -207,7 +280,12 @@ impl Default for ServerBuilder {
             key: None,
             max_sessions: DEFAULT_MAX_SESSIONS,
             preauth_timeout: DEFAULT_PREAUTH_TIMEOUT,
-            max_handshakes: 512,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            limits: SourceLimits {
+                handshakes: DEFAULT_MAX_HANDSHAKES_PER_SOURCE,
+                sessions: DEFAULT_MAX_SESSIONS_PER_SOURCE,
+            },
+            start_timeout: DEFAULT_START_TIMEOUT,
             logger: Arc::new(|_| {}),
             observer: Arc::new(NoObserver),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
@@ -238,6 +316,29 @@ impl ServerBuilder {
     /// present its data hello.
     pub fn preauth_timeout(mut self, t: Duration) -> Self {
         self.preauth_timeout = t;
+        self
+    }
+
+    /// Caps connections still handshaking: `total` at once, `per_source`
+    /// from one address (IPv6: one /64). Past either a connection is
+    /// closed unread.
+    pub fn max_handshakes(mut self, total: usize, per_source: usize) -> Self {
+        self.max_handshakes = total.max(1);
+        self.limits.handshakes = per_source.max(1);
+        self
+    }
+
+    /// Refuses sessions beyond `n` at once from one source address
+    /// (IPv6: one /64).
+    pub fn max_sessions_per_source(mut self, n: usize) -> Self {
+        self.limits.sessions = n.max(1);
+        self
+    }
+
+    /// Ends a session that neither presented a data connection nor sent a
+    /// control message within `t` of being accepted.
+    pub fn start_timeout(mut self, t: Duration) -> Self {
+        self.start_timeout = t;
         self
     }
 
@@ -279,6 +380,12 @@ impl ServerBuilder {
             Some(k) => Some(ServerTls::new(k.as_bytes())?),
             None => None,
         };
+        let mut keyless_services: Vec<String> = services
+            .values()
+            .filter(|s| s.open_without_key())
+            .map(|s| s.name().to_string())
+            .collect();
+        keyless_services.sort();
         Ok(Server {
             listener,
             local,
@@ -288,11 +395,16 @@ impl ServerBuilder {
                 config: ServerConfig {
                     key: self.key,
                     preauth_timeout: self.preauth_timeout,
+                    keyless_services,
                 },
                 max_sessions: self.max_sessions,
                 max_handshakes: self.max_handshakes,
+                limits: self.limits,
+                start_timeout: self.start_timeout,
                 sessions: AtomicUsize::new(0),
                 handshakes: AtomicUsize::new(0),
+                sources: Mutex::new(HashMap::new()),
+                summary: Mutex::new(Summariser::default()),
                 cookies: Mutex::new(HashMap::new()),
                 shutdown,
                 logger: self.logger,
@@ -319,8 +431,15 @@ struct Shared {
     config: ServerConfig,
     max_sessions: usize,
     max_handshakes: usize,
+    limits: SourceLimits,
+    start_timeout: Duration,
     sessions: AtomicUsize,
     handshakes: AtomicUsize,
+    /// Handshakes and sessions per source; an entry lives while either is
+    /// non-zero, so there are at most `max_handshakes + max_sessions`.
+    sources: Mutex<HashMap<IpAddr, PerSource>>,
+    /// Events logged as summaries, not a line each.
+    summary: Mutex<Summariser>,
     /// Each session's data queue, and whether the session is encrypted
     /// (its data connections must be too).
     cookies: Mutex<HashMap<Cookie, (SyncSender<DataConn>, bool)>>,
@@ -328,15 +447,33 @@ struct Shared {
     logger: Logger,
     observer: Arc<dyn Observer>,
     drain_timeout: Duration,
-    /// The control channel of every running session, to abort them at the
-    /// end of a drain (at most `max_sessions` entries).
-    live: Mutex<HashMap<Cookie, Control>>,
+    /// Every running session, to end it if it does not start in time or
+    /// is still running at the end of a drain (at most `max_sessions`).
+    live: Mutex<HashMap<Cookie, Live>>,
     /// Set by the drain once every session ended or was aborted.
     drained: AtomicBool,
 }
 
 /// Data connections a session may have waiting before more are refused.
 const DATA_BACKLOG: usize = 4096;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PerSource {
+    handshakes: usize,
+    sessions: usize,
+}
+
+/// A running session as the watchdog and the drain see it.
+struct Live {
+    control: Control,
+    peer: SocketAddr,
+    started: Arc<AtomicBool>,
+    expired: Arc<AtomicBool>,
+    start_by: Instant,
+}
+
+/// What a session that did not start in time is told.
+const NOT_STARTED: &str = "the client did not start the session in time";
 
 impl Server {
     /// Starts configuring a server.
@@ -369,6 +506,16 @@ impl Server {
     /// Accepts connections until shutdown, one thread each; after
     /// [`Shutdown::trigger`], drains (see the module docs) and returns.
     pub fn run(&self) -> Result<()> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let _stop_watchdog = StopOnDrop(Arc::clone(&stop), Arc::clone(&self.shared));
+        {
+            let shared = Arc::clone(&self.shared);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("watchdog".into())
+                .spawn(move || watchdog(&shared, &stop))
+                .map_err(|e| EngineError::io("start the watchdog thread", e))?;
+        }
         let mut draining = false;
         loop {
             let accepted = self.listener.accept();
@@ -397,27 +544,33 @@ impl Server {
                     continue;
                 }
             };
-            let n = self.shared.handshakes.fetch_add(1, Ordering::AcqRel);
-            if n >= self.shared.max_handshakes {
-                // Too many connections still handshaking: a flood. Drop it.
-                self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+            let Some(slot) = HandshakeSlot::take(&self.shared, peer.ip()) else {
+                // Too many connections still handshaking, from this source
+                // or in all: a flood. Close it unread (the cheapest answer).
+                drop(stream);
                 self.shared.observer.refused(Refusal::HandshakeLimit);
+                summarise(&self.shared, Event::HandshakeCap, peer.ip());
                 continue;
-            }
+            };
             let shared = Arc::clone(&self.shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("conn {peer}"))
-                .spawn(move || handle_conn(&shared, stream, peer));
-            if spawned.is_err() {
-                self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-            }
+                .stack_size(CONN_STACK)
+                .spawn(move || handle_conn(&shared, slot, stream, peer));
+            // On failure the closure, with the slot in it, is dropped.
+            let _ = spawned;
         }
     }
 }
 
 /// Runs one connection from its first byte to its end.
-fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let mut handshaking = HandshakeSlot(shared, true);
+fn handle_conn(
+    shared: &Arc<Shared>,
+    handshaking: HandshakeSlot,
+    stream: TcpStream,
+    peer: SocketAddr,
+) {
+    let mut handshaking = handshaking;
     let started = Instant::now();
     let Some(mut stream) = secure_or_plain(shared, stream, peer, started) else {
         return;
@@ -432,9 +585,18 @@ fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
         while let Some(ev) = conn.poll_event() {
             match ev {
-                ServerEvent::Open { service, params } => {
+                ServerEvent::Open {
+                    service,
+                    params,
+                    authenticated,
+                } => {
                     handshaking.release();
-                    return open_session(shared, conn, stream, peer, &service, params);
+                    let open = Opened {
+                        name: &service,
+                        params,
+                        authenticated,
+                    };
+                    return open_session(shared, conn, stream, peer, open);
                 }
                 ServerEvent::DataHello { cookie, tag } => {
                     return attach_data(shared, conn, stream, peer, cookie, tag);
@@ -444,8 +606,13 @@ fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                     if err.is_auth() {
                         shared.observer.auth_failed();
                     }
-                    if !matches!(err, fatpipe_proto::ConnError::Eof) {
-                        (shared.logger)(&format!("{peer}: handshake failed: {err}"));
+                    // A flood makes thousands of these: summaries, not lines.
+                    match err {
+                        fatpipe_proto::ConnError::Eof => {}
+                        fatpipe_proto::ConnError::Timeout(_) => {
+                            summarise(shared, Event::PreauthTimeout, peer.ip())
+                        }
+                        _ => summarise(shared, Event::HandshakeFailed, peer.ip()),
                     }
                     return;
                 }
@@ -482,18 +649,33 @@ fn handle_conn(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     }
 }
 
+/// What a client asked to open.
+struct Opened<'a> {
+    name: &'a str,
+    params: Vec<u8>,
+    authenticated: bool,
+}
+
 fn open_session(
     shared: &Arc<Shared>,
     mut conn: ServerConn,
     mut stream: Stream,
     peer: SocketAddr,
-    name: &str,
-    params: Vec<u8>,
+    open: Opened<'_>,
 ) {
+    let Opened {
+        name,
+        params,
+        authenticated,
+    } = open;
     let Some(service) = shared.services.get(name).cloned() else {
         let mut names: Vec<_> = shared.services.keys().copied().collect();
         names.sort_unstable();
-        let reason = format!("no service '{name}' (offered: {})", names.join(", "));
+        let reason = format!(
+            "no service '{}' (offered: {})",
+            fatpipe_proto::escape(name),
+            names.join(", ")
+        );
         conn.reject(ErrorCode::UnknownService, &reason);
         let _ = flush(&mut conn, &mut stream);
         shared.observer.refused(Refusal::UnknownService);
@@ -513,16 +695,15 @@ fn open_session(
         (shared.logger)(&format!("{peer}: {name} refused: {reason}"));
         return;
     }
-    let Some(_slot) = SessionSlot::take(shared) else {
-        let reason = format!(
-            "at its limit of {} sessions; retry later",
-            shared.max_sessions
-        );
-        conn.reject(ErrorCode::Busy, &reason);
-        let _ = flush(&mut conn, &mut stream);
-        shared.observer.refused(Refusal::Busy);
-        (shared.logger)(&format!("{peer}: {name} refused: busy"));
-        return;
+    let _slot = match SessionSlot::take(shared, peer.ip()) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            conn.reject(ErrorCode::Busy, &reason);
+            let _ = flush(&mut conn, &mut stream);
+            shared.observer.refused(Refusal::Busy);
+            summarise(shared, Event::SessionCap, peer.ip());
+            return;
+        }
     };
     let cookie: Cookie = random_bytes();
     let (tx, rx) = mpsc::sync_channel(DATA_BACKLOG);
@@ -543,6 +724,8 @@ fn open_session(
         }
     };
     let service_name = service.name();
+    let started = control.started_flag();
+    let expired = Arc::new(AtomicBool::new(false));
     let session = ServerSession {
         control: control.clone(),
         params,
@@ -552,8 +735,20 @@ fn open_session(
         shutdown: shared.shutdown.clone(),
         cookie,
         report: Report::new(Arc::clone(&shared.observer), service_name, peer.ip()),
+        started: Arc::clone(&started),
+        expired: Arc::clone(&expired),
+        authenticated,
     };
-    lock(&shared.live).insert(cookie, control.clone());
+    lock(&shared.live).insert(
+        cookie,
+        Live {
+            control: control.clone(),
+            peer,
+            started,
+            expired: Arc::clone(&expired),
+            start_by: Instant::now() + shared.start_timeout,
+        },
+    );
     let _live_guard = LiveGuard(shared, cookie);
     (shared.logger)(&format!("{peer}: {name} session started"));
     shared.observer.session_started(service_name);
@@ -566,6 +761,10 @@ fn open_session(
                 started.elapsed().as_secs_f64()
             ));
             Outcome::Ok
+        }
+        Err(_) if expired.load(Ordering::Relaxed) => {
+            // The watchdog closed it and counted it in its summary.
+            Outcome::Failed
         }
         Err(e) => {
             control.close(&e.to_string());
@@ -646,7 +845,10 @@ fn drain(shared: &Arc<Shared>) {
     }
     if running() > 0 {
         (shared.logger)(&format!("shutting down: aborting {} sessions", running()));
-        let live: Vec<Control> = lock(&shared.live).values().cloned().collect();
+        let live: Vec<Control> = lock(&shared.live)
+            .values()
+            .map(|l| l.control.clone())
+            .collect();
         for control in live {
             control.close(SHUTTING_DOWN);
             control.abort();
@@ -734,41 +936,167 @@ fn wake_addr(bound: SocketAddr) -> SocketAddr {
     a
 }
 
-/// Counts a connection as handshaking until released or dropped.
-struct HandshakeSlot<'a>(&'a Shared, bool);
+/// The address a source's caps are counted by: an IPv4 address (also
+/// when mapped into IPv6), or the /64 of an IPv6 address, which one host
+/// usually holds whole.
+pub fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut s = v6.segments();
+                s[4..].fill(0);
+                IpAddr::V6(s.into())
+            }
+        },
+    }
+}
 
-impl HandshakeSlot<'_> {
-    fn release(&mut self) {
-        if std::mem::take(&mut self.1) {
-            self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+/// Counts one event for the rate-limited log summary.
+fn summarise(shared: &Shared, event: Event, ip: IpAddr) {
+    let lines = lock(&shared.summary).record(Instant::now(), event, ip);
+    for line in lines {
+        (shared.logger)(&line);
+    }
+}
+
+/// Ends sessions that did not start in time and writes the log summaries,
+/// every [`WATCHDOG_TICK`] until `stop`.
+fn watchdog(shared: &Shared, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(WATCHDOG_TICK);
+        let now = Instant::now();
+        let overdue: Vec<(Cookie, Control, SocketAddr)> = lock(&shared.live)
+            .iter()
+            .filter(|(_, l)| {
+                now >= l.start_by
+                    && !l.started.load(Ordering::Relaxed)
+                    && !l.expired.swap(true, Ordering::Relaxed)
+            })
+            .map(|(c, l)| (*c, l.control.clone(), l.peer))
+            .collect();
+        for (cookie, control, peer) in overdue {
+            // Dropping the data queue's sender wakes a service waiting in
+            // `accept_data`; shutting the socket wakes one in `recv`.
+            lock(&shared.cookies).remove(&cookie);
+            control.close(&format!(
+                "{NOT_STARTED} ({:.1} s)",
+                shared.start_timeout.as_secs_f64()
+            ));
+            control.abort();
+            summarise(shared, Event::NeverStarted, peer.ip());
+        }
+        let lines = lock(&shared.summary).poll(now);
+        for line in lines {
+            (shared.logger)(&line);
         }
     }
 }
 
-impl Drop for HandshakeSlot<'_> {
+/// When `run` returns: stops the watchdog and writes what the summaries
+/// counted so far (here, not on the watchdog, which the exiting process
+/// would not wait for).
+struct StopOnDrop(Arc<AtomicBool>, Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        let lines = lock(&self.1.summary).flush(Instant::now());
+        for line in lines {
+            (self.1.logger)(&line);
+        }
+    }
+}
+
+/// Changes a source's counts; drops its entry once both are zero.
+fn with_source<T>(shared: &Shared, key: IpAddr, f: impl FnOnce(&mut PerSource) -> T) -> T {
+    let mut sources = lock(&shared.sources);
+    let entry = sources.entry(key).or_default();
+    let r = f(entry);
+    if entry.handshakes == 0 && entry.sessions == 0 {
+        sources.remove(&key);
+    }
+    r
+}
+
+/// Counts a connection as handshaking (in all and for its source) until
+/// released or dropped.
+struct HandshakeSlot {
+    shared: Arc<Shared>,
+    source: IpAddr,
+    held: bool,
+}
+
+impl HandshakeSlot {
+    fn take(shared: &Arc<Shared>, ip: IpAddr) -> Option<HandshakeSlot> {
+        let source = source_key(ip);
+        let ok = with_source(shared, source, |s| {
+            let total = shared.handshakes.load(Ordering::Acquire);
+            if total >= shared.max_handshakes || s.handshakes >= shared.limits.handshakes {
+                return false;
+            }
+            s.handshakes += 1;
+            shared.handshakes.fetch_add(1, Ordering::AcqRel);
+            true
+        });
+        ok.then(|| HandshakeSlot {
+            shared: Arc::clone(shared),
+            source,
+            held: true,
+        })
+    }
+
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            with_source(&self.shared, self.source, |s| {
+                s.handshakes = s.handshakes.saturating_sub(1);
+                self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    }
+}
+
+impl Drop for HandshakeSlot {
     fn drop(&mut self) {
         self.release();
     }
 }
 
-/// One of `max_sessions` slots, freed on drop.
-struct SessionSlot<'a>(&'a Shared);
+/// One of `max_sessions` slots (and of its source's), freed on drop.
+struct SessionSlot<'a>(&'a Shared, IpAddr);
 
 impl<'a> SessionSlot<'a> {
-    fn take(shared: &'a Shared) -> Option<Self> {
-        shared
-            .sessions
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < shared.max_sessions).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| SessionSlot(shared))
+    /// A slot, or the refusal the client reads (naming the cap).
+    fn take(shared: &'a Shared, ip: IpAddr) -> std::result::Result<Self, String> {
+        let source = source_key(ip);
+        with_source(shared, source, |s| {
+            if s.sessions >= shared.limits.sessions {
+                return Err(format!(
+                    "at its limit of {} sessions from one address \
+                     (--max-sessions-per-source); retry later",
+                    shared.limits.sessions
+                ));
+            }
+            if shared.sessions.load(Ordering::Acquire) >= shared.max_sessions {
+                return Err(format!(
+                    "at its limit of {} sessions (--max-sessions); retry later",
+                    shared.max_sessions
+                ));
+            }
+            s.sessions += 1;
+            shared.sessions.fetch_add(1, Ordering::AcqRel);
+            Ok(SessionSlot(shared, source))
+        })
     }
 }
 
 impl Drop for SessionSlot<'_> {
     fn drop(&mut self) {
-        self.0.sessions.fetch_sub(1, Ordering::AcqRel);
+        with_source(self.0, self.1, |s| {
+            s.sessions = s.sessions.saturating_sub(1);
+            self.0.sessions.fetch_sub(1, Ordering::AcqRel);
+        });
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fatpipe_proto::{ConnError, ErrorCode, Key};
 
@@ -491,4 +491,91 @@ fn encrypt_without_a_key_is_refused_before_connecting() {
     let err = connect_with("127.0.0.1:9".parse().unwrap(), &options, "echo", b"").unwrap_err();
     assert!(matches!(err, EngineError::EncryptWithoutKey), "{err}");
     assert!(err.is_auth());
+}
+
+#[test]
+fn sessions_past_the_per_source_cap_are_refused_naming_the_cap() {
+    let (addr, stop) = start(Server::builder().max_sessions_per_source(1));
+    let first = connect(addr, None, "echo", b"").unwrap();
+    let err = connect(addr, None, "echo", b"").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("limit of 1 sessions from one address (--max-sessions-per-source)"),
+        "{text}"
+    );
+    drop(first);
+    // The slot comes back when the session ends.
+    wait_until(|| connect(addr, None, "echo", b"").is_ok());
+    stop.trigger();
+}
+
+#[test]
+fn handshakes_past_the_per_source_cap_are_closed_unread() {
+    let (addr, stop) = start(
+        Server::builder()
+            .max_handshakes(100, 2)
+            .preauth_timeout(Duration::from_secs(5)),
+    );
+    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    // Give the accept loop time to count both.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = TcpStream::connect(addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(third.read(&mut buf).unwrap_or(0), 0, "closed, nothing sent");
+    drop(idle);
+    wait_until(|| connect(addr, None, "echo", b"").is_ok());
+    stop.trigger();
+}
+
+#[test]
+fn a_session_that_never_starts_is_closed_at_the_start_deadline() {
+    let (addr, stop) = start(Server::builder().start_timeout(Duration::from_millis(300)));
+    let started = Instant::now();
+    let idle = connect(addr, None, "echo", b"p").unwrap();
+    let busy = connect(addr, None, "echo", b"p").unwrap();
+    busy.control().send(b"hello").unwrap();
+    let c = idle.control();
+    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"p");
+    let err = loop {
+        match c.recv(Some(Duration::from_secs(5))) {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("not closed within 5 s"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("did not start"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // The one that sent a message goes on past the deadline.
+    std::thread::sleep(Duration::from_millis(400));
+    let b = busy.control();
+    b.send(b"still here").unwrap();
+    let mut seen = Vec::new();
+    while let Some(m) = b.recv(Some(Duration::from_secs(5))).unwrap() {
+        if m == b"still here" {
+            break;
+        }
+        seen.push(m);
+    }
+    stop.trigger();
+}
+
+#[test]
+fn sources_count_ipv4_whole_and_ipv6_by_slash_64() {
+    let k = |s: &str| crate::server::source_key(s.parse().unwrap()).to_string();
+    assert_eq!(k("192.0.2.7"), "192.0.2.7");
+    assert_eq!(k("::ffff:192.0.2.7"), "192.0.2.7");
+    assert_eq!(k("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+    assert_eq!(k("2001:db8:1:2::1"), k("2001:db8:1:2:ffff::9"));
+    assert_ne!(k("2001:db8:1:2::1"), k("2001:db8:1:3::1"));
+}
+
+fn wait_until(mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < Duration::from_secs(5), "not within 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -54,6 +54,11 @@ pub struct LabStats {
     pub uptime_s: f64,
     /// Seconds left of a `set --down`, if the link is down.
     pub down_left_s: Option<f64>,
+    /// Both TUN devices carry UDP GSO super-packets (Linux 6.2+); without
+    /// it the sending kernel cuts UDP GSO sends into datagrams before the
+    /// link, and the forwarder moves them one by one.
+    #[serde(default)]
+    pub udp_gso: bool,
     /// From end `a` to end `b`.
     pub a_to_b: DirStats,
     /// From end `b` to end `a`.

@@ -46,6 +46,7 @@ pub struct Shared {
     down: Mutex<Option<(Nanos, Nanos)>>,
     generation: AtomicU64,
     stats: [Mutex<DirStats>; 2],
+    udp_gso: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,9 +62,11 @@ fn index(dir: Dir) -> usize {
 }
 
 impl Shared {
-    /// Shared state for lab `name` starting with `spec`.
-    pub fn new(name: &str, spec: LinkSpec) -> Shared {
+    /// Shared state for lab `name` starting with `spec`; `udp_gso` says
+    /// whether both devices carry UDP GSO (reported in the stats).
+    pub fn new(name: &str, spec: LinkSpec, udp_gso: bool) -> Shared {
         Shared {
+            udp_gso,
             name: name.to_string(),
             epoch: Instant::now(),
             spec: Mutex::new(spec),
@@ -109,6 +112,7 @@ impl Shared {
             spec: lock(&self.spec).clone(),
             uptime_s: now as f64 / 1e9,
             down_left_s,
+            udp_gso: self.udp_gso,
             a_to_b: *lock(&self.stats[0]),
             b_to_a: *lock(&self.stats[1]),
         }

@@ -359,22 +359,30 @@ pub fn down_all() -> Result<Vec<String>, Error> {
 /// an owner, the forwarder removes the whole lab when the owner exits.
 pub fn run_link(name: &str) -> Result<(), Error> {
     let rec = state::read_record(name)?;
-    let tun_a = sys::in_netns(&rec.netns(End::A), || {
+    let (tun_a, uso_a) = sys::in_netns(&rec.netns(End::A), || {
         sys::open_tun(&state::tun_name(End::A))
     })?;
-    let tun_b = sys::in_netns(&rec.netns(End::B), || {
+    let (tun_b, uso_b) = sys::in_netns(&rec.netns(End::B), || {
         sys::open_tun(&state::tun_name(End::B))
     })?;
+    // Both devices live in one kernel, so they agree; a super-packet read
+    // from one is written whole to the other, which that kernel accepts.
+    let udp_gso = uso_a && uso_b;
     let me = sys::getpid();
     state::write_pid(name, me)?;
-    let shared = Arc::new(Shared::new(name, rec.spec.clone()));
+    let shared = Arc::new(Shared::new(name, rec.spec.clone(), udp_gso));
     let sock = state::socket_path(name);
     let _ = fs::remove_file(&sock);
     let listener =
         UnixListener::bind(&sock).map_err(|e| Error::io(format!("bind {}", sock.display()), e))?;
     eprintln!(
-        "fatpipe lab {name}: forwarding, pid {me}: {}",
-        rec.spec.summary()
+        "fatpipe lab {name}: forwarding, pid {me}: {}; UDP GSO {}",
+        rec.spec.summary(),
+        if udp_gso {
+            "on"
+        } else {
+            "off (kernel before 6.2, or FATPIPE_LAB_UDP_GSO=0)"
+        }
     );
     let ctl = Arc::clone(&shared);
     std::thread::Builder::new()

@@ -5,9 +5,10 @@
 //! delay, jitter, random and bursty loss, bit errors and down-time. It needs
 //! no netem: a forwarder process moves packets between a TUN device in each
 //! namespace. The kernels hand it TCP super-packets of up to 64 KB (virtio
-//! headers with TSO offloads), which is how it reaches multi-gigabit rates,
-//! while every decision (loss, queue drop, timing) is still made per
-//! MTU-sized segment; a super-packet is cut only when part of it is lost.
+//! headers with TSO offloads), and on Linux 6.2+ UDP GSO super-packets of
+//! up to 64 datagrams, which is how it reaches multi-gigabit rates, while
+//! every decision (loss, queue drop, timing) is still made per MTU-sized
+//! segment or datagram; a super-packet is cut only when part of it is lost.
 //!
 //! The crate is layered so most of it is pure and tested on a virtual clock:
 //!

@@ -275,7 +275,7 @@ pub fn ring_capacity(cfg: &DirConfig) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::tests::gso_frame;
+    use crate::packet::tests::{gso_frame, udp_gso_frame};
 
     fn push(p: &mut Pipe, now: Nanos, frame: &[u8]) {
         let slot = p.slot().expect("room");
@@ -563,5 +563,83 @@ mod tests {
         // 125 MB in flight + 125 MB queue, with headroom.
         assert!(ring_capacity(&cfg) >= 250_000_000);
         assert!(ring_capacity(&DirConfig::default()) >= 256 << 20);
+    }
+
+    #[test]
+    fn udp_super_packets_are_charged_per_datagram_and_travel_whole() {
+        let mut p = Pipe::new(&DirConfig {
+            rate_bps: 1_000_000_000,
+            delay: 5_000_000,
+            ..DirConfig::default()
+        });
+        // 40 datagrams of 1472 bytes: 1500 bytes each on the link, 12 us
+        // each at 1 Gbit/s.
+        let f = udp_gso_frame(false, 40 * 1472, 1472);
+        push(&mut p, 0, &f);
+        let (frame, due) = p.front().expect("kept");
+        assert_eq!(frame, &f[..], "untouched, still a GSO frame");
+        assert_eq!(due, 40 * 12_000 + 5_000_000);
+        let s = p.stats();
+        assert_eq!((s.link.segments, s.link.bytes), (40, 40 * 1500));
+    }
+
+    #[test]
+    fn udp_loss_and_corruption_are_per_datagram_and_survivors_are_exact() {
+        // 2000 super-packets of 40 datagrams at 1 % loss and a bit error
+        // rate that hits a few hundred datagrams.
+        let mut p = Pipe::new(&DirConfig {
+            loss: 0.01,
+            ber: 2e-7,
+            seed: 11,
+            ..DirConfig::default()
+        });
+        for v6 in [false, true] {
+            let size = 1200u16;
+            let f = udp_gso_frame(v6, 40 * usize::from(size), size);
+            let ip = if v6 { 40 } else { 20 };
+            let body = &f[VNET_HDR_LEN + ip + 8..];
+            for round in 0..1000u64 {
+                push(&mut p, round * 1000, &f);
+                while let Some((frame, due)) = p.front() {
+                    let mut g = frame.to_vec();
+                    let hdr = VnetHdr::parse(&g).expect("hdr");
+                    if hdr.gso_type == packet::GSO_UDP_L4 {
+                        assert_eq!(g, f, "a whole super-packet travels as it came");
+                    } else if hdr.flags & packet::F_NEEDS_CSUM == 0 {
+                        // Corrupted: the completed checksum no longer fits.
+                        let pkt = &g[VNET_HDR_LEN..];
+                        let pseudo = if v6 {
+                            packet::sum(&pkt[8..40], 0)
+                        } else {
+                            packet::sum(&pkt[12..20], 0)
+                        } + (pkt.len() - ip) as u64
+                            + 17;
+                        assert_ne!(packet::fold(pseudo + packet::sum(&pkt[ip..], 0)), 0xFFFF);
+                    } else {
+                        // A clean cut datagram: its payload is its own slice
+                        // of the super-packet's, found by the IP length.
+                        assert!(packet::complete_checksum(&mut g));
+                        let pkt = &g[VNET_HDR_LEN..];
+                        let n = pkt.len() - ip - 8;
+                        assert_eq!(n, usize::from(size));
+                        assert!(
+                            body.chunks(n).any(|c| c == &pkt[ip + 8..]),
+                            "payload is one of the datagrams'"
+                        );
+                    }
+                    p.delivered(due, true);
+                }
+            }
+        }
+        let s = p.stats();
+        let total = 2 * 1000 * 40;
+        assert_eq!(s.link.segments, total);
+        let mean = total as f64 * 0.01;
+        let sd = (total as f64 * 0.01 * 0.99).sqrt();
+        assert!(
+            (s.link.random_losses as f64 - mean).abs() <= 4.5 * sd,
+            "{s:?}"
+        );
+        assert!(s.link.corrupted > 50 && s.split_frames > 0, "{s:?}");
     }
 }

@@ -47,9 +47,13 @@ pub fn in_netns<T: Send + 'static>(
 }
 
 /// Creates TUN device `name` in the calling thread's namespace, with
-/// virtio-net headers and checksum/TSO offloads, non-blocking.
-pub fn open_tun(name: &str) -> io::Result<File> {
-    fatpipe_sys::tun::open(name)
+/// virtio-net headers, checksum/TSO offloads and UDP GSO where the kernel
+/// has it, non-blocking. Returns the device and whether UDP GSO is on.
+/// `FATPIPE_LAB_UDP_GSO=0` leaves UDP GSO off (to compare, or to rule it
+/// out): the sending kernel then cuts UDP GSO sends before the device.
+pub fn open_tun(name: &str) -> io::Result<(File, bool)> {
+    let want = std::env::var("FATPIPE_LAB_UDP_GSO").as_deref() != Ok("0");
+    fatpipe_sys::tun::open(name, want).map(|t| (t.file, t.udp_gso))
 }
 
 /// One `read(2)`; `Ok(None)` when nothing is waiting.

@@ -18,6 +18,14 @@
 //!                                   ◀──    [ServerAuth{mac_s}] Accept{cookie} | Reject
 //! ```
 //!
+//! On a keyed server a client without the key may still open the
+//! services the server names in [`ServerConfig::keyless_services`] (the
+//! copy service, for `:public` exports): it sends `Open` right after the
+//! hello, without `ClientAuth`, and the server reports the request as
+//! [`ServerEvent::Open`] with `authenticated: false` (and sends no
+//! `ServerAuth`); any other service gets `Reject` code `AuthRequired`,
+//! which the client reports as [`ConnError::AuthRequired`].
+//!
 //! Every server step before `Open` runs under one deadline (the pre-auth
 //! timeout), so a client that stalls mid-handshake costs the server at most
 //! that long. A connection whose first frame is `DataHello` is a data
@@ -37,7 +45,7 @@ use crate::Cookie;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnError {
     /// The peer ended the session with `Close`; the reason may be empty.
-    #[error("peer closed the session{}", if .0.is_empty() { String::new() } else { format!(": {}", .0) })]
+    #[error("peer closed the session{}", if .0.is_empty() { String::new() } else { format!(": {}", crate::escape(.0)) })]
     Closed(String),
     /// The connection ended (EOF) without a `Close`.
     #[error("connection closed by peer")]
@@ -149,7 +157,8 @@ fn reject_text(code: ErrorCode, reason: &str) -> String {
     if reason.is_empty() || auth {
         format!("server refused: {what}")
     } else {
-        format!("server refused: {what}: {reason}")
+        // The reason is the peer's text: escaped before any terminal sees it.
+        format!("server refused: {what}: {}", crate::escape(reason))
     }
 }
 
@@ -172,13 +181,17 @@ pub enum ClientEvent {
 /// What a server connection reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerEvent {
-    /// An authenticated client asks for a service; answer with
-    /// [`ServerConn::accept`] or [`ServerConn::reject`].
+    /// A client asks for a service; answer with [`ServerConn::accept`] or
+    /// [`ServerConn::reject`].
     Open {
         /// The service name.
         service: String,
         /// Its opaque parameters.
         params: Vec<u8>,
+        /// True if the client proved the key, or the server has none;
+        /// false for a keyless client of a keyed server opening one of
+        /// its `keyless_services`.
+        authenticated: bool,
     },
     /// This is a data connection; answer with [`ServerConn::attach`] or
     /// [`ServerConn::reject`]. After `attach` the machine is done and the
@@ -215,6 +228,9 @@ pub struct ServerConfig {
     pub key: Option<Key>,
     /// Deadline for everything before `Open` (and for a data hello).
     pub preauth_timeout: Duration,
+    /// Services a client without the key may open on a keyed server (it
+    /// is then told `authenticated: false`); empty: none.
+    pub keyless_services: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -369,6 +385,10 @@ impl ClientConn {
     fn on_message(&mut self, msg: Message) {
         match (self.state, msg) {
             (_, Message::Reject { code, reason }) => {
+                if code == ErrorCode::AuthRequired && self.config.key.is_none() {
+                    // The fix is ours to name: pass the key.
+                    return self.fail_quiet(ConnError::AuthRequired);
+                }
                 self.fail_quiet(ConnError::Rejected { code, reason });
             }
             (ClientState::Established, Message::Payload(p)) => {
@@ -402,7 +422,13 @@ impl ClientConn {
                         self.send_open();
                         self.state = ClientState::AwaitServerAuth { server_nonce };
                     }
-                    (true, None) => self.fail(ConnError::AuthRequired, true),
+                    // Without the key the client may still open what the
+                    // server serves keyless (public exports); the server
+                    // refuses anything else with AuthRequired.
+                    (true, None) => {
+                        self.send_open();
+                        self.state = ClientState::AwaitAccept;
+                    }
                     (false, Some(_)) => self.fail(ConnError::ServerUnauthenticated, true),
                     (false, None) => {
                         self.send_open();
@@ -490,6 +516,7 @@ enum ServerState {
 #[derive(Debug)]
 pub struct ServerConn {
     key: Option<Key>,
+    keyless_services: Vec<String>,
     nonce: Nonce,
     state: ServerState,
     deadline: Option<Instant>,
@@ -503,6 +530,7 @@ impl ServerConn {
     pub fn new(config: &ServerConfig, now: Instant, nonce: Nonce) -> Self {
         ServerConn {
             key: config.key.clone(),
+            keyless_services: config.keyless_services.clone(),
             nonce,
             state: ServerState::AwaitHello,
             deadline: Some(now + config.preauth_timeout),
@@ -722,13 +750,26 @@ impl ServerConn {
                 }
                 self.state = ServerState::AwaitOpen;
             }
-            (ServerState::AwaitAuth { .. }, Message::Open { .. }) => {
-                self.fail(ConnError::AuthRequired, ErrorCode::AuthRequired);
+            (ServerState::AwaitAuth { .. }, Message::Open { service, params }) => {
+                if !self.keyless_services.contains(&service) {
+                    return self.fail(ConnError::AuthRequired, ErrorCode::AuthRequired);
+                }
+                self.state = ServerState::AwaitDecision;
+                self.deadline = None;
+                self.events.push_back(ServerEvent::Open {
+                    service,
+                    params,
+                    authenticated: false,
+                });
             }
             (ServerState::AwaitOpen, Message::Open { service, params }) => {
                 self.state = ServerState::AwaitDecision;
                 self.deadline = None;
-                self.events.push_back(ServerEvent::Open { service, params });
+                self.events.push_back(ServerEvent::Open {
+                    service,
+                    params,
+                    authenticated: true,
+                });
             }
             (state, msg) => {
                 let err = ConnError::Unexpected {

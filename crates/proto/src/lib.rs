@@ -15,6 +15,7 @@
 //!   the cap is checked on the prefix before anything is buffered.
 //! * [`message`]: the typed [`Message`]s and their encoding.
 //! * [`auth`]: the [`Key`] and its challenge–response proofs.
+//! * [`text`]: [`escape`], which every place that shows peer text uses.
 //! * [`conn`]: the [`ClientConn`] and [`ServerConn`] state machines, which
 //!   take bytes and `now` and return bytes, events and deadlines. They open no
 //!   socket and read no clock; the engine crate drives them over real sockets
@@ -31,6 +32,7 @@ pub mod coding;
 pub mod conn;
 pub mod frame;
 pub mod message;
+pub mod text;
 
 pub use auth::{Key, KeyError};
 pub use coding::DecodeError;
@@ -39,6 +41,7 @@ pub use conn::{
 };
 pub use frame::{FrameDecoder, MAX_FRAME};
 pub use message::{Cookie, ErrorCode, Message, Nonce, MAX_PAYLOAD, VERSION};
+pub use text::escape;
 
 #[cfg(test)]
 mod tests;

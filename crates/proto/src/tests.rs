@@ -36,11 +36,17 @@ struct Pair {
 
 impl Pair {
     fn new(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> Pair {
+        Pair::opening("test", client_key, server_key)
+    }
+
+    /// A pair whose client opens `service` (the server serves "public"
+    /// to clients without the key).
+    fn opening(service: &str, client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> Pair {
         let start = Instant::now();
         let client = ClientConn::new(
             ClientConfig {
                 key: client_key.map(|k| Key::new(k).unwrap()),
-                service: "test".into(),
+                service: service.into(),
                 params: b"params".to_vec(),
                 handshake_timeout: TIMEOUT * 2,
             },
@@ -51,6 +57,7 @@ impl Pair {
             &ServerConfig {
                 key: server_key.map(|k| Key::new(k).unwrap()),
                 preauth_timeout: TIMEOUT,
+                keyless_services: vec!["public".into()],
             },
             start,
             [0x22; 32],
@@ -66,7 +73,7 @@ impl Pair {
             client_events: Vec::new(),
             server_events: Vec::new(),
             policy: Box::new(|svc, _| {
-                if svc == "test" {
+                if svc == "test" || svc == "public" {
                     Ok(COOKIE)
                 } else {
                     Err((ErrorCode::UnknownService, svc.to_string()))
@@ -144,7 +151,10 @@ impl Pair {
                 progressed = true;
             }
             while let Some(ev) = self.server.poll_event() {
-                if let ServerEvent::Open { service, params } = &ev {
+                if let ServerEvent::Open {
+                    service, params, ..
+                } = &ev
+                {
                     match (self.policy)(service, params) {
                         Ok(cookie) => self.server.accept(self.now, cookie),
                         Err((code, reason)) => self.server.reject(code, &reason),
@@ -189,7 +199,8 @@ fn open_without_key_takes_two_round_trips() {
         p.server_events,
         vec![ServerEvent::Open {
             service: "test".into(),
-            params: b"params".to_vec()
+            params: b"params".to_vec(),
+            authenticated: true,
         }]
     );
     // hello, server hello, open, accept: four one-way trips.
@@ -374,6 +385,7 @@ fn garbage_and_oversized_frames_close_only_that_connection() {
     let cfg = ServerConfig {
         key: None,
         preauth_timeout: TIMEOUT,
+        keyless_services: Vec::new(),
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     s.handle_input(now, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -420,6 +432,7 @@ fn version_mismatch_is_refused() {
     let cfg = ServerConfig {
         key: None,
         preauth_timeout: TIMEOUT,
+        keyless_services: Vec::new(),
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     let mut wire = Vec::new();
@@ -443,6 +456,7 @@ fn data_hello_reports_cookie_and_stops_framing() {
     let cfg = ServerConfig {
         key: Some(Key::new(*b"sesame-sesame").unwrap()),
         preauth_timeout: TIMEOUT,
+        keyless_services: Vec::new(),
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     let mut wire = Vec::new();
@@ -538,6 +552,7 @@ fn frames_sent_while_the_server_decides_wait_for_its_answer() {
     let cfg = ServerConfig {
         key: None,
         preauth_timeout: TIMEOUT,
+        keyless_services: Vec::new(),
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     let mut wire = Vec::new();
@@ -598,4 +613,55 @@ fn client_recognises_a_server_that_is_not_fatpipe_from_its_first_byte() {
         assert!(err.to_string().contains(words), "{err}");
         assert!(c.poll_transmit().is_none(), "nothing more is sent to it");
     }
+}
+
+#[test]
+fn a_keyless_client_of_a_keyed_server_opens_only_its_keyless_services() {
+    let key = Some(&b"sesame-sesame"[..]);
+    let mut p = Pair::opening("public", None, key);
+    p.drive(Duration::from_secs(1));
+    assert!(p.client.is_established(), "{:?}", p.client_events);
+    assert_eq!(
+        p.server_events,
+        vec![ServerEvent::Open {
+            service: "public".into(),
+            params: b"params".to_vec(),
+            authenticated: false,
+        }]
+    );
+    // Still one round trip for the request: hello, server hello, open, accept.
+    assert_eq!(p.elapsed(), LATENCY * 4);
+
+    // Anything else needs the key; the client says so.
+    let mut p = Pair::opening("test", None, key);
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.client_closed(), Some(&ConnError::AuthRequired));
+    assert_eq!(p.server_closed(), Some(&ConnError::AuthRequired));
+    assert!(!p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Open { .. })));
+}
+
+#[test]
+fn a_client_with_the_key_is_authenticated_for_keyless_services_too() {
+    let key = Some(&b"sesame-sesame"[..]);
+    let mut p = Pair::opening("public", key, key);
+    p.drive(Duration::from_secs(1));
+    assert!(p.client.is_established());
+    assert!(matches!(
+        p.server_events[..],
+        [ServerEvent::Open {
+            authenticated: true,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_wrong_key_is_refused_even_for_keyless_services() {
+    let mut p = Pair::opening("public", Some(b"wrong-wrong-wrong"), Some(b"sesame-sesame"));
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.server_closed(), Some(&ConnError::AuthFailed));
+    assert!(!p.client.is_established());
 }

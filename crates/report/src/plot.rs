@@ -605,13 +605,18 @@ pub fn unit_for(metric: Metric, max: f64) -> (f64, &'static str) {
 }
 
 /// A byte size as people write a swept buffer: `64 KB`, `256 MB` (powers of
-/// 1024, as the source documents use them), else SI.
+/// 1024, as the source documents use them); a size below 1 MB that is
+/// not one, such as a datagram length, exactly (`1472 B`, `65507 B`: a
+/// rounded `1.47 kB` would hide the very value swept); else SI.
 pub fn size_label(bytes: f64) -> String {
     for (div, unit) in [(1u64 << 30, "GB"), (1 << 20, "MB"), (1 << 10, "KB")] {
         let v = bytes / div as f64;
         if v >= 1.0 && (v - v.round()).abs() < 1e-9 {
             return format!("{} {unit}", v.round());
         }
+    }
+    if (0.0..1e6).contains(&bytes) && bytes.fract() == 0.0 {
+        return format!("{bytes} B");
     }
     units::format_bytes(bytes.max(0.0) as u64)
 }
@@ -1613,6 +1618,27 @@ pub(crate) mod tests {
             )
             .unwrap(),
         )
+    }
+
+    #[test]
+    fn sizes_print_as_swept_windows_round_and_datagram_lengths_exact() {
+        let labels: Vec<String> = [
+            64.0,
+            1472.0,
+            4096.0,
+            8972.0,
+            65507.0,
+            65536.0,
+            268_435_456.0,
+        ]
+        .into_iter()
+        .map(size_label)
+        .collect();
+        assert_eq!(
+            labels,
+            ["64 B", "1472 B", "4 KB", "8972 B", "65507 B", "64 KB", "256 MB"]
+        );
+        assert_eq!(size_label(1_500_000.0), "1.50 MB");
     }
 
     #[test]

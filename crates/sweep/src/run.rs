@@ -279,7 +279,21 @@ fn build_run(
     let run = match kind_of(cell) {
         RunKind::Test if arg(&cell.params, "find_max").as_deref() == Some("true") => {
             let r: FindMaxReport = serde_json::from_slice(stdout).map_err(bad)?;
-            Run::from_find_max(&r, path, host.clone(), finished)
+            // A cell has one length (`length` is one size), so one run.
+            let runs = Run::from_find_max(&r, path, host.clone(), finished);
+            match runs
+                .map(Vec::into_iter)
+                .map(|mut it| (it.next(), it.next()))
+            {
+                Ok((Some(run), None)) => Ok(run),
+                Ok(_) => {
+                    return Err(format!(
+                        "a find_max cell searches one length; the result has {}",
+                        r.lengths.len()
+                    ))
+                }
+                Err(e) => Err(e),
+            }
         }
         RunKind::Test => {
             let r: TestReport = serde_json::from_slice(stdout).map_err(bad)?;

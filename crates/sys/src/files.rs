@@ -113,6 +113,87 @@ pub fn preallocate(file: impl AsFd, len: u64) -> io::Result<Preallocation> {
     }
 }
 
+/// The file system a directory lives on, as a full disk is reported: its
+/// mount point and type and the bytes an unprivileged writer can still use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Bytes available to an unprivileged writer (`f_bavail`).
+    pub free: u64,
+    /// Size of the file system in bytes.
+    pub size: u64,
+    /// Where it is mounted and its type (`tmpfs`, `xfs`, ...), from
+    /// `/proc/self/mountinfo`; `None` where that cannot be read.
+    pub mount: Option<(std::path::PathBuf, String)>,
+}
+
+/// The space left on the file system holding `dir` and where it is
+/// mounted (`fstatvfs`, then the longest mount point above the directory's
+/// path in `/proc/self/mountinfo`).
+pub fn fs_space(dir: impl AsFd) -> io::Result<FsSpace> {
+    let st = retry(|| rustix::fs::fstatvfs(&dir))?;
+    let mount = std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&dir.as_fd())
+    ))
+    .ok()
+    .and_then(|path| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        mount_of(&info, &path)
+    });
+    Ok(FsSpace {
+        free: st.f_bavail.saturating_mul(st.f_frsize),
+        size: st.f_blocks.saturating_mul(st.f_frsize),
+        mount,
+    })
+}
+
+/// The mount point and file system type that hold `path`, from the text of
+/// `/proc/self/mountinfo`: the longest mount point above it (the last one
+/// listed wins among equals, as the later mount hides the earlier).
+pub fn mount_of(mountinfo: &str, path: &Path) -> Option<(std::path::PathBuf, String)> {
+    let mut best: Option<(std::path::PathBuf, String)> = None;
+    for line in mountinfo.lines() {
+        let mut f = line.split(' ');
+        let Some(point) = f.nth(4) else { continue };
+        let Some(fstype) = f.skip_while(|x| *x != "-").nth(1) else {
+            continue;
+        };
+        let point = std::path::PathBuf::from(unescape_mount(point));
+        let longer = best
+            .as_ref()
+            .is_none_or(|(b, _)| point.components().count() >= b.components().count());
+        if path.starts_with(&point) && longer {
+            best = Some((point, fstype.to_string()));
+        }
+    }
+    best
+}
+
+/// Mount points in mountinfo escape space, tab, newline and backslash as
+/// three octal digits (`\040`).
+fn unescape_mount(s: &str) -> std::ffi::OsString {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) if b[i] == b'\\' => {
+                let v = d.iter().fold(0u32, |a, c| a * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    OsStr::from_bytes(&out).to_os_string()
+}
+
 /// Gives the kernel access-pattern advice for `len` bytes at `offset`
 /// (`len` 0 means "to the end"). Advice is optional: where the platform has
 /// none this returns `Ok` and does nothing, so callers need not care.
@@ -259,6 +340,33 @@ fn escape() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_of_picks_the_longest_mount_above_a_path() {
+        let info = "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                    30 22 0:30 / /tmp rw shared:2 - tmpfs tmpfs rw\n\
+                    31 30 0:31 / /tmp/x\\040y rw - tmpfs fatpipe-full rw,size=6144k\n\
+                    32 22 0:32 / /tmpfoo rw - xfs /dev/sdb rw\n";
+        let at = |p: &str| mount_of(info, Path::new(p)).map(|(m, t)| (m.display().to_string(), t));
+        assert_eq!(
+            at("/tmp/x y/export/t"),
+            Some(("/tmp/x y".into(), "tmpfs".into()))
+        );
+        assert_eq!(at("/tmp/other"), Some(("/tmp".into(), "tmpfs".into())));
+        assert_eq!(at("/tmpfoo/a"), Some(("/tmpfoo".into(), "xfs".into())));
+        assert_eq!(at("/home"), Some(("/".into(), "ext4".into())));
+        assert_eq!(mount_of("garbage\n1 2 3\n", Path::new("/")), None);
+    }
+
+    #[test]
+    fn fs_space_of_a_real_directory() {
+        let dir = File::open(std::env::temp_dir()).unwrap();
+        let s = fs_space(&dir).unwrap();
+        assert!(s.size > 0 && s.free <= s.size, "{s:?}");
+        if Path::new("/proc/self/mountinfo").exists() {
+            assert!(s.mount.is_some(), "{s:?}");
+        }
+    }
     use std::io::Read;
     use std::os::unix::fs::symlink;
 

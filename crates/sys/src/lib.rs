@@ -45,6 +45,7 @@
 //! | `fallocate`, `posix_fadvise`, hole punching | yes | size-only / no-op / `Unsupported` |
 //! | `O_DIRECT` (`open_direct`) | yes, buffered on `EINVAL` | buffered |
 //! | `SEEK_DATA`, `flock`, `fsync` | yes | yes (where the system has `SEEK_DATA`) |
+//! | free space and mount of a directory (`fs_space`: `fstatvfs`, mountinfo) | yes | yes, without the mount where there is no `/proc/self/mountinfo` |
 //! | keepalive timers, `SO_RCVLOWAT` | yes | yes |
 //! | `TCP_NOTSENT_LOWAT` | yes | `Unsupported` |
 //! | euid, `RLIMIT_NOFILE`, `kill`, nanosecond `ppoll` | yes | yes |

@@ -60,6 +60,11 @@ impl Dir {
         })
     }
 
+    /// Free space and mount of the file system this directory is on.
+    pub fn space(&self) -> io::Result<fatpipe_sys::files::FsSpace> {
+        fatpipe_sys::files::fs_space(&self.fd)
+    }
+
     /// A second handle on the same directory.
     pub fn try_clone(&self) -> io::Result<Dir> {
         Ok(Dir {

@@ -33,6 +33,26 @@ use crate::wire::{Entry, EntryKind, Note, NoteKind, MAX_NOTES};
 /// Deeper trees are refused rather than risking the stack.
 pub const MAX_DEPTH: usize = 512;
 
+/// The most bytes of manifest one session holds (a walk builds, or a
+/// receiver accepts), counted by [`entry_cost`]: 2 GiB, room for 16
+/// million entries with 100-byte paths, while a peer cannot make the
+/// server hold 16 million 4 KiB paths (64 GiB).
+pub const MAX_MANIFEST_BYTES: usize = 2 << 30;
+
+/// The memory one entry holds, as [`MAX_MANIFEST_BYTES`] counts it: the
+/// entry, its origin slot, its path (twice for a file: the origin keeps
+/// one too) and a symlink's target.
+pub fn entry_cost(e: &Entry) -> usize {
+    let fixed = std::mem::size_of::<Entry>() + std::mem::size_of::<Option<Origin>>();
+    let path = e.path.as_bytes().len();
+    let extra = match &e.kind {
+        EntryKind::File { .. } => path,
+        EntryKind::Symlink { target } => target.len(),
+        _ => 0,
+    };
+    fixed.saturating_add(path).saturating_add(extra)
+}
+
 /// Why a top-level source could not be walked at all.
 #[derive(Debug, thiserror::Error)]
 pub enum WalkError {
@@ -87,9 +107,41 @@ pub struct Manifest {
     /// The first destination path of each multiply linked file, by
     /// (device, inode).
     links: HashMap<(u64, u64), RelPath>,
+    /// Bounds of a walk a peer asked for; `None`: the user's own walk.
+    limits: Option<Limits>,
+    /// [`entry_cost`] of the entries so far.
+    bytes: usize,
+    /// Set when the walk stopped at a bound: which one.
+    exceeded: Option<String>,
+    /// Notes past [`MAX_NOTES`] + 1, counted, not kept.
+    notes_dropped: usize,
+}
+
+/// How much a walk may list.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Entries.
+    pub entries: usize,
+    /// Bytes, as [`entry_cost`] counts them.
+    pub bytes: usize,
 }
 
 impl Manifest {
+    /// An empty manifest whose walk stops at `limits` (the server walking
+    /// for a peer's pull); [`exceeded`](Self::exceeded) then says which.
+    pub fn bounded(limits: Limits) -> Manifest {
+        Manifest {
+            limits: Some(limits),
+            ..Manifest::default()
+        }
+    }
+
+    /// The bound the walk stopped at, if it did: the manifest is then
+    /// incomplete and must not be sent.
+    pub fn exceeded(&self) -> Option<&str> {
+        self.exceeded.as_deref()
+    }
+
     /// Adds `name` in `parent` (and, with `recursive`, everything under it),
     /// calling it `as_name` at the destination.
     pub fn add(
@@ -150,7 +202,7 @@ impl Manifest {
         v.push(Note {
             kind: NoteKind::More,
             path: String::new(),
-            detail: (self.notes.len() - MAX_NOTES).to_string(),
+            detail: (self.notes.len() - MAX_NOTES + self.notes_dropped).to_string(),
         });
         v
     }
@@ -186,7 +238,13 @@ impl Manifest {
     }
 
     fn note(&mut self, kind: NoteKind, path: String, detail: String) {
-        self.notes.push(Note { kind, path, detail });
+        // One past what is sent, so `notes_to_send` knows there were more;
+        // beyond that only the count grows (a tree of a million FIFOs).
+        if self.notes.len() <= MAX_NOTES {
+            self.notes.push(Note { kind, path, detail });
+        } else {
+            self.notes_dropped = self.notes_dropped.saturating_add(1);
+        }
     }
 
     /// Lists `dir` (which is `rel` beneath `root`, or `root` itself when
@@ -218,6 +276,9 @@ impl Manifest {
         };
         names.sort();
         for name in names {
+            if self.exceeded.is_some() {
+                return;
+            }
             let (child_rel, child_as) = match (
                 rel.map_or_else(|| RelPath::new(&name), |r| r.join(&name)),
                 as_path.map_or_else(|| RelPath::new(&name), |a| a.join(&name)),
@@ -325,13 +386,26 @@ impl Manifest {
                 )
             }
         };
-        self.entries.push(Entry {
+        let entry = Entry {
             path,
             kind,
             mode: meta.mode,
             mtime_s: meta.mtime_s,
             mtime_ns: meta.mtime_ns,
-        });
+        };
+        let bytes = self.bytes.saturating_add(entry_cost(&entry));
+        if let Some(l) = self.limits {
+            if self.entries.len() >= l.entries {
+                self.exceeded = Some(format!("more than {} entries", l.entries));
+                return;
+            }
+            if bytes > l.bytes {
+                self.exceeded = Some(format!("more than {} MiB of manifest", l.bytes >> 20));
+                return;
+            }
+        }
+        self.bytes = bytes;
+        self.entries.push(entry);
         self.origins.push(origin);
     }
 }
@@ -351,6 +425,68 @@ mod tests {
 
     fn rp(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()
+    }
+
+    fn tree_of(n: usize) -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        for i in 0..n {
+            std::fs::write(t.path().join(format!("f{i:03}")), b"x").unwrap();
+        }
+        t
+    }
+
+    #[test]
+    fn a_bounded_walk_stops_at_its_entry_bound() {
+        let t = tree_of(20);
+        let root = Arc::new(Dir::open(t.path()).unwrap());
+        let mut m = Manifest::bounded(Limits {
+            entries: 5,
+            bytes: usize::MAX,
+        });
+        m.add_contents(root).unwrap();
+        assert_eq!(m.entries.len(), 5);
+        assert_eq!(m.exceeded(), Some("more than 5 entries"));
+    }
+
+    #[test]
+    fn a_bounded_walk_stops_at_its_byte_bound() {
+        let t = tree_of(20);
+        let root = Arc::new(Dir::open(t.path()).unwrap());
+        let one = entry_cost(&Entry {
+            path: rp("f000"),
+            kind: EntryKind::File {
+                size: 1,
+                sparse: false,
+            },
+            mode: 0,
+            mtime_s: 0,
+            mtime_ns: 0,
+        });
+        let mut m = Manifest::bounded(Limits {
+            entries: usize::MAX,
+            bytes: 3 << 20,
+        });
+        m.add_contents(Arc::clone(&root)).unwrap();
+        assert_eq!(m.exceeded(), None, "20 small entries fit in 3 MiB");
+        let mut m = Manifest::bounded(Limits {
+            entries: usize::MAX,
+            bytes: one * 7 + 1,
+        });
+        m.add_contents(root).unwrap();
+        assert_eq!(m.entries.len(), 7);
+        assert!(m.exceeded().is_some());
+    }
+
+    #[test]
+    fn an_unbounded_walk_keeps_one_note_past_the_cap_and_counts_the_rest() {
+        let mut m = Manifest::default();
+        for i in 0..MAX_NOTES + 50 {
+            m.note(NoteKind::Skipped, format!("p{i}"), "fifo".into());
+        }
+        assert_eq!(m.notes.len(), MAX_NOTES + 1);
+        let sent = m.notes_to_send();
+        assert_eq!(sent.len(), MAX_NOTES + 1);
+        assert_eq!(sent[MAX_NOTES].detail, "50");
     }
 
     #[test]

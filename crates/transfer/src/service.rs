@@ -121,14 +121,33 @@ impl Service for CopyService {
         "copy"
     }
 
+    /// A keyed server serves its `:public` exports to clients without the
+    /// key too (docs/security.md); a keyless server serves everyone
+    /// anyway.
+    fn open_without_key(&self) -> bool {
+        self.cfg.keyed && self.cfg.exports.iter().any(|e| e.public)
+    }
+
     fn serve(&self, session: ServerSession) -> ServiceResult {
+        // A client that did not prove the key gets what a keyless server
+        // gives: the public exports only.
+        let unproven;
+        let cfg = if session.authenticated() {
+            &self.cfg
+        } else {
+            unproven = ServerConfig {
+                keyed: false,
+                ..self.cfg.clone()
+            };
+            &unproven
+        };
         let accept = |t: Duration| -> Result<Stream, String> {
             session
                 .accept_data(t)
                 .map(|d| d.stream)
                 .map_err(|e| e.to_string())
         };
-        session::serve(&self.cfg, &accept)
+        session::serve(cfg, &accept)
             .map(|_| ())
             .map_err(|e| e.into())
     }

@@ -39,7 +39,7 @@ use crate::beneath::{Dir, ResolveError};
 use crate::hash::Algo;
 use crate::io::keepalive;
 use crate::live::{congestion_allowed, CtrlSend, Live, Pool};
-use crate::manifest::{Manifest, WalkError};
+use crate::manifest::{entry_cost, Limits, Manifest, WalkError, MAX_MANIFEST_BYTES};
 use crate::relpath::RelPath;
 use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
@@ -836,6 +836,7 @@ pub fn run_sink(
 ) -> Result<SinkResult, CopyError> {
     let mut entries = Vec::new();
     let mut notes = Vec::new();
+    let mut bytes = 0usize;
     loop {
         match read_msg(&mut ctrl).map_err(net)? {
             Msg::Notes(n) => {
@@ -852,6 +853,13 @@ pub fn run_sink(
                         "more than {MAX_ENTRIES} entries"
                     )));
                 }
+                bytes = e.iter().map(entry_cost).fold(bytes, usize::saturating_add);
+                if bytes > MAX_MANIFEST_BYTES {
+                    return Err(CopyError::Failed(format!(
+                        "the manifest is larger than {} MiB (the receiver's bound)",
+                        MAX_MANIFEST_BYTES >> 20
+                    )));
+                }
                 entries.extend(e)
             }
             Msg::EntriesEnd { count } if count as usize == entries.len() => break,
@@ -861,6 +869,29 @@ pub fn run_sink(
                 )))
             }
         }
+    }
+    // The receiver keeps a flag per chunk of every file: a manifest naming
+    // a 2^60-byte file must not make it allocate gigabytes.
+    let chunks = entries
+        .iter()
+        .map(|e| match e.kind {
+            EntryKind::File { size, .. } => crate::plan::chunk_count(size, opts.chunk_size),
+            _ => 0,
+        })
+        .fold(0u64, u64::saturating_add);
+    if chunks > MAX_SESSION_CHUNKS {
+        let e = CopyError::Failed(format!(
+            "the manifest holds {chunks} chunks, more than the receiver's bound of \
+             {MAX_SESSION_CHUNKS} (at {} per chunk); use larger chunks or copy less at once",
+            fatpipe_schema::units::format_bytes_iec(u64::from(opts.chunk_size))
+        ));
+        let _ = write_msg(
+            &mut ctrl,
+            &Msg::Abort {
+                message: e.to_string(),
+            },
+        );
+        return Err(e);
     }
     let (base, rename) = match map(&entries) {
         Ok(x) => x,
@@ -1031,6 +1062,10 @@ pub fn run_sink(
 /// The most manifest entries one session accepts.
 pub const MAX_ENTRIES: usize = 16_000_000;
 
+/// The most chunks (over all files) one receiving session tracks: a byte
+/// each, so 64 MiB of flags; 64 TiB at 1 MiB chunks.
+pub const MAX_SESSION_CHUNKS: u64 = 1 << 26;
+
 enum ServerPlan {
     Pull(Manifest),
     Push {
@@ -1112,7 +1147,7 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
     };
     if !export.public && !cfg.keyed {
         return Err(usage(format!(
-            "export '{name}' is not public and the server has no key: start it with --key-file (or mark the export :public)"
+            "export '{name}' is not public: it needs the server's pre-shared key (the client passes --key-file; a server without a key serves only :public exports)"
         )));
     }
     if !(CHUNK_LIMITS.0..=CHUNK_LIMITS.1).contains(&req.chunk_size) {
@@ -1162,7 +1197,11 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
                 return Err(usage("nothing to copy".into()));
             }
             let root = Arc::new(root);
-            let mut m = Manifest::default();
+            // The peer chose the tree: the walk is bounded.
+            let mut m = Manifest::bounded(Limits {
+                entries: MAX_ENTRIES,
+                bytes: MAX_MANIFEST_BYTES,
+            });
             for raw in &req.paths {
                 let p = RelPath::parse_optional(raw).map_err(|e| bad_path(raw, e.to_string()))?;
                 let contents = p.is_none() || raw.ends_with(b"/");
@@ -1200,6 +1239,12 @@ fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse
                     }
                 };
                 walked.map_err(|e| usage(format!("{name}/{e}")))?;
+                if let Some(bound) = m.exceeded() {
+                    return Err(usage(format!(
+                        "{name}: the pull lists {bound}, past this server's bound \
+                         (docs/security.md); pull a smaller part of the tree"
+                    )));
+                }
             }
             check_unique_tops(&m.entries).map_err(usage)?;
             Ok(ServerPlan::Pull(m))

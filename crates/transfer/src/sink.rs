@@ -34,6 +34,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use fatpipe_schema::units;
 use fatpipe_sys::OFlags;
 
 use crate::beneath::{self, Dir, Kind, ResolveError};
@@ -274,7 +275,7 @@ impl Sink {
                     if let Some((file, _)) = self.open_for_write(h.file, slot, chunk) {
                         match file.write_all_at(data, 0) {
                             Ok(()) => self.commit(h.file, slot, chunk, &file, Some(got)),
-                            Err(e) => self.fail(h.file, slot, self.describe(e), true),
+                            Err(e) => self.fail(h.file, slot, self.describe(h.file, e), true),
                         }
                     }
                 }
@@ -285,7 +286,7 @@ impl Sink {
                 if let Some((file, _)) = target {
                     match punch_hole(&file, h.offset, u64::from(h.len)) {
                         Ok(()) => self.commit(h.file, slot, chunk, &file, None),
-                        Err(e) => self.fail(h.file, slot, self.describe(e), true),
+                        Err(e) => self.fail(h.file, slot, self.describe(h.file, e), true),
                     }
                 }
                 continue;
@@ -321,7 +322,7 @@ impl Sink {
             stream.read_exact(&mut digest[..dl])?;
             let Some((file, _)) = target else { continue };
             if let Some(e) = write_err {
-                self.fail(h.file, slot, self.describe(e), true);
+                self.fail(h.file, slot, self.describe(h.file, e), true);
                 continue;
             }
             let got = hasher.finish();
@@ -331,7 +332,7 @@ impl Sink {
             }
             if self.opts.sync {
                 if let Err(e) = datasync(&file) {
-                    self.fail(h.file, slot, self.describe(e), true);
+                    self.fail(h.file, slot, self.describe(h.file, e), true);
                     continue;
                 }
             }
@@ -444,7 +445,7 @@ impl Sink {
                 Ok(p) => st.open = Some(p),
                 Err(e) => {
                     drop(st);
-                    self.fail(idx, slot, self.describe(e), true);
+                    self.fail(idx, slot, self.describe(idx, e), true);
                     return None;
                 }
             }
@@ -485,7 +486,7 @@ impl Sink {
                 }
             });
         if let Err(err) = written {
-            self.fail(idx, slot, self.describe(err), true);
+            self.fail(idx, slot, self.describe(idx, err), true);
             return true;
         }
         self.before_rename();
@@ -556,7 +557,7 @@ impl Sink {
                 }
                 Err(e) => {
                     drop(st);
-                    self.fail(idx, slot, self.describe(e), true);
+                    self.fail(idx, slot, self.describe(idx, e), true);
                 }
             }
         }
@@ -607,7 +608,7 @@ impl Sink {
 
     /// A failure during prepare (the file was never pending).
     fn record_failure(&self, idx: u32, e: io::Error) {
-        let message = self.describe(e);
+        let message = self.describe(idx, e);
         if let Some(Some(slot)) = self.slots.get(idx as usize) {
             lock(&slot.st).phase = Phase::Failed;
         }
@@ -636,12 +637,37 @@ impl Sink {
         }
     }
 
-    fn describe(&self, e: io::Error) -> String {
+    /// The one line a failure of file `idx` gets. A full disk names the
+    /// file system (mount point and type), what is free on it and what the
+    /// file needs, so the user knows which disk to clear and by how much.
+    fn describe(&self, idx: u32, e: io::Error) -> String {
         // Only the kernel's errors: ENOSPC, EDQUOT and EACCES/EPERM.
         let os = e.raw_os_error().is_some();
         match e.kind() {
             io::ErrorKind::StorageFull if os => {
-                "no space left on device (journal kept: free space and re-run to resume)".into()
+                let need = match self.entries.get(idx as usize).map(|e| &e.kind) {
+                    Some(EntryKind::File { size, .. }) => {
+                        format!(", this file needs {}", units::format_bytes_iec(*size))
+                    }
+                    _ => String::new(),
+                };
+                let space = self.base.space().ok();
+                let on = match space.as_ref().and_then(|s| s.mount.as_ref()) {
+                    Some((point, fstype)) => format!("{} ({fstype})", point.display()),
+                    None => "device".into(),
+                };
+                let free = space
+                    .map(|s| {
+                        format!(
+                            ": {} free of {}",
+                            units::format_bytes_iec(s.free),
+                            units::format_bytes_iec(s.size)
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "no space left on {on}{free}{need} (free space and re-run the same command to resume)"
+                )
             }
             io::ErrorKind::QuotaExceeded if os => {
                 "disk quota exceeded (journal kept: re-run to resume)".into()

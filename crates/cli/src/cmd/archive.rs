@@ -258,9 +258,39 @@ impl Recorder {
         self.store(Run::from_test(r, &self.path, host_facts(), Utc::now()))
     }
 
-    /// A `test -u --find-max` report.
+    /// A `test -u --find-max` report: one run per length, each filed as a
+    /// repetition of its length's cell under the sweep name `find-max`
+    /// (see `fatpipe_archive::find_max_cell`), so `fatpipe report` sets
+    /// the loss-free rate against the length.
     pub fn find_max(&self, r: &fatpipe_schema::test::FindMaxReport) -> anyhow::Result<()> {
-        self.store(Run::from_find_max(r, &self.path, host_facts(), Utc::now()))
+        let runs = Run::from_find_max(r, &self.path, host_facts(), Utc::now())
+            .map_err(|e| anyhow::anyhow!("archive: {e}"))?;
+        let done = {
+            let mut store = self.store.borrow_mut();
+            let loc = store.location();
+            store
+                .done_runs(fatpipe_archive::FIND_MAX_SWEEP)
+                .with_context(|| format!("archive {loc}: the result was printed but not stored"))?
+        };
+        let runs: Vec<Run> = runs
+            .into_iter()
+            .zip(&r.lengths)
+            .map(|(run, l)| {
+                let cell = fatpipe_archive::find_max_cell(r, l);
+                let rep = done
+                    .iter()
+                    .filter(|d| d.cell == cell)
+                    .map(|d| d.repetition + 1)
+                    .max()
+                    .unwrap_or(0);
+                run.with_peer(self.peer.clone()).with_sweep(
+                    fatpipe_archive::FIND_MAX_SWEEP,
+                    cell,
+                    rep,
+                )
+            })
+            .collect();
+        self.insert_all(&runs)
     }
 
     /// A copy's report.
@@ -296,10 +326,14 @@ impl Recorder {
     }
 
     fn insert(&self, run: Run) -> anyhow::Result<()> {
+        self.insert_all(std::slice::from_ref(&run))
+    }
+
+    fn insert_all(&self, runs: &[Run]) -> anyhow::Result<()> {
         let mut store = self.store.borrow_mut();
         let loc = store.location();
         store
-            .insert_runs(std::slice::from_ref(&run))
+            .insert_runs(runs)
             .with_context(|| format!("archive {loc}: the result was printed but not stored"))?;
         self.stored.set(true);
         Ok(())

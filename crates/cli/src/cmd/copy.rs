@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fatpipe_archive::RunKind;
 use fatpipe_engine::server::DEFAULT_PORT;
+use fatpipe_proto::escape;
 use fatpipe_schema::copy::{
     CopyDirection, CopyFailure, CopyNote, CopyReport, CopyTimeline, COPY_SCHEMA,
     COPY_SCHEMA_VERSION,
@@ -378,7 +379,8 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let quiet = args.quiet;
     let on_retry = |line: &str| {
         if !quiet {
-            eprintln!("{}fatpipe: copy: {line}", clear_line());
+            // The reason may quote the server: escaped.
+            eprintln!("{}fatpipe: copy: {}", clear_line(), escape(line));
         }
     };
     // Only when auto-tuning chose the streams does it adjust them in flight.
@@ -477,11 +479,12 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     if let Some(r) = rec {
         r.copy(&out)?;
     }
-    for f in &out.failures {
-        eprintln!("fatpipe: copy: {}: {}", f.path, f.message);
+    for line in failure_lines(&out.failures) {
+        eprintln!("fatpipe: copy: {line}");
     }
+    // Names and reasons from the sender (the server, on a pull): escaped.
     for p in &out.problems {
-        eprintln!("fatpipe: copy: not copied: {p}");
+        eprintln!("fatpipe: copy: not copied: {}", escape(p));
     }
     if out.files_failed > 0 || !out.failures.is_empty() {
         anyhow::bail!(
@@ -509,6 +512,7 @@ fn auto_tune(
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
 ) -> Result<Option<CopyTuning>, String> {
+    let keyless = key.is_none();
     let options = fatpipe_engine::ClientOptions {
         key,
         encrypt: args.encrypt,
@@ -517,6 +521,17 @@ fn auto_tune(
     let (push, bwlimit) = (plan.job.push, plan.job.bwlimit);
     let tuned = match auto::run(&service::preflight_request(addr, options, push, bwlimit)) {
         Ok(t) => t,
+        // A keyed server probes only for key holders, but may still serve
+        // its `:public` exports to this keyless client: copy untuned, and
+        // let the copy's own request be refused if the export is not.
+        Err(e) if e.is_auth() && keyless => {
+            if args.verbose {
+                eprintln!(
+                    "fatpipe: copy: auto-tuning off: the server probes only for clients with its key"
+                );
+            }
+            return Ok(None);
+        }
         Err(e) if e.is_auth() => return Err(format!("{}: {e}", plan.host)),
         Err(e) => {
             if !args.quiet {
@@ -675,6 +690,44 @@ fn notes(r: &session::Report, kind: NoteKind) -> impl Iterator<Item = CopyNote> 
 /// One line on what the copy left out or changed by policy (special files
 /// skipped, hard links copied as separate files), naming the first few;
 /// `None` when there is nothing to say. The same for push and pull.
+/// One line per failed file, except that a full file system is said once:
+/// the first file it failed is named with the line that says where and by
+/// how much, the others on it are counted in one more line (a full disk
+/// in a tree copy fails every file after it, and a wall of identical lines
+/// would bury the one that matters).
+fn failure_lines(failures: &[CopyFailure]) -> Vec<String> {
+    const FULL: &str = "no space left on ";
+    // The file system a full-disk message names: "/data (xfs)", "device".
+    let disk = |m: &str| {
+        let rest = m.strip_prefix(FULL)?;
+        let end = rest
+            .find("): ")
+            .map_or_else(|| rest.find([':', ' ']).unwrap_or(rest.len()), |i| i + 1);
+        Some(rest[..end].to_string())
+    };
+    let mut lines = Vec::new();
+    let mut full: Vec<(String, usize)> = Vec::new();
+    for f in failures {
+        if let Some(d) = disk(&f.message) {
+            if let Some(seen) = full.iter_mut().find(|(k, _)| *k == d) {
+                seen.1 += 1;
+                continue;
+            }
+            full.push((d, 0));
+        }
+        lines.push(format!("{}: {}", escape(&f.path), escape(&f.message)));
+    }
+    for (d, more) in full {
+        if more > 0 {
+            lines.push(format!(
+                "{more} more files failed for lack of space on {}",
+                escape(&d)
+            ));
+        }
+    }
+    lines
+}
+
 fn notes_line(r: &CopyReport) -> Option<String> {
     fn some(v: &[CopyNote], shown: impl Fn(&CopyNote) -> String) -> String {
         let mut names: Vec<String> = v.iter().take(3).map(shown).collect();
@@ -701,7 +754,8 @@ fn notes_line(r: &CopyReport) -> Option<String> {
     if r.notes_not_listed > 0 {
         parts.push(format!("{} more not listed", r.notes_not_listed));
     }
-    (!parts.is_empty()).then(|| parts.join("; "))
+    // File names come from the sender (the server, on a pull): escaped.
+    (!parts.is_empty()).then(|| escape(&parts.join("; ")).into_owned())
 }
 
 /// Samples a copy's progress (seconds since `t0`, bytes so far) every
@@ -821,7 +875,7 @@ fn print_summary(r: &CopyReport) {
         r.streams,
         units::format_bytes_iec(r.chunk_size),
         r.io_local,
-        r.io_remote
+        escape(&r.io_remote)
     );
 }
 
@@ -885,6 +939,37 @@ fn peak_rss() -> u64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_full_disk_is_said_once_with_the_others_counted() {
+        let f = |path: &str, message: &str| CopyFailure {
+            path: path.into(),
+            message: message.into(),
+        };
+        let full = |need: &str| {
+            format!("no space left on /data (xfs): 1 MiB free of 6 MiB, this file needs {need} (free space and re-run the same command to resume)")
+        };
+        let lines = failure_lines(&[
+            f("big.bin", &full("12 MiB")),
+            f("a/b", "permission denied (os error 13)"),
+            f("small/1", &full("20 KiB")),
+            f(
+                "other",
+                "no space left on device (free space and re-run the same command to resume)",
+            ),
+            f("small/2", &full("4 KiB")),
+        ]);
+        assert_eq!(
+            lines,
+            [
+                format!("big.bin: {}", full("12 MiB")),
+                "a/b: permission denied (os error 13)".to_string(),
+                "other: no space left on device (free space and re-run the same command to resume)"
+                    .to_string(),
+                "2 more files failed for lack of space on /data (xfs)".to_string(),
+            ]
+        );
+    }
     use super::*;
     use clap::Parser;
 

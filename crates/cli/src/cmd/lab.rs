@@ -339,10 +339,11 @@ fn down(name: Option<String>, all: bool) -> anyhow::Result<()> {
 /// The `lab stats` table, one column per direction.
 fn render_stats(s: &LabStats) -> String {
     let mut out = format!(
-        "lab {}: {}; up {:.1} s{}\n",
+        "lab {}: {}; up {:.1} s; UDP GSO {}{}\n",
         s.name,
         s.spec.summary(),
         s.uptime_s,
+        if s.udp_gso { "on" } else { "off" },
         s.down_left_s
             .map(|d| format!("; DOWN for {d:.1} s more"))
             .unwrap_or_default()
@@ -530,6 +531,7 @@ mod tests {
             spec: LinkSpec::default(),
             uptime_s: 1.0,
             down_left_s: None,
+            udp_gso: true,
             a_to_b: DirStats::default(),
             b_to_a: DirStats::default(),
         };

@@ -36,15 +36,32 @@ pub struct Args {
     /// Most sessions at once; more are told the server is busy.
     #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_SESSIONS)]
     pub max_sessions: usize,
-    /// Time a connection has to authenticate and open a service.
+    /// Time a connection has to authenticate and open a service, from
+    /// its accept (the whole handshake: sending slowly does not extend it).
     #[arg(long, default_value = "5s")]
     pub preauth_timeout: String,
+    /// Most sessions at once from one address (IPv6: one /64).
+    #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_SESSIONS_PER_SOURCE)]
+    pub max_sessions_per_source: usize,
+    /// Most connections still handshaking at once, in all; more are
+    /// closed unread.
+    #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_HANDSHAKES)]
+    pub max_handshakes: usize,
+    /// Most connections still handshaking at once from one address (IPv6:
+    /// one /64); more are closed unread.
+    #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_HANDSHAKES_PER_SOURCE)]
+    pub max_handshakes_per_source: usize,
+    /// Time an opened session has to start (a data connection or a
+    /// control message) before it is ended.
+    #[arg(long, default_value = "30s")]
+    pub start_timeout: String,
     /// No per-session log lines on stderr.
     #[arg(short = 'q', long)]
     pub quiet: bool,
     /// Publish a directory to `fatpipe copy` (repeatable); `:ro` refuses
-    /// writes, `:public` serves it without the key, `:encrypted` only to
-    /// clients that `--encrypt`.
+    /// writes, `:public` serves it without the key (also on a keyed
+    /// server: clients without the key may copy public exports only),
+    /// `:encrypted` only to clients that `--encrypt`.
     #[arg(long = "export", value_name = "NAME=DIR[:ro][:public][:encrypted]")]
     pub exports: Vec<String>,
     /// On SIGTERM/SIGINT, how long running sessions may go on before they
@@ -77,6 +94,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let preauth = units::parse_duration(&args.preauth_timeout)
         .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let start = units::parse_duration(&args.start_timeout)
+        .map_err(|e| crate::exit::usage(format!("--start-timeout: {e}")))?;
     let drain = units::parse_duration(&args.drain_timeout)
         .map_err(|e| crate::exit::usage(format!("--drain-timeout: {e}")))?;
     let key = match &args.key_file {
@@ -85,15 +104,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    if args.max_sessions == 0 {
-        return Err(crate::exit::usage("--max-sessions must be at least 1"));
+    for (flag, n) in [
+        ("--max-sessions", args.max_sessions),
+        ("--max-sessions-per-source", args.max_sessions_per_source),
+        ("--max-handshakes", args.max_handshakes),
+        (
+            "--max-handshakes-per-source",
+            args.max_handshakes_per_source,
+        ),
+    ] {
+        if n == 0 {
+            return Err(crate::exit::usage(format!("{flag} must be at least 1")));
+        }
     }
     // Thousand-stream tests need more descriptors than the usual soft limit.
     fatpipe_engine::raise_fd_limit();
     let logger: fatpipe_engine::Logger = if args.quiet {
         Arc::new(|_| {})
     } else {
-        Arc::new(|line| eprintln!("fatpipe server: {line}"))
+        // Lines quote what clients sent (service names, reasons, paths):
+        // escaped, so no client can write control sequences into the log.
+        Arc::new(|line| eprintln!("fatpipe server: {}", fatpipe_proto::escape(line)))
     };
     let copy = CopyService::new(&args.exports, key.is_some(), &mut |w| {
         eprintln!("fatpipe: server: {w}");
@@ -110,6 +141,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .service(copy)
         .key(key)
         .max_sessions(args.max_sessions)
+        .max_sessions_per_source(args.max_sessions_per_source)
+        .max_handshakes(args.max_handshakes, args.max_handshakes_per_source)
+        .start_timeout(start)
         .preauth_timeout(preauth)
         .logger(logger.clone())
         .drain_timeout(drain)

@@ -726,7 +726,8 @@ fn print_find_max_end(out: &mut impl Write, r: &FindMaxReport) -> std::io::Resul
         r.mtu, r.framing_bytes
     )?;
     for w in &r.warnings {
-        eprintln!("fatpipe: warning: {w}");
+        // Some come from the server: escaped.
+        eprintln!("fatpipe: warning: {}", fatpipe_proto::escape(w));
     }
     Ok(())
 }
@@ -813,7 +814,8 @@ pub(super) fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Resul
         writeln!(out, "{line}")?;
     }
     for w in &s.warnings {
-        eprintln!("fatpipe: warning: {w}");
+        // Some come from the server: escaped.
+        eprintln!("fatpipe: warning: {}", fatpipe_proto::escape(w));
     }
     Ok(())
 }

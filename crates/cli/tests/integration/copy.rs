@@ -495,27 +495,6 @@ fn resume_tree(root: &Path) -> PathBuf {
     t
 }
 
-/// Files under their final names in `dest` (and their sizes): what a
-/// killed run had completed. Each must already equal its source.
-#[cfg(feature = "test-hooks")]
-fn complete_files(src: &Path, dest: &Path) -> (u64, u64) {
-    let (mut n, mut bytes) = (0, 0);
-    for (rel, desc) in util::digest_tree(dest) {
-        if !desc.starts_with("file") || rel.contains(".fatpipe-") {
-            continue;
-        }
-        let mine = util::digest_tree(src).remove(&rel);
-        assert_eq!(
-            mine.as_ref(),
-            Some(&desc),
-            "{rel}: a final name holds a partial file"
-        );
-        n += 1;
-        bytes += std::fs::metadata(dest.join(&rel)).unwrap().len();
-    }
-    (n, bytes)
-}
-
 /// Issue 16: a copy killed (SIGKILL, by PID) at `stall` (a
 /// FATPIPE_TEST_STALL phase, reached by the client or the server as
 /// `on_server` says) and the identical command run again: the same tree
@@ -587,7 +566,7 @@ fn kill_at_and_rerun(push: bool, stall: &str, on_server: bool) {
         srv
     };
     let (done_files, done_bytes) = if dest.exists() {
-        complete_files(&src, &dest)
+        util::complete_files(&src, &dest)
     } else {
         (0, 0)
     };

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fatpipe_lab::{End, Lab, LinkSpec};
+use fatpipe_lab::{End, LinkSpec};
 
 use crate::util::{
     self, assert_exit, assert_same_tree, journal_has_records, json, mkdir, random_file, wait_for,
@@ -34,13 +34,6 @@ fn make_tree(root: &Path) -> u64 {
         bytes += len;
     }
     bytes
-}
-
-/// `fatpipe copy ARGS` from lab end `a`.
-fn copy(lab: &Lab, port: u16, args: &[&str]) -> Command {
-    let mut c = lab.command(End::A, util::bin());
-    c.args(["copy", "--port", &port.to_string()]).args(args);
-    c
 }
 
 /// Runs a copy, checks it succeeded with auto-tuning applied, and returns
@@ -96,7 +89,7 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
     // Push the tree with no flags.
     let (j, push) = tuned_copy(
         "push",
-        copy(&lab, port, &["-r", "--json"])
+        util::lab_copy(&lab, port, &["-r", "--json"])
             .arg(&src)
             .arg(format!("{b}:data/")),
     );
@@ -112,7 +105,7 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
     let back = dir.path().join("back");
     let (j, pull) = tuned_copy(
         "pull",
-        copy(&lab, port, &["-r", "--json", &format!("{b}:data/src/")]).arg(&back),
+        util::lab_copy(&lab, port, &["-r", "--json", &format!("{b}:data/src/")]).arg(&back),
     );
     assert_eq!(j["bytes_transferred"].as_u64(), Some(total));
     assert_same_tree(&src, &back);
@@ -126,7 +119,7 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
     let big = mkdir(&dir.path().join("big"));
     let size: u64 = 512 << 20;
     random_file(&big.join("f.bin"), size, 99);
-    let mut first = copy(&lab, port, &["-r", "-q"]);
+    let mut first = util::lab_copy(&lab, port, &["-r", "-q"]);
     first
         .arg(&big)
         .arg(format!("{b}:data/"))
@@ -152,7 +145,7 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
 
     let (j, _) = tuned_copy(
         "resumed push",
-        copy(&lab, port, &["-r", "--json"])
+        util::lab_copy(&lab, port, &["-r", "--json"])
             .arg(&big)
             .arg(format!("{b}:data/")),
     );
@@ -212,7 +205,7 @@ fn lab_copy_of_256mib_at_228ms_finishes_within_the_path_bound() {
     let b = lab.addr(End::B).to_string();
     let started = Instant::now();
     let out = util::run(
-        copy(&lab, port, &["--json"])
+        util::lab_copy(&lab, port, &["--json"])
             .arg(src.join("f.bin"))
             .arg(format!("{b}:data/")),
     );

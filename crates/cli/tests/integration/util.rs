@@ -114,12 +114,27 @@ pub fn lab_with_server(
         owner: Some(std::process::id()),
     };
     let lab = Lab::up(name, spec, &opts).expect("lab up");
-    let mut cmd = lab.command(End::B, bin());
-    cmd.args(["server", "--port", "0", "--quiet"])
-        .args(server_args);
-    let (srv, port) = spawn_server(cmd);
+    let (srv, port) = lab_server(&lab, 0, server_args);
     let host = format!("{}:{port}", lab.addr(End::B));
     (lab, srv, host, port)
+}
+
+/// A `fatpipe server` in `lab`'s end b on `port` (0: any), with
+/// `server_args` added; its guard and port. `ip netns exec` execs the
+/// server, so the guard's child is the server's own PID.
+pub fn lab_server(lab: &fatpipe_lab::Lab, port: u16, server_args: &[&str]) -> (Guard, u16) {
+    let mut cmd = lab.command(fatpipe_lab::End::B, bin());
+    cmd.args(["server", "--port", &port.to_string(), "--quiet"])
+        .args(server_args);
+    spawn_server(cmd)
+}
+
+/// `fatpipe copy --port PORT ARGS` run from `lab`'s end a (its PID is the
+/// client's own, as with [`lab_server`]).
+pub fn lab_copy(lab: &fatpipe_lab::Lab, port: u16, args: &[&str]) -> Command {
+    let mut c = lab.command(fatpipe_lab::End::A, bin());
+    c.args(["copy", "--port", &port.to_string()]).args(args);
+    c
 }
 
 /// True when the test may use root-only facilities. Outside CI a test without
@@ -254,4 +269,25 @@ pub fn journal_has_records(dir: &Path) -> bool {
             let n = e.file_name().to_string_lossy().into_owned();
             n.ends_with(".journal") && e.metadata().map(|m| m.len() > 36 + 41 * 3).unwrap_or(false)
         })
+}
+
+/// Files under their final names in `dest` (and their bytes): what a
+/// killed or failed run had completed. Each must already equal its source
+/// (a final name never holds a partial file); temporaries are left out.
+pub fn complete_files(src: &Path, dest: &Path) -> (u64, u64) {
+    let (mut n, mut bytes) = (0, 0);
+    let mine = digest_tree(src);
+    for (rel, desc) in digest_tree(dest) {
+        if !desc.starts_with("file") || rel.contains(".fatpipe-") {
+            continue;
+        }
+        assert_eq!(
+            mine.get(&rel),
+            Some(&desc),
+            "{rel}: a final name holds a partial file"
+        );
+        n += 1;
+        bytes += std::fs::metadata(dest.join(&rel)).unwrap().len();
+    }
+    (n, bytes)
 }

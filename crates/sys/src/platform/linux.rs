@@ -656,6 +656,8 @@ fn ethtool_ioctl(ifname: &str, data: *mut libc::c_void) -> io::Result<()> {
 const TUN_F_TSO4: libc::c_uint = 0x02;
 const TUN_F_TSO6: libc::c_uint = 0x04;
 const TUN_F_TSO_ECN: libc::c_uint = 0x08;
+const TUN_F_USO4: libc::c_uint = 0x20;
+const TUN_F_USO6: libc::c_uint = 0x40;
 
 /// `struct ifreq` as TUNSETIFF reads it: a name and the flags, padded to
 /// the kernel's 40 bytes.
@@ -676,8 +678,11 @@ pub(crate) fn enter_netns(ns: &impl AsFd) -> io::Result<()> {
 }
 
 /// Opens `/dev/net/tun` as device `name` with `IFF_TUN | IFF_NO_PI |
-/// IFF_VNET_HDR`, checksum and TSO offloads, non-blocking.
-pub(crate) fn open_tun(name: &str) -> io::Result<OwnedFd> {
+/// IFF_VNET_HDR`, checksum and TSO offloads, non-blocking. UDP segmentation
+/// offload (USO, Linux 6.2+) is asked for too if `uso`; a kernel that does
+/// not know it refuses the whole request with `EINVAL`, and then the device
+/// is set up without it. Returns the device and whether USO is on.
+pub(crate) fn open_tun(name: &str, uso: bool) -> io::Result<(OwnedFd, bool)> {
     let bytes = name.as_bytes();
     if bytes.len() >= libc::IFNAMSIZ {
         return Err(io::Error::other("device name too long"));
@@ -699,13 +704,30 @@ pub(crate) fn open_tun(name: &str) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     let offload = libc::TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
-    // SAFETY: TUNSETOFFLOAD takes the flags by value and touches no memory.
-    if unsafe { libc::ioctl(raw(&fd), libc::TUNSETOFFLOAD, offload as libc::c_ulong) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let set = |flags: libc::c_uint| {
+        // SAFETY: TUNSETOFFLOAD takes the flags by value and touches no memory.
+        if unsafe { libc::ioctl(raw(&fd), libc::TUNSETOFFLOAD, flags as libc::c_ulong) } < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // The kernel turns USO on only with both bits (and checksum offload).
+    let uso = match uso.then(|| set(offload | TUN_F_USO4 | TUN_F_USO6)) {
+        Some(Ok(())) => true,
+        None => {
+            set(offload)?;
+            false
+        }
+        Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+            set(offload)?;
+            false
+        }
+        Some(Err(e)) => return Err(e),
+    };
     let flags = rustix::fs::fcntl_getfl(&fd)?;
     rustix::fs::fcntl_setfl(&fd, flags | OFlags::NONBLOCK)?;
-    Ok(fd)
+    Ok((fd, uso))
 }
 
 /// Whether `CAP_NET_ADMIN` is in this thread's effective set (`capget`).

@@ -240,7 +240,7 @@ pub(crate) fn enter_netns(_: &impl AsFd) -> io::Result<()> {
 }
 
 /// The lab's TUN devices (virtio headers, TSO offloads) are Linux's.
-pub(crate) fn open_tun(_: &str) -> io::Result<OwnedFd> {
+pub(crate) fn open_tun(_: &str, _: bool) -> io::Result<(OwnedFd, bool)> {
     Err(unsupported("TUN devices"))
 }
 
