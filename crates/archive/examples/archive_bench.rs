@@ -244,6 +244,7 @@ fn sample_report() -> TestReport {
             remote: vec![],
             warnings: vec![],
             auto: None,
+            encryption: None,
         },
         intervals: (0..10)
             .map(|i| TestInterval {

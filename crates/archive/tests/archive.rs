@@ -875,6 +875,7 @@ fn sample_test_report() -> TestReport {
             remote: vec![],
             warnings: vec!["server: buffer capped at 8 MiB".into()],
             auto: None,
+            encryption: None,
         },
         intervals: vec![
             interval(0, true, [1_000, 1_000]),
@@ -942,6 +943,7 @@ fn sample_copy_report() -> CopyReport {
         notes_not_listed: 0,
         auto: None,
         timeline: None,
+        encryption: None,
     }
 }
 

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use fatpipe_proto::{
     ClientConfig, ClientConn, ClientEvent, ConnError, Cookie, Key, Message, VERSION,
 };
+use fatpipe_secure::tls::ClientTls;
+use fatpipe_secure::{Encryption, Stream};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::control::{is_timeout, Control};
@@ -30,6 +32,9 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// Limit for the handshake after connecting (and for a data hello).
     pub handshake_timeout: Duration,
+    /// Encrypt every connection of the session with TLS 1.3 keyed by
+    /// `key` (`--encrypt`; needs the key).
+    pub encrypt: bool,
 }
 
 impl Default for ClientOptions {
@@ -38,6 +43,7 @@ impl Default for ClientOptions {
             key: None,
             connect_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
+            encrypt: false,
         }
     }
 }
@@ -50,6 +56,7 @@ pub struct ClientSession {
     peer: SocketAddr,
     local: SocketAddr,
     options: ClientOptions,
+    tls: Option<ClientTls>,
 }
 
 /// Connects to `addr`, authenticates with `key` and opens `service`.
@@ -73,9 +80,11 @@ pub fn connect_with(
     service: &str,
     params: &[u8],
 ) -> Result<ClientSession> {
-    let mut stream = TcpStream::connect_timeout(&addr, options.connect_timeout)
+    let tls = client_tls(options)?;
+    let tcp = TcpStream::connect_timeout(&addr, options.connect_timeout)
         .map_err(|e| EngineError::io(format!("connect to {addr}"), e))?;
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
+    let mut stream = secure(tcp, tls.as_ref(), options.handshake_timeout)?;
     let _ = stream.set_write_timeout(Some(options.handshake_timeout));
     let local = stream
         .local_addr()
@@ -115,6 +124,7 @@ pub fn connect_with(
                         peer: addr,
                         local,
                         options: options.clone(),
+                        tls,
                     });
                 }
                 ClientEvent::Closed(err) => {
@@ -165,6 +175,11 @@ impl ClientSession {
         self.local
     }
 
+    /// What encrypts the session's connections (`--encrypt`), if anything.
+    pub fn encryption(&self) -> Option<&Encryption> {
+        self.control.encryption()
+    }
+
     /// The session's cookie (services that carry it elsewhere, e.g. in UDP
     /// hellos, need it).
     pub fn cookie(&self) -> &Cookie {
@@ -172,7 +187,7 @@ impl ClientSession {
     }
 
     /// Dials a data connection labelled `tag`.
-    pub fn open_data(&self, tag: u32) -> Result<TcpStream> {
+    pub fn open_data(&self, tag: u32) -> Result<Stream> {
         self.open_data_with(tag, |_| Ok(()))
     }
 
@@ -183,7 +198,7 @@ impl ClientSession {
         &self,
         tag: u32,
         configure: impl FnOnce(&Socket) -> io::Result<()>,
-    ) -> Result<TcpStream> {
+    ) -> Result<Stream> {
         let mut stream = self.dial_data(tag, configure)?;
         read_data_ack(&mut stream)?;
         let _ = stream.set_read_timeout(None);
@@ -203,7 +218,7 @@ impl ClientSession {
     /// the acknowledgement, or does not come within the handshake timeout,
     /// the thread shuts the connection down, so the caller's next write
     /// fails rather than sending into a connection nobody reads.
-    pub fn open_data_early(&self, tag: u32) -> Result<TcpStream> {
+    pub fn open_data_early(&self, tag: u32) -> Result<Stream> {
         let stream = self.dial_data(tag, |_| Ok(()))?;
         let _ = stream.set_write_timeout(None);
         let mut reader = stream
@@ -230,7 +245,7 @@ impl ClientSession {
         &self,
         tag: u32,
         configure: impl FnOnce(&Socket) -> io::Result<()>,
-    ) -> Result<TcpStream> {
+    ) -> Result<Stream> {
         let socket = Socket::new(
             Domain::for_address(self.peer),
             Type::STREAM,
@@ -241,7 +256,8 @@ impl ClientSession {
         socket
             .connect_timeout(&self.peer.into(), self.options.connect_timeout)
             .map_err(|e| EngineError::io(format!("connect data stream to {}", self.peer), e))?;
-        let mut stream: TcpStream = socket.into();
+        let tcp: TcpStream = socket.into();
+        let mut stream = secure(tcp, self.tls.as_ref(), self.options.handshake_timeout)?;
         let mut hello = Vec::new();
         Message::DataHello {
             version: VERSION,
@@ -262,7 +278,7 @@ impl ClientSession {
 /// Reads the server's one-frame answer to a data hello: `DataAck`, or the
 /// reason it refused. Reads exactly that frame: what follows belongs to the
 /// service.
-fn read_data_ack(stream: &mut TcpStream) -> Result<()> {
+fn read_data_ack(stream: &mut Stream) -> Result<()> {
     let mut header = [0u8; 4];
     read_exact(stream, &mut header)?;
     let len = u32::from_be_bytes(header) as usize;
@@ -286,7 +302,7 @@ fn read_data_ack(stream: &mut TcpStream) -> Result<()> {
     }
 }
 
-fn read_exact(stream: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
+fn read_exact(stream: &mut Stream, buf: &mut [u8]) -> Result<()> {
     stream.read_exact(buf).map_err(|e| {
         if is_timeout(&e) {
             EngineError::Timeout("waiting for the data connection to be attached".into())
@@ -296,4 +312,24 @@ fn read_exact(stream: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
             EngineError::io("read data hello reply", e)
         }
     })
+}
+
+/// The TLS setup `options` ask for: none, or one keyed by the PSK (an
+/// error if `--encrypt` came without a key).
+fn client_tls(options: &ClientOptions) -> Result<Option<ClientTls>> {
+    if !options.encrypt {
+        return Ok(None);
+    }
+    let Some(key) = &options.key else {
+        return Err(EngineError::EncryptWithoutKey);
+    };
+    Ok(Some(ClientTls::new(key.as_bytes())?))
+}
+
+/// A connected socket as a [`Stream`]: through the TLS handshake if `tls`.
+fn secure(tcp: TcpStream, tls: Option<&ClientTls>, timeout: Duration) -> Result<Stream> {
+    match tls {
+        None => Ok(Stream::plain_tcp(tcp)),
+        Some(tls) => Ok(fatpipe_secure::client_handshake(tls, tcp, timeout)?),
+    }
 }

@@ -10,12 +10,13 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::{FrameDecoder, Message, MAX_PAYLOAD};
+use fatpipe_secure::Stream;
 
 use crate::error::{EngineError, Result};
 use fatpipe_proto::ConnError;
@@ -32,7 +33,8 @@ pub struct Control {
 #[derive(Debug)]
 struct Inner {
     reader: Mutex<ReadHalf>,
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Stream>,
+    encryption: Option<fatpipe_secure::Encryption>,
     /// Set on the first service message received: the server's watchdog
     /// reads it to tell a session that started from one that never did.
     started: Arc<AtomicBool>,
@@ -40,7 +42,7 @@ struct Inner {
 
 #[derive(Debug)]
 struct ReadHalf {
-    stream: TcpStream,
+    stream: Stream,
     /// Messages decoded during the handshake, delivered first.
     early: VecDeque<std::result::Result<Vec<u8>, ConnError>>,
     decoder: FrameDecoder,
@@ -51,7 +53,7 @@ impl Control {
     /// Wraps an established control connection; `buffered` holds bytes the
     /// handshake machine had already read past its last frame.
     pub(crate) fn new(
-        stream: TcpStream,
+        stream: Stream,
         buffered: &[u8],
         early: Vec<std::result::Result<Vec<u8>, ConnError>>,
     ) -> Result<Control> {
@@ -62,6 +64,7 @@ impl Control {
             .set_write_timeout(Some(WRITE_TIMEOUT))
             .map_err(|e| EngineError::io("set control write timeout", e))?;
         let _ = stream.set_nodelay(true);
+        let encryption = stream.encryption().cloned();
         let mut decoder = FrameDecoder::new();
         decoder.push(buffered);
         Ok(Control {
@@ -73,9 +76,15 @@ impl Control {
                     buf: vec![0; 16 * 1024],
                 }),
                 writer: Mutex::new(writer),
+                encryption,
                 started: Arc::new(AtomicBool::new(false)),
             }),
         })
+    }
+
+    /// What encrypts the control connection (`--encrypt`), if anything.
+    pub fn encryption(&self) -> Option<&fatpipe_secure::Encryption> {
+        self.inner.encryption.as_ref()
     }
 
     /// Sends one service message (at most [`MAX_PAYLOAD`] bytes).

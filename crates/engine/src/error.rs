@@ -34,6 +34,13 @@ pub enum EngineError {
     /// The peer's service (or ours) reported a failure.
     #[error("{0}")]
     Service(String),
+    /// The TLS handshake of `--encrypt` failed (a server with another key
+    /// is [`is_auth`](EngineError::is_auth)).
+    #[error(transparent)]
+    Tls(#[from] fatpipe_secure::TlsError),
+    /// `--encrypt` was asked for without a pre-shared key.
+    #[error("--encrypt needs the pre-shared key (--key-file): without it nothing authenticates the server")]
+    EncryptWithoutKey,
 }
 
 impl From<DecodeError> for EngineError {
@@ -55,6 +62,11 @@ impl EngineError {
     /// `--key-file` (exit code 2).
     pub fn is_auth(&self) -> bool {
         matches!(self, EngineError::Conn(c) if c.is_auth())
+            || matches!(
+                self,
+                EngineError::Tls(fatpipe_secure::TlsError::WrongServerKey)
+                    | EngineError::EncryptWithoutKey
+            )
     }
 }
 

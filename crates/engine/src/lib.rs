@@ -63,6 +63,7 @@ pub mod server;
 pub use client::{connect, connect_with, ClientOptions, ClientSession};
 pub use control::Control;
 pub use error::{EngineError, Result};
+pub use fatpipe_secure::{Encryption, Stream};
 pub use observe::{Flow, Observer, Outcome, Refusal, Report, Streams, TestSummary};
 pub use server::{
     DataConn, Logger, Server, ServerBuilder, ServerSession, Service, ServiceResult, Shutdown,

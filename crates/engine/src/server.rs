@@ -50,6 +50,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::{Cookie, ErrorCode, Key, ServerConfig, ServerConn, ServerEvent};
+use fatpipe_secure::tls::ServerTls;
+use fatpipe_secure::{Encryption, Stream};
 
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
@@ -90,8 +92,8 @@ pub trait Service: Send + Sync + 'static {
 /// is acknowledged and everything after it is the service's.
 #[derive(Debug)]
 pub struct DataConn {
-    /// The connection.
-    pub stream: TcpStream,
+    /// The connection (encrypted if the session is).
+    pub stream: Stream,
     /// The label the client gave it (e.g. a stream index).
     pub tag: u32,
     /// Where it came from.
@@ -143,6 +145,12 @@ impl ServerSession {
     /// The control channel (send and receive framed payloads).
     pub fn control(&self) -> &Control {
         &self.control
+    }
+
+    /// What encrypts the session (`--encrypt`), if anything: its control
+    /// connection and every data connection alike.
+    pub fn encryption(&self) -> Option<&Encryption> {
+        self.control.encryption()
     }
 
     /// The client's control-connection address.
@@ -370,6 +378,10 @@ impl ServerBuilder {
             .into_iter()
             .map(|s| (s.name(), s))
             .collect::<HashMap<_, _>>();
+        let tls = match &self.key {
+            Some(k) => Some(ServerTls::new(k.as_bytes())?),
+            None => None,
+        };
         let mut keyless_services: Vec<String> = services
             .values()
             .filter(|s| s.open_without_key())
@@ -380,6 +392,7 @@ impl ServerBuilder {
             listener,
             local,
             shared: Arc::new(Shared {
+                tls,
                 services,
                 config: ServerConfig {
                     key: self.key,
@@ -414,6 +427,8 @@ pub struct Server {
 }
 
 struct Shared {
+    /// The TLS identity of the key, for clients that `--encrypt`.
+    tls: Option<ServerTls>,
     services: HashMap<&'static str, Arc<dyn Service>>,
     config: ServerConfig,
     max_sessions: usize,
@@ -427,7 +442,9 @@ struct Shared {
     sources: Mutex<HashMap<IpAddr, PerSource>>,
     /// Events logged as summaries, not a line each.
     summary: Mutex<Summariser>,
-    cookies: Mutex<HashMap<Cookie, SyncSender<DataConn>>>,
+    /// Each session's data queue, and whether the session is encrypted
+    /// (its data connections must be too).
+    cookies: Mutex<HashMap<Cookie, (SyncSender<DataConn>, bool)>>,
     shutdown: Shutdown,
     logger: Logger,
     observer: Arc<dyn Observer>,
@@ -556,8 +573,11 @@ fn handle_conn(
     peer: SocketAddr,
 ) {
     let mut handshaking = handshaking;
-    let mut conn = ServerConn::new(&shared.config, Instant::now(), random_bytes());
-    let mut stream = stream;
+    let started = Instant::now();
+    let Some(mut stream) = secure_or_plain(shared, stream, peer, started) else {
+        return;
+    };
+    let mut conn = ServerConn::new(&shared.config, started, random_bytes());
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
     let mut buf = [0u8; 4096];
@@ -641,7 +661,7 @@ struct Opened<'a> {
 fn open_session(
     shared: &Arc<Shared>,
     mut conn: ServerConn,
-    mut stream: TcpStream,
+    mut stream: Stream,
     peer: SocketAddr,
     open: Opened<'_>,
 ) {
@@ -689,7 +709,8 @@ fn open_session(
     };
     let cookie: Cookie = random_bytes();
     let (tx, rx) = mpsc::sync_channel(DATA_BACKLOG);
-    lock(&shared.cookies).insert(cookie, tx);
+    let encrypted = stream.is_encrypted();
+    lock(&shared.cookies).insert(cookie, (tx, encrypted));
     let _cookie_guard = CookieGuard(shared, cookie);
     conn.accept(Instant::now(), cookie);
     if flush(&mut conn, &mut stream).is_err() {
@@ -763,17 +784,25 @@ fn open_session(
 fn attach_data(
     shared: &Arc<Shared>,
     mut conn: ServerConn,
-    mut stream: TcpStream,
+    mut stream: Stream,
     peer: SocketAddr,
     cookie: Cookie,
     tag: u32,
 ) {
-    let tx = lock(&shared.cookies).get(&cookie).cloned();
-    let Some(tx) = tx else {
+    let route = lock(&shared.cookies).get(&cookie).cloned();
+    let Some((tx, encrypted)) = route else {
         conn.reject(ErrorCode::BadCookie, "no live session holds this cookie");
         let _ = flush(&mut conn, &mut stream);
         return;
     };
+    if encrypted && !stream.is_encrypted() {
+        conn.reject(
+            ErrorCode::Protocol,
+            "the session is encrypted: its data connections must be too",
+        );
+        let _ = flush(&mut conn, &mut stream);
+        return;
+    }
     if !conn.take_buffered().is_empty() {
         conn.reject(
             ErrorCode::Protocol,
@@ -837,7 +866,51 @@ fn drain(shared: &Arc<Shared>) {
     }
 }
 
-fn flush(conn: &mut ServerConn, stream: &mut TcpStream) -> io::Result<()> {
+/// A new connection as a [`Stream`]: through the TLS handshake (by the
+/// pre-auth deadline) if its first byte starts one, plain otherwise (a
+/// fatpipe frame starts with 0; docs/encryption.md). `None` if the
+/// handshake failed; that is logged.
+fn secure_or_plain(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    started: Instant,
+) -> Option<Stream> {
+    let _ = tcp.set_read_timeout(Some(shared.config.preauth_timeout));
+    let mut first = [0u8; 1];
+    let peeked = loop {
+        match tcp.peek(&mut first) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => break other,
+        }
+    };
+    // Silence, an error or the end: the plain path reports it as before.
+    if !matches!(peeked, Ok(1)) || !fatpipe_secure::is_tls_start(first[0]) {
+        return Some(Stream::plain_tcp(tcp));
+    }
+    let Some(tls) = &shared.tls else {
+        (shared.logger)(&format!(
+            "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
+        ));
+        return None;
+    };
+    let deadline = started + shared.config.preauth_timeout;
+    match fatpipe_secure::server_handshake(tls, tcp, deadline) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            if matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
+                // The client refused our identity: it holds another key.
+                shared.observer.auth_failed();
+            }
+            if !matches!(e, fatpipe_secure::TlsError::Timeout) {
+                (shared.logger)(&format!("{peer}: TLS handshake failed: {e}"));
+            }
+            None
+        }
+    }
+}
+
+fn flush(conn: &mut ServerConn, stream: &mut Stream) -> io::Result<()> {
     while let Some(bytes) = conn.poll_transmit() {
         stream.write_all(&bytes)?;
     }

@@ -72,7 +72,8 @@ fn echo_awaiting_data(addr: SocketAddr) -> ClientSession {
 
 /// Reads the echo service's answer on a data connection: its tag, then the
 /// 5 bytes it was sent.
-fn expect_echo(d: &mut TcpStream, tag: u32, sent: &[u8; 5]) {
+fn expect_echo(d: impl Into<Stream>, tag: u32, sent: &[u8; 5]) {
+    let mut d = d.into();
     d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut back = [0u8; 9];
     d.read_exact(&mut back).unwrap();
@@ -97,7 +98,7 @@ fn echo_session_with_key_and_data_connection() {
     c.send(b"data").unwrap();
     let mut d = s.open_data(42).unwrap();
     d.write_all(b"hello").unwrap();
-    expect_echo(&mut d, 42, b"hello");
+    expect_echo(d, 42, b"hello");
     c.send(b"bye").unwrap();
     // The server closes normally once the service returns.
     let end = c.recv(Some(Duration::from_secs(5))).unwrap_err();
@@ -135,7 +136,7 @@ fn bytes_right_behind_the_data_hello_reach_the_service() {
         fatpipe_proto::Message::decode(&body).unwrap(),
         fatpipe_proto::Message::DataAck
     );
-    expect_echo(&mut d, 7, b"early");
+    expect_echo(d, 7, b"early");
     s.control().send(b"bye").unwrap();
     stop.trigger();
 }
@@ -152,7 +153,7 @@ fn early_data_connections_carry_data_and_fail_fast_when_refused() {
     // The watcher takes the acknowledgement off the socket (loopback: well
     // within this); what is left to read is the echo alone.
     std::thread::sleep(Duration::from_millis(300));
-    expect_echo(&mut d, 9, b"quick");
+    expect_echo(d, 9, b"quick");
 
     let mut fake = connect(addr, None, "echo", b"z").unwrap();
     fake.cookie = [0; 32];
@@ -427,6 +428,69 @@ fn sessions_left_after_the_drain_are_closed_with_the_reason() {
     assert!(err.to_string().contains("shutting down"), "{err}");
     runner.join().unwrap().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+}
+
+/// `--encrypt`: the control and data connections go through TLS keyed by
+/// the PSK, on the same port as plaintext sessions; both ends see the suite.
+#[test]
+fn encrypted_session_with_data_connection_on_the_shared_port() {
+    let k = key(b"sesame-sesame");
+    let (addr, stop) = start(Server::builder().key(Some(k.clone())));
+    let options = ClientOptions {
+        key: Some(k.clone()),
+        encrypt: true,
+        ..ClientOptions::default()
+    };
+    let s = connect_with(addr, &options, "echo", b"hi").unwrap();
+    assert_eq!(
+        s.encryption().map(|e| e.suite),
+        Some("TLS13_AES_128_GCM_SHA256")
+    );
+    let c = s.control();
+    assert_eq!(
+        c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(),
+        b"hi"
+    );
+    c.send(b"data").unwrap();
+    let mut d = s.open_data(5).unwrap();
+    assert!(d.is_encrypted());
+    d.write_all(b"crypt").unwrap();
+    expect_echo(d, 5, b"crypt");
+    // A plaintext session on the same port still works.
+    let plain = connect(addr, Some(&k), "echo", b"p").unwrap();
+    assert!(plain.encryption().is_none());
+    stop.trigger();
+}
+
+/// A plaintext data connection cannot join an encrypted session, even
+/// with its cookie.
+#[test]
+fn an_encrypted_session_refuses_a_plaintext_data_connection() {
+    let k = key(b"sesame-sesame");
+    let (addr, stop) = start(Server::builder().key(Some(k.clone())));
+    let options = ClientOptions {
+        key: Some(k.clone()),
+        encrypt: true,
+        ..ClientOptions::default()
+    };
+    let s = connect_with(addr, &options, "echo", b"x").unwrap();
+    let mut plain = connect(addr, Some(&k), "echo", b"y").unwrap();
+    plain.cookie = s.cookie;
+    let err = plain.open_data(1).unwrap_err();
+    assert!(err.to_string().contains("must be too"), "{err}");
+    stop.trigger();
+}
+
+/// `--encrypt` without a key has nothing to authenticate the server with.
+#[test]
+fn encrypt_without_a_key_is_refused_before_connecting() {
+    let options = ClientOptions {
+        encrypt: true,
+        ..ClientOptions::default()
+    };
+    let err = connect_with("127.0.0.1:9".parse().unwrap(), &options, "echo", b"").unwrap_err();
+    assert!(matches!(err, EngineError::EncryptWithoutKey), "{err}");
+    assert!(err.is_auth());
 }
 
 #[test]

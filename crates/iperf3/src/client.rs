@@ -673,5 +673,6 @@ fn start_record(cfg: &Config, streams: &[Stream]) -> TestStart {
         remote: Vec::new(),
         warnings,
         auto: None,
+        encryption: None,
     }
 }

@@ -12,8 +12,10 @@
 //! Every blocking call has a short timeout so that a worker notices the stop
 //! flag (peer vanished, user interrupted) within a fraction of a second.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, UdpSocket};
+
+use fatpipe_secure::Stream as Conn;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
@@ -65,7 +67,8 @@ pub(crate) const UDP_HELLO: &[u8; 4] = b"FPUH";
 /// A stream's socket.
 #[derive(Debug)]
 pub(crate) enum Sock {
-    Tcp(TcpStream),
+    /// Plain or TLS (`--encrypt`).
+    Tcp(Conn),
     Udp(UdpSocket),
 }
 
@@ -246,7 +249,7 @@ pub(crate) fn shutdown_all(streams: &[Stream]) {
     }
 }
 
-fn tcp_send(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
+fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     s.set_write_timeout(Some(POLL))?;
     // Keep little unsent data queued in the kernel: the window still fills
     // (in-flight bytes are not limited), but a few hundred streams no
@@ -254,10 +257,11 @@ fn tcp_send(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     // the global TCP memory limit and starves whole streams.
     let per_stream = NOTSENT_TOTAL / u64::from(sh.params.total_streams());
     let notsent = per_stream.clamp(128 * 1024, 1 << 20);
-    let _ = fatpipe_sys::set_notsent_lowat(s, notsent);
+    let _ = fatpipe_sys::set_notsent_lowat(s.tcp(), notsent);
     let len = sh.params.length as usize;
-    let result = if sh.params.zerocopy {
-        tcp_send_file(s, c, sh, len)
+    // Zero-copy only on a plain stream: sendfile would bypass TLS.
+    let result = if let (true, Some(plain)) = (sh.params.zerocopy, s.plain()) {
+        tcp_send_file(plain, c, sh, len)
     } else {
         let buf: Vec<u8> = (0..len as u64).map(fatpipe_sys::pattern_byte).collect();
         let mut w = s;
@@ -280,7 +284,9 @@ fn tcp_send(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
             }
         }
     };
-    // The receiver's end of file marks the end of this stream.
+    // The receiver's end of file marks the end of this stream (an
+    // encrypted one flushes what a timed-out write left first).
+    let _ = (&*s).flush();
     let _ = s.shutdown(Shutdown::Write);
     result
 }
@@ -310,7 +316,7 @@ fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Re
     }
 }
 
-fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
+fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     // Wake the receiver per quarter megabyte, not per segment: on a
     // 2-core host the wakeups cost more than the discarding. The short
     // timeout bounds how late a slow stream's bytes are counted (recv
@@ -318,14 +324,14 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     // anyway under memory pressure or at end of file.
     // With hundreds of streams the parked bytes add up against the host's
     // TCP memory limit (tcp_mem), so the mark shrinks as streams grow.
-    let granted = fatpipe_sys::get_recv_buffer(s).unwrap_or(0);
+    let granted = fatpipe_sys::get_recv_buffer(s.tcp()).unwrap_or(0);
     let per_stream = (RCV_LOWAT_TOTAL / u64::from(sh.params.total_streams())).max(16 * 1024);
     let lowat = if sh.params.window.is_some() {
         (granted / 4).min(RCV_LOWAT).min(per_stream)
     } else {
         RCV_LOWAT.min(per_stream)
     };
-    let _ = set_rcvlowat(s, lowat);
+    let _ = set_rcvlowat(s.tcp(), lowat);
     s.set_read_timeout(Some(RECV_TICK))?;
     let mut sink = fatpipe_sys::Discarder::new();
     // `-w` (or a plan) sets the window the sender may fill, exactly: the
@@ -333,7 +339,7 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     let mut hold = sh
         .params
         .window
-        .and_then(|w| fatpipe_sys::WindowHold::new(s, w))
+        .and_then(|w| fatpipe_sys::WindowHold::new(s.tcp(), w))
         .map(|h| {
             let start = sh.params.start_window;
             h.starting_at(start.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))))
@@ -341,17 +347,27 @@ fn tcp_recv(s: &TcpStream, c: &Counters, sh: &Shared) -> io::Result<()> {
     // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
+    // An encrypted stream must be read and opened: MSG_TRUNC would discard
+    // the records unchecked.
+    let mut opened = match s.plain() {
+        Some(_) => Vec::new(),
+        None => vec![0u8; 256 * 1024],
+    };
     loop {
         if sh.stopped() {
             return Ok(());
         }
-        match sink.recv(s, len) {
-            Ok(t) if t.bytes == 0 => return Ok(()),
-            Ok(t) => {
+        let got = match s.plain() {
+            Some(plain) => sink.recv(plain, len).map(|t| t.bytes),
+            None => (&*s).read(&mut opened),
+        };
+        match got {
+            Ok(0) => return Ok(()),
+            Ok(bytes) => {
                 if let Some(h) = hold.as_mut() {
-                    h.tick(s);
+                    h.tick(s.tcp());
                 }
-                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
+                c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
                 c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
             }
             Err(e) if is_retry(&e) => {}
@@ -678,7 +694,7 @@ impl Snapshot {
 pub(crate) fn snapshot(s: &Stream) -> Snapshot {
     let c = &s.counters;
     let retransmits = match &*s.sock {
-        Sock::Tcp(t) if s.role == Role::Send => fatpipe_sys::tcp_info(t)
+        Sock::Tcp(t) if s.role == Role::Send => fatpipe_sys::tcp_info(t.tcp())
             .ok()
             .and_then(|i| i.total_retrans)
             .map_or(0, u64::from),
@@ -713,7 +729,7 @@ pub(crate) fn sample(s: &Stream, from: &Snapshot, to: &Snapshot, base_ns: u64) -
         out.jitter_us = f64::from_bits(s.counters.jitter_bits.load(Ordering::Relaxed));
     }
     if let Sock::Tcp(t) = &*s.sock {
-        if let Ok(info) = fatpipe_sys::tcp_info(t) {
+        if let Ok(info) = fatpipe_sys::tcp_info(t.tcp()) {
             out.rtt_us = info.rtt_us.unwrap_or(0);
             out.rttvar_us = info.rttvar_us.unwrap_or(0);
             out.cwnd = info.cwnd_bytes().unwrap_or(0);
@@ -784,10 +800,10 @@ pub(crate) fn configure_buffers(fd: &impl AsFd, p: &TestParams, warnings: &mut V
 pub(crate) fn setup_of(id: u32, sock: &Sock, role: Role, p: &TestParams) -> SocketSetup {
     let (sndbuf, rcvbuf, mss, congestion) = match sock {
         Sock::Tcp(t) => (
-            fatpipe_sys::get_send_buffer(t).unwrap_or(0),
-            fatpipe_sys::get_recv_buffer(t).unwrap_or(0),
-            fatpipe_sys::get_mss(t).unwrap_or(0),
-            fatpipe_sys::get_congestion(t).unwrap_or_default(),
+            fatpipe_sys::get_send_buffer(t.tcp()).unwrap_or(0),
+            fatpipe_sys::get_recv_buffer(t.tcp()).unwrap_or(0),
+            fatpipe_sys::get_mss(t.tcp()).unwrap_or(0),
+            fatpipe_sys::get_congestion(t.tcp()).unwrap_or_default(),
         ),
         Sock::Udp(u) => (
             fatpipe_sys::get_send_buffer(u).unwrap_or(0),
@@ -799,6 +815,8 @@ pub(crate) fn setup_of(id: u32, sock: &Sock, role: Role, p: &TestParams) -> Sock
     // A UDP stream reports the path of its role at this end; the other
     // column names what the same socket would take the other way.
     let (send_path, recv_path) = match (sock, p.zerocopy) {
+        // TLS (`--encrypt`): written and read through the record layer.
+        (Sock::Tcp(t), _) if t.is_encrypted() => ("tls", "tls"),
         (Sock::Tcp(_), true) => ("sendfile", "recv_trunc"),
         (Sock::Tcp(_), false) => ("copy", "recv_trunc"),
         (Sock::Udp(u), _) => {

@@ -430,10 +430,10 @@ impl Side {
                 continue;
             };
             tried += 1;
-            match fatpipe_sys::set_congestion(t, name) {
+            match fatpipe_sys::set_congestion(t.tcp(), name) {
                 Ok(()) => {
                     ok += 1;
-                    s.setup.congestion = fatpipe_sys::get_congestion(t).unwrap_or_default();
+                    s.setup.congestion = fatpipe_sys::get_congestion(t.tcp()).unwrap_or_default();
                 }
                 Err(e) => {
                     let line = format!("congestion control '{name}' unavailable ({e})");
@@ -587,7 +587,7 @@ fn serve(session: &ServerSession) -> Result<()> {
                     )));
                 }
                 let role = server_role(conn.tag);
-                data::configure_tcp(&conn.stream, &p, role, &mut warnings);
+                data::configure_tcp(conn.stream.tcp(), &p, role, &mut warnings);
                 let sock = Sock::Tcp(conn.stream);
                 seen.insert(conn.tag, ());
                 streams.push(new_stream(conn.tag, role, sock, &p));
@@ -772,7 +772,7 @@ fn poll_add(
         } else {
             Role::Send
         };
-        data::configure_tcp(&conn.stream, &side.config, role, &mut add.warnings);
+        data::configure_tcp(conn.stream.tcp(), &side.config, role, &mut add.warnings);
         let stream = new_stream(id, role, Sock::Tcp(conn.stream), &side.config);
         add.got.insert(id, stream);
     }
@@ -1706,6 +1706,10 @@ fn start_info(
         // Auto-tuning happens before the session, in the binary, which
         // fills this in.
         auto: None,
+        encryption: session.encryption().map(|e| fatpipe_schema::Encryption {
+            protocol: e.protocol.into(),
+            suite: e.suite.into(),
+        }),
     }
 }
 

@@ -530,6 +530,7 @@ mod tests {
                 remote: vec![],
                 warnings: vec![],
                 auto: None,
+                encryption: None,
             },
             intervals: vec![interval(
                 0,

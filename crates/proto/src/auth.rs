@@ -39,6 +39,12 @@ impl Key {
         Ok(Key(bytes))
     }
 
+    /// The key's bytes (the TLS identity of `--encrypt` is derived from
+    /// them, under a label of its own).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// The client's proof: covers the server's nonce first.
     pub fn client_proof(&self, server_nonce: &Nonce, client_nonce: &Nonce) -> Mac {
         self.mac(CLIENT_LABEL, server_nonce, client_nonce)

@@ -112,6 +112,10 @@ pub struct CopyReport {
     /// Absent in documents from before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<CopyTimeline>,
+    /// What encrypted the copy's connections (`--encrypt`); null when
+    /// they were not (and in documents from before it existed).
+    #[serde(default)]
+    pub encryption: Option<crate::Encryption>,
 }
 
 /// The copy's start-up timeline: every time in seconds since the command

@@ -37,6 +37,16 @@ pub mod test;
 pub mod tune;
 pub mod units;
 
+/// What protected a session's connections (`--encrypt`): the JSON's
+/// `encryption` object of `test` and `copy` (docs/json-schema.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Encryption {
+    /// `"TLS 1.3"`.
+    pub protocol: String,
+    /// The cipher suite's IANA name, e.g. `"TLS13_AES_128_GCM_SHA256"`.
+    pub suite: String,
+}
+
 #[cfg(test)]
 mod tests {
     use std::fmt;

@@ -122,6 +122,10 @@ pub struct TestStart {
     /// off (`--no-auto`, UDP, or every tunable part given as a flag).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<crate::tune::AutoTune>,
+    /// What encrypted the test's connections (`--encrypt`); null when
+    /// they were not (and in documents from before it existed).
+    #[serde(default)]
+    pub encryption: Option<crate::Encryption>,
 }
 
 /// One socket's effective settings.

@@ -13,7 +13,7 @@
 //!   files are batched so thousands of them need no round trip each.
 //! * [`journal`]: the receiver's record of verified chunks, for resume.
 //! * [`source`] and [`sink`]: the sending and receiving halves of a session,
-//!   written against plain `TcpStream`s so they run the same on either side.
+//!   written against `fatpipe_secure::Stream`s (plain or TLS) so they run the same on either side.
 //! * [`session`]: the client's reconnecting driver and the server's handler.
 //! * [`live`]: a session's connections, and the handle an in-flight tuner
 //!   uses to sample them and add streams while data flows.

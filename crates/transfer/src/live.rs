@@ -16,7 +16,9 @@
 //! thread; `Live` only passes requests and outcomes.
 
 use std::io;
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
+
+use fatpipe_secure::Stream;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -46,18 +48,18 @@ impl CtrlSend for crate::sink::Sink {
 /// Every connection of one session.
 #[derive(Debug)]
 pub struct Pool {
-    ctrl: TcpStream,
-    data: Mutex<Vec<TcpStream>>,
+    ctrl: Stream,
+    data: Mutex<Vec<Stream>>,
     down: AtomicBool,
     congestion: Mutex<Option<String>>,
 }
 
 impl Pool {
     /// A pool of the control connection and the first data connections.
-    pub fn new(ctrl: &TcpStream, data: &[TcpStream]) -> io::Result<Pool> {
+    pub fn new(ctrl: &Stream, data: &[Stream]) -> io::Result<Pool> {
         let data = data
             .iter()
-            .map(TcpStream::try_clone)
+            .map(Stream::try_clone)
             .collect::<io::Result<Vec<_>>>()?;
         Ok(Pool {
             ctrl: ctrl.try_clone()?,
@@ -70,10 +72,10 @@ impl Pool {
     /// Adds a data connection opened mid-session: it gets the congestion
     /// control set with [`Pool::set_congestion`], and is shut at once if
     /// the session is already down.
-    pub fn add(&self, s: &TcpStream) -> io::Result<()> {
+    pub fn add(&self, s: &Stream) -> io::Result<()> {
         let clone = s.try_clone()?;
         if let Some(cc) = lock(&self.congestion).as_deref() {
-            let _ = fatpipe_sys::set_congestion(&clone, cc);
+            let _ = fatpipe_sys::set_congestion(clone.tcp(), cc);
         }
         let mut data = lock(&self.data);
         if self.down.load(Ordering::SeqCst) {
@@ -104,7 +106,7 @@ impl Pool {
         *lock(&self.congestion) = Some(name.to_string());
         let data = lock(&self.data);
         for s in data.iter() {
-            fatpipe_sys::set_congestion(s, name).map_err(|e| format!("{name}: {e}"))?;
+            fatpipe_sys::set_congestion(s.tcp(), name).map_err(|e| format!("{name}: {e}"))?;
         }
         Ok(())
     }
@@ -118,7 +120,7 @@ impl Pool {
         };
         let (mut rtt_sum, mut rtt_n) = (0u64, 0u64);
         for s in data.iter() {
-            let Ok(info) = fatpipe_sys::tcp_info(s) else {
+            let Ok(info) = fatpipe_sys::tcp_info(s.tcp()) else {
                 continue;
             };
             st.bytes_acked += info.bytes_acked.unwrap_or(0);
@@ -130,7 +132,7 @@ impl Pool {
         }
         st.rtt_us = rtt_sum.checked_div(rtt_n).unwrap_or(0) as u32;
         if let Some(first) = data.first() {
-            st.congestion = fatpipe_sys::get_congestion(first).unwrap_or_default();
+            st.congestion = fatpipe_sys::get_congestion(first.tcp()).unwrap_or_default();
         }
         st
     }
@@ -139,7 +141,7 @@ impl Pool {
     pub fn bytes_received(&self) -> u64 {
         lock(&self.data)
             .iter()
-            .filter_map(|s| fatpipe_sys::tcp_info(s).ok())
+            .filter_map(|s| fatpipe_sys::tcp_info(s.tcp()).ok())
             .map(|i| i.bytes_received.unwrap_or(0))
             .sum()
     }

@@ -11,7 +11,9 @@
 //! applied as the engine hands out each data connection) and the server's
 //! ([`remote_tuning`], carried in the request).
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use fatpipe_secure::Stream;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -36,7 +38,7 @@ pub const TEST_STREAMS_ENV: &str = "FATPIPE_TEST_COPY_STREAMS";
 /// Why `--export` values were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    /// The value does not read as `NAME=DIR[:ro][:public]`.
+    /// The value does not read as `NAME=DIR[:ro][:public][:encrypted]`.
     #[error("{0}")]
     Syntax(String),
     /// The directory does not exist or is not one.
@@ -63,7 +65,8 @@ pub struct CopyService {
 }
 
 impl CopyService {
-    /// Builds the service from `--export NAME=DIR[:ro][:public]` values.
+    /// Builds the service from `--export NAME=DIR[:ro][:public][:encrypted]`
+    /// values.
     /// `keyed` is true when the server requires the pre-shared key; an
     /// export that needs the key on a server without one is served to
     /// nobody, which `warn` is told.
@@ -91,6 +94,13 @@ impl CopyService {
                 warn(&format!(
                     "export '{}' needs the key but the server has none: \
                      add --key-file, or mark it :public",
+                    ex.name
+                ));
+            }
+            if ex.encrypted && !keyed {
+                warn(&format!(
+                    "export '{}' is :encrypted but the server has no key to encrypt with: \
+                     add --key-file",
                     ex.name
                 ));
             }
@@ -131,7 +141,7 @@ impl Service for CopyService {
             };
             &unproven
         };
-        let accept = |t: Duration| -> Result<TcpStream, String> {
+        let accept = |t: Duration| -> Result<Stream, String> {
             session
                 .accept_data(t)
                 .map(|d| d.stream)
@@ -147,6 +157,8 @@ impl Service for CopyService {
 pub struct EngineLink {
     addr: SocketAddr,
     key: Option<fatpipe_proto::Key>,
+    /// Every connection through TLS (`--encrypt`).
+    encrypt: bool,
     /// Set once the plan is known (before any data connection is dialled).
     data: Arc<OnceLock<DataOpts>>,
 }
@@ -157,8 +169,16 @@ impl EngineLink {
         EngineLink {
             addr,
             key,
+            encrypt: false,
             data: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Encrypts every connection of every session (`--encrypt`; needs the
+    /// key).
+    pub fn encrypted(mut self, on: bool) -> EngineLink {
+        self.encrypt = on;
+        self
     }
 
     /// Sets this end's data socket settings, once: before the first data
@@ -172,7 +192,12 @@ struct EngineConn(ClientSession, Arc<OnceLock<DataOpts>>);
 
 impl Link for EngineLink {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
-        match fatpipe_engine::connect(self.addr, self.key.as_ref(), "copy", &[]) {
+        let options = ClientOptions {
+            key: self.key.clone(),
+            encrypt: self.encrypt,
+            ..ClientOptions::default()
+        };
+        match fatpipe_engine::connect_with(self.addr, &options, "copy", &[]) {
             Ok(s) => Ok(Box::new(EngineConn(s, Arc::clone(&self.data)))),
             Err(e) => Err(classify(e)),
         }
@@ -181,7 +206,7 @@ impl Link for EngineLink {
 
 impl EngineConn {
     /// Applies this end's data socket settings (not to copy-control, tag 0).
-    fn tuned(&self, tag: u32, s: TcpStream) -> TcpStream {
+    fn tuned(&self, tag: u32, s: Stream) -> Stream {
         if let (true, Some(opts)) = (tag > 0, self.1.get()) {
             opts.apply(&s);
         }
@@ -190,12 +215,12 @@ impl EngineConn {
 }
 
 impl Conn for EngineConn {
-    fn open(&self, tag: u32) -> Result<TcpStream, CopyError> {
+    fn open(&self, tag: u32) -> Result<Stream, CopyError> {
         let s = self.0.open_data(tag).map_err(classify)?;
         Ok(self.tuned(tag, s))
     }
 
-    fn open_early(&self, tag: u32) -> Result<TcpStream, CopyError> {
+    fn open_early(&self, tag: u32) -> Result<Stream, CopyError> {
         let s = self.0.open_data_early(tag).map_err(classify)?;
         Ok(self.tuned(tag, s))
     }
@@ -236,19 +261,19 @@ impl DataOpts {
 
     /// Best effort: a refused option leaves the kernel's default, which
     /// still copies correctly, so failures are not errors.
-    fn apply(&self, s: &TcpStream) {
+    fn apply(&self, s: &Stream) {
         if let Some(b) = self.buffer {
             let _ = if self.sends {
-                fatpipe_sys::set_send_buffer(s, b, self.forced)
+                fatpipe_sys::set_send_buffer(s.tcp(), b, self.forced)
             } else {
-                fatpipe_sys::set_recv_buffer(s, b, self.forced)
+                fatpipe_sys::set_recv_buffer(s.tcp(), b, self.forced)
             };
         }
         if let Some(cc) = &self.congestion {
-            let _ = fatpipe_sys::set_congestion(s, cc);
+            let _ = fatpipe_sys::set_congestion(s.tcp(), cc);
         }
         if let Some(r) = self.pacing_rate {
-            let _ = fatpipe_sys::set_max_pacing_rate(s, r / 8);
+            let _ = fatpipe_sys::set_max_pacing_rate(s.tcp(), r / 8);
         }
     }
 }

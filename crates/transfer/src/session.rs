@@ -26,7 +26,9 @@
 //! Refusals and authentication failures are not retried.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
+
+use fatpipe_secure::Stream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -71,7 +73,7 @@ pub enum Grow<'a> {
     /// setup timeout and the same data hello as at setup).
     Server {
         /// Yields the session's next connection, waiting at most the time given.
-        accept: &'a dyn Fn(Duration) -> Result<TcpStream, String>,
+        accept: &'a dyn Fn(Duration) -> Result<Stream, String>,
         /// The most data connections of the session.
         max: u16,
     },
@@ -79,7 +81,7 @@ pub enum Grow<'a> {
     /// (tags continue after the last one) and reports to `live`.
     Client {
         /// Opens data connection `tag` (called from several threads at once).
-        open: &'a (dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+        open: &'a (dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
         /// The tuner's handle on this session.
         live: Arc<Live>,
     },
@@ -98,7 +100,7 @@ pub type Prepare<'a> = dyn FnMut(&mut Job) -> Result<(), CopyError> + 'a;
 
 /// A session's data connections, dialled (client) or queued by the engine
 /// (server) while the manifest is exchanged; taken once, when needed.
-pub type DataConns<'a> = Box<dyn FnOnce() -> Result<Vec<TcpStream>, CopyError> + 'a>;
+pub type DataConns<'a> = Box<dyn FnOnce() -> Result<Vec<Stream>, CopyError> + 'a>;
 
 /// How a copy failed.
 #[derive(Debug, thiserror::Error)]
@@ -124,13 +126,13 @@ pub trait Link: Send + Sync {
 /// are opened in parallel (each costs round trips), hence `Sync`.
 pub trait Conn: Send + Sync {
     /// Opens connection `tag` (0 is copy-control, 1.. are data).
-    fn open(&self, tag: u32) -> Result<TcpStream, CopyError>;
+    fn open(&self, tag: u32) -> Result<Stream, CopyError>;
 
     /// Opens data connection `tag` for sending only, returning as soon as
     /// the bytes written next may follow the opening handshake (a round
     /// trip before [`open`](Self::open) would); a refusal shows as a failed
     /// write. By default the same as `open`.
-    fn open_early(&self, tag: u32) -> Result<TcpStream, CopyError> {
+    fn open_early(&self, tag: u32) -> Result<Stream, CopyError> {
         self.open(tag)
     }
 }
@@ -209,6 +211,8 @@ pub struct Report {
     pub local_io: String,
     /// The server's I/O path.
     pub remote_io: String,
+    /// What encrypted the sessions' connections (`--encrypt`), if anything.
+    pub encryption: Option<fatpipe_secure::Encryption>,
     /// Data connections used.
     pub streams: u16,
     /// Files in the manifest.
@@ -330,7 +334,7 @@ pub fn run_client_prepared(
     }
 }
 
-/// Server configuration of one export: `name=path[:ro][:public]`.
+/// Server configuration of one export: `name=path[:ro][:public][:encrypted]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Export {
     /// The name clients use (`HOST:NAME/path`).
@@ -341,6 +345,8 @@ pub struct Export {
     pub read_only: bool,
     /// Serve without the pre-shared key.
     pub public: bool,
+    /// Serve only encrypted sessions (`--encrypt`).
+    pub encrypted: bool,
 }
 
 impl std::str::FromStr for Export {
@@ -349,7 +355,7 @@ impl std::str::FromStr for Export {
     fn from_str(s: &str) -> Result<Export, String> {
         let (name, mut rest) = s
             .split_once('=')
-            .ok_or_else(|| format!("export '{s}': expected NAME=PATH[:ro][:public]"))?;
+            .ok_or_else(|| format!("export '{s}': expected NAME=PATH[:ro][:public][:encrypted]"))?;
         if name.is_empty()
             || !name
                 .bytes()
@@ -359,7 +365,7 @@ impl std::str::FromStr for Export {
                 "export '{s}': the name may use letters, digits, '-', '_' and '.'"
             ));
         }
-        let (mut read_only, mut public) = (false, false);
+        let (mut read_only, mut public, mut encrypted) = (false, false, false);
         loop {
             if let Some(r) = rest.strip_suffix(":ro") {
                 read_only = true;
@@ -368,6 +374,9 @@ impl std::str::FromStr for Export {
                 rest = r;
             } else if let Some(r) = rest.strip_suffix(":public") {
                 public = true;
+                rest = r;
+            } else if let Some(r) = rest.strip_suffix(":encrypted") {
+                encrypted = true;
                 rest = r;
             } else {
                 break;
@@ -381,6 +390,7 @@ impl std::str::FromStr for Export {
             path: PathBuf::from(rest),
             read_only,
             public,
+            encrypted,
         })
     }
 }
@@ -401,7 +411,7 @@ pub struct ServerConfig {
 /// (copy-control first), waiting at most the given time.
 pub fn serve(
     cfg: &ServerConfig,
-    accept: &dyn Fn(Duration) -> Result<TcpStream, String>,
+    accept: &dyn Fn(Duration) -> Result<Stream, String>,
 ) -> Result<Summary, CopyError> {
     let mut ctrl = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
     // Small messages each awaiting an answer: Nagle would hold them back.
@@ -418,7 +428,11 @@ pub fn serve(
             )))
         }
     };
-    let plan = match check_request(cfg, &req) {
+    let checked = match refuse_plaintext(cfg, &req, ctrl.is_encrypted()) {
+        Some(refuse) => Err(refuse),
+        None => check_request(cfg, &req),
+    };
+    let plan = match checked {
         Ok(p) => p,
         Err(refuse) => {
             let _ = write_msg(&mut ctrl, &Msg::Refuse(refuse.clone()));
@@ -431,10 +445,11 @@ pub fn serve(
     let io_name = match req.direction {
         Direction::Push if req.direct => "pwrite+O_DIRECT",
         Direction::Push => "pwrite",
-        Direction::Pull if cfg.sendfile => "pread+sendfile",
+        // sendfile would bypass TLS: encrypted streams are written.
+        Direction::Pull if cfg.sendfile && !ctrl.is_encrypted() => "pread+sendfile",
         Direction::Pull => "pread+write",
     };
-    let congestion = fatpipe_sys::get_congestion(&ctrl).unwrap_or_default();
+    let congestion = fatpipe_sys::get_congestion(ctrl.tcp()).unwrap_or_default();
     write_msg(
         &mut ctrl,
         &Msg::Accept(Accept {
@@ -453,7 +468,7 @@ pub fn serve(
     // Every data connection, at set-up and added later, gets the plan's
     // socket settings as it is taken: the receiver's window hold takes
     // its size from the buffer set here.
-    let tuned_accept = |timeout: Duration| -> Result<TcpStream, String> {
+    let tuned_accept = |timeout: Duration| -> Result<Stream, String> {
         let s = accept(timeout)?;
         apply_tuning(&s, &req.tuning, req.direction);
         Ok(s)
@@ -513,7 +528,7 @@ pub fn serve(
 /// connection, which may destroy the refusal before the client reads it.
 /// So the server closes its side and reads until the client closes its own
 /// (it does once it has read the refusal), for at most 3 s and 256 MiB.
-fn drain_after_refusal(ctrl: &mut TcpStream) {
+fn drain_after_refusal(ctrl: &mut Stream) {
     const DRAIN_FOR: Duration = Duration::from_secs(3);
     const DRAIN_MAX: u64 = 256 << 20;
     let _ = ctrl.shutdown(Shutdown::Write);
@@ -538,7 +553,7 @@ fn drain_after_refusal(ctrl: &mut TcpStream) {
 /// done. Streams added mid-session (`grow`) pull from the same queue.
 pub fn run_source(
     src: Arc<Source>,
-    mut ctrl: TcpStream,
+    mut ctrl: Stream,
     data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<Summary, CopyError> {
@@ -568,7 +583,7 @@ pub fn run_source(
         .into_iter()
         .map(|s| spawn_sender(&src, &pool, s))
         .collect();
-    keepalive(&ctrl);
+    keepalive(ctrl.tcp());
     // A sending server reports its counters so the client can tune.
     let stats_stop = Arc::new(AtomicBool::new(false));
     let stats = matches!(grow, Grow::Server { .. }).then(|| {
@@ -640,7 +655,7 @@ pub fn run_source(
 /// Sends a source's manifest: its entries, what the walk skipped or
 /// changed (`notes` as [`Manifest::notes_to_send`] caps them: at most
 /// [`MAX_NOTES`] + 1), then the entries' count.
-fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry], notes: &[Note]) -> Result<(), CopyError> {
+fn send_manifest(ctrl: &mut Stream, entries: &[Entry], notes: &[Note]) -> Result<(), CopyError> {
     // Few large writes rather than one per message (no Nagle here).
     let mut w = io::BufWriter::with_capacity(1 << 20, ctrl);
     let stall = crate::Stall::default();
@@ -682,8 +697,8 @@ fn send_manifest(ctrl: &mut TcpStream, entries: &[Entry], notes: &[Note]) -> Res
     w.flush().map_err(net)
 }
 
-fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<io::Result<()>> {
-    keepalive(&s);
+fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: Stream) -> JoinHandle<io::Result<()>> {
+    keepalive(s.tcp());
     let (src, pool) = (Arc::clone(src), Arc::clone(pool));
     std::thread::spawn(move || {
         let r = src.send(s);
@@ -695,8 +710,8 @@ fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle
     })
 }
 
-fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandle<()> {
-    keepalive(&s);
+fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: Stream) -> JoinHandle<()> {
+    keepalive(s.tcp());
     let (sk, pool) = (Arc::clone(sink), Arc::clone(pool));
     std::thread::spawn(move || {
         if let Err(e) = sk.receive(s) {
@@ -714,10 +729,10 @@ fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: TcpStream) -> JoinHandl
 fn server_grow(
     n: u16,
     max: u16,
-    accept: &dyn Fn(Duration) -> Result<TcpStream, String>,
+    accept: &dyn Fn(Duration) -> Result<Stream, String>,
     pool: &Pool,
     ctrl: &dyn CtrlSend,
-) -> Result<Vec<TcpStream>, CopyError> {
+) -> Result<Vec<Stream>, CopyError> {
     let grant = n.min(max.saturating_sub(pool.streams()));
     ctrl.send_control(&Msg::StreamsAdded { n: grant })
         .map_err(net)?;
@@ -736,10 +751,10 @@ fn server_grow(
 /// Client: opens the `n` streams the server granted and tells the tuner.
 fn client_grow(
     n: u16,
-    open: &(dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+    open: &(dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
     live: &Live,
     pool: &Pool,
-) -> Result<Vec<TcpStream>, CopyError> {
+) -> Result<Vec<Stream>, CopyError> {
     let tags: Vec<u32> = (0..n).map(|_| live.next_tag()).collect();
     let opened = open_data(open, &tags).and_then(|v| {
         for s in &v {
@@ -758,10 +773,10 @@ fn client_grow(
 /// every one costs a few round trips (connect, the engine's cookie check),
 /// which one after another would add seconds on a long path.
 fn open_data(
-    open: &(dyn Fn(u32) -> Result<TcpStream, CopyError> + Sync),
+    open: &(dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
     tags: &[u32],
-) -> Result<Vec<TcpStream>, CopyError> {
-    let one = |tag: u32| -> Result<TcpStream, CopyError> {
+) -> Result<Vec<Stream>, CopyError> {
+    let one = |tag: u32| -> Result<Stream, CopyError> {
         let mut s = open(tag)?;
         s.write_all(&Hello::Data.encode()).map_err(net)?;
         Ok(s)
@@ -769,7 +784,7 @@ fn open_data(
     let mut out = Vec::with_capacity(tags.len());
     // At most 32 dials in flight.
     for group in tags.chunks(32) {
-        let opened: Vec<Result<TcpStream, CopyError>> = std::thread::scope(|sc| {
+        let opened: Vec<Result<Stream, CopyError>> = std::thread::scope(|sc| {
             let handles: Vec<_> = group.iter().map(|&t| sc.spawn(move || one(t))).collect();
             handles
                 .into_iter()
@@ -812,7 +827,7 @@ pub struct SinkResult {
 /// Takes the manifest, plans, sends the needs, then takes the data
 /// connections and receives until complete, reports `Done`.
 pub fn run_sink(
-    mut ctrl: TcpStream,
+    mut ctrl: Stream,
     data: DataConns<'_>,
     opts: SinkOptions,
     progress: Arc<Progress>,
@@ -936,7 +951,7 @@ pub fn run_sink(
         .into_iter()
         .map(|s| spawn_receiver(&sink, &pool, s))
         .collect();
-    keepalive(&ctrl);
+    keepalive(ctrl.tcp());
     let (tx, rx) = mpsc::channel();
     let reader = {
         let sk = Arc::clone(&sink);
@@ -1070,21 +1085,37 @@ pub const MAX_FORCED_BUFFER: u64 = 256 << 20;
 /// control and pacing on a pull (the server sends). Best effort, like the
 /// client's own: a refused option leaves the kernel's default, which still
 /// copies correctly.
-fn apply_tuning(s: &TcpStream, t: &SocketTuning, direction: Direction) {
+fn apply_tuning(s: &Stream, t: &SocketTuning, direction: Direction) {
     if let Some(bytes) = planned_window(t) {
         let _ = match direction {
-            Direction::Push => fatpipe_sys::set_recv_buffer(s, bytes, t.force),
-            Direction::Pull => fatpipe_sys::set_send_buffer(s, bytes, t.force),
+            Direction::Push => fatpipe_sys::set_recv_buffer(s.tcp(), bytes, t.force),
+            Direction::Pull => fatpipe_sys::set_send_buffer(s.tcp(), bytes, t.force),
         };
     }
     if direction == Direction::Pull {
         if !t.congestion.is_empty() {
-            let _ = fatpipe_sys::set_congestion(s, &t.congestion);
+            let _ = fatpipe_sys::set_congestion(s.tcp(), &t.congestion);
         }
         if t.pacing > 0 {
-            let _ = fatpipe_sys::set_max_pacing_rate(s, t.pacing / 8);
+            let _ = fatpipe_sys::set_max_pacing_rate(s.tcp(), t.pacing / 8);
         }
     }
+}
+
+/// The refusal of a plaintext session to an `:encrypted` export: one line
+/// telling the client what to add.
+fn refuse_plaintext(cfg: &ServerConfig, req: &Request, encrypted: bool) -> Option<Refuse> {
+    let export = cfg
+        .exports
+        .iter()
+        .find(|e| e.name.as_bytes() == &req.export[..])?;
+    (export.encrypted && !encrypted).then(|| Refuse {
+        class: RefuseClass::Usage,
+        message: format!(
+            "export '{}' requires encryption: add --encrypt (with --key-file)",
+            export.name
+        ),
+    })
 }
 
 fn check_request(cfg: &ServerConfig, req: &Request) -> Result<ServerPlan, Refuse> {
@@ -1450,7 +1481,7 @@ fn pull_into_dir(remote: &[Vec<u8>]) -> bool {
 }
 
 /// Connects, opens the control connection and sends its hello.
-fn client_open(link: &dyn Link) -> Result<(Box<dyn Conn>, TcpStream), CopyError> {
+fn client_open(link: &dyn Link) -> Result<(Box<dyn Conn>, Stream), CopyError> {
     let conn = link.connect()?;
     let mut ctrl = conn.open(0)?;
     // Small messages each awaiting an answer: Nagle would hold one back
@@ -1548,6 +1579,7 @@ fn client_session(
         }
         report.streams = accept.streams;
         report.remote_io = accept.io.clone();
+        report.encryption = ctrl.encryption().cloned();
         report.marks.accepted.get_or_insert_with(Instant::now);
         let first_open = report.marks.data_open.is_none();
         let data_open = &data_open;
@@ -1590,7 +1622,7 @@ fn client_roles(
     local: Option<&Manifest>,
     progress: Arc<Progress>,
     report: &mut Report,
-    ctrl: TcpStream,
+    ctrl: Stream,
     data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<(), CopyError> {
@@ -1666,7 +1698,7 @@ fn merge_failures(into: &mut Vec<Failure>, new: Vec<Failure>) {
     into.extend(new);
 }
 
-fn expect_hello(s: &mut TcpStream, want: Hello) -> Result<(), CopyError> {
+fn expect_hello(s: &mut Stream, want: Hello) -> Result<(), CopyError> {
     let mut b = [0u8; 8];
     s.read_exact(&mut b).map_err(net)?;
     match Hello::decode(&b) {
@@ -1706,13 +1738,13 @@ mod tests {
     /// Plain-TCP link; records every stream so a test can cut them.
     struct TestLink {
         addr: std::net::SocketAddr,
-        opened: Arc<Mutex<Vec<TcpStream>>>,
+        opened: Arc<Mutex<Vec<Stream>>>,
         on_connect: Option<Box<dyn Fn() + Send + Sync>>,
     }
 
     struct TestConn {
         addr: std::net::SocketAddr,
-        opened: Arc<Mutex<Vec<TcpStream>>>,
+        opened: Arc<Mutex<Vec<Stream>>>,
     }
 
     impl Link for TestLink {
@@ -1728,8 +1760,8 @@ mod tests {
     }
 
     impl Conn for TestConn {
-        fn open(&self, _tag: u32) -> Result<TcpStream, CopyError> {
-            let s = TcpStream::connect(self.addr).map_err(net)?;
+        fn open(&self, _tag: u32) -> Result<Stream, CopyError> {
+            let s = Stream::from(std::net::TcpStream::connect(self.addr).map_err(net)?);
             self.opened.lock().unwrap().push(s.try_clone().unwrap());
             Ok(s)
         }
@@ -1755,7 +1787,7 @@ mod tests {
         let results = Arc::new(Mutex::new(Vec::new()));
         let (st, rs) = (Arc::clone(&stop), Arc::clone(&results));
         std::thread::spawn(move || {
-            let accept = |t: Duration| -> Result<TcpStream, String> {
+            let accept = |t: Duration| -> Result<Stream, String> {
                 let end = Instant::now() + t;
                 loop {
                     if st.load(Ordering::SeqCst) {
@@ -1764,7 +1796,7 @@ mod tests {
                     match l.accept() {
                         Ok((s, _)) => {
                             s.set_nonblocking(false).unwrap();
-                            return Ok(s);
+                            return Ok(Stream::from(s));
                         }
                         Err(_) if Instant::now() < end => {
                             std::thread::sleep(Duration::from_millis(2))
@@ -1798,6 +1830,7 @@ mod tests {
             path: path.to_path_buf(),
             read_only: ro,
             public: false,
+            encrypted: false,
         }
     }
 
@@ -2263,7 +2296,10 @@ mod tests {
         let opened = srv.link.opened.lock().unwrap();
         assert_eq!(opened.len(), 6);
         for s in &opened[3..] {
-            let acked = fatpipe_sys::tcp_info(s).unwrap().bytes_acked.unwrap_or(0);
+            let acked = fatpipe_sys::tcp_info(s.tcp())
+                .unwrap()
+                .bytes_acked
+                .unwrap_or(0);
             assert!(acked > 1 << 20, "an added stream moved only {acked} bytes");
         }
         drop(opened);
@@ -2283,7 +2319,7 @@ mod tests {
         let opened = srv.link.opened.lock().unwrap();
         assert_eq!(opened.len(), 6);
         for s in &opened[3..] {
-            let got = fatpipe_sys::tcp_info(s)
+            let got = fatpipe_sys::tcp_info(s.tcp())
                 .unwrap()
                 .bytes_received
                 .unwrap_or(0);
@@ -2338,6 +2374,7 @@ mod tests {
             path: ro.path().to_path_buf(),
             read_only: false,
             public: false,
+            encrypted: false,
         });
         let mut c = cfg(exports);
         let srv = server(c.clone());
@@ -2515,9 +2552,13 @@ mod tests {
                 name: "data".into(),
                 path: "/srv/data".into(),
                 read_only: true,
-                public: true
+                public: true,
+                encrypted: false
             }
         );
+        let e: Export = "med=/srv/med:encrypted:ro".parse().unwrap();
+        assert!(e.encrypted && e.read_only && !e.public);
+        assert_eq!(e.path, PathBuf::from("/srv/med"));
         let e: Export = "x=/a:b".parse().unwrap();
         assert_eq!(e.path, PathBuf::from("/a:b"));
         assert!("noequals".parse::<Export>().is_err());

@@ -26,10 +26,10 @@
 //! Every path is resolved beneath the destination base ([`crate::beneath`]);
 //! the manifest's names were already validated by the decoder.
 
+use fatpipe_secure::Stream;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read};
-use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -78,7 +78,7 @@ pub struct Sink {
     entries: Vec<Entry>,
     slots: Vec<Option<Slot>>,
     dirs: Mutex<HashMap<Vec<u8>, Arc<Dir>>>,
-    ctrl: Mutex<Option<TcpStream>>,
+    ctrl: Mutex<Option<Stream>>,
     state: Mutex<Waiting>,
     settled: Condvar,
     finished: AtomicBool,
@@ -211,7 +211,7 @@ impl Sink {
     /// Gives the sink the control connection it reports on (resends,
     /// failures). Until then those messages are dropped.
     /// Failures found while planning are sent now.
-    pub fn set_control(&self, ctrl: TcpStream) {
+    pub fn set_control(&self, ctrl: Stream) {
         *lock(&self.ctrl) = Some(ctrl);
         let early = std::mem::take(&mut *lock(&self.early));
         for (file, message) in early {
@@ -244,11 +244,11 @@ impl Sink {
     }
 
     /// Receives chunks from one data connection until its `End`.
-    pub fn receive(&self, stream: TcpStream) -> io::Result<()> {
+    pub fn receive(&self, stream: Stream) -> io::Result<()> {
         let mut hold = self
             .opts
             .window
-            .and_then(|w| fatpipe_sys::WindowHold::new(&stream, w))
+            .and_then(|w| fatpipe_sys::WindowHold::new(stream.tcp(), w))
             .map(|h| h.starting_at(self.opts.start));
         let mut stream = io::BufReader::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
@@ -303,7 +303,7 @@ impl Sink {
                 let piece = &mut buf.bytes_mut()[..p];
                 stream.read_exact(piece)?;
                 if let Some(h) = hold.as_mut() {
-                    h.tick(stream.get_ref());
+                    h.tick(stream.get_ref().tcp());
                 }
                 hasher.update(piece);
                 if let (Some((file, direct)), None) = (&target, &write_err) {

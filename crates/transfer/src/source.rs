@@ -19,9 +19,9 @@
 //! that the receiver detects it and the chunk is sent again. It is read only
 //! in builds with the `test-hooks` feature; others ignore the variable.
 
+use fatpipe_secure::Stream;
 use std::collections::HashSet;
 use std::io::{self, BufWriter, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -66,7 +66,7 @@ pub struct Source {
     queue: Queue,
     failed: Mutex<HashSet<u32>>,
     failures: Mutex<Vec<Failure>>,
-    ctrl: Mutex<Option<TcpStream>>,
+    ctrl: Mutex<Option<Stream>>,
     limiter: Option<Limiter>,
     chunks_sent: AtomicU64,
     used_sendfile: AtomicBool,
@@ -152,7 +152,7 @@ impl Source {
     }
 
     /// Gives the sender the control connection it reports failures on.
-    pub fn set_control(&self, ctrl: TcpStream) {
+    pub fn set_control(&self, ctrl: Stream) {
         *lock(&self.ctrl) = Some(ctrl);
     }
 
@@ -224,7 +224,7 @@ impl Source {
     }
 
     /// Sends queued units on `stream` until the queue closes, then `End`.
-    pub fn send(&self, stream: TcpStream) -> io::Result<()> {
+    pub fn send(&self, stream: Stream) -> io::Result<()> {
         let mut w = BufWriter::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
         while let Some(unit) = self.queue.pop() {
@@ -269,7 +269,7 @@ impl Source {
 
     fn send_chunk(
         &self,
-        w: &mut BufWriter<TcpStream>,
+        w: &mut BufWriter<Stream>,
         c: ChunkRef,
         buf: &mut AlignedBuf,
     ) -> Result<(), SendError> {
@@ -316,7 +316,10 @@ impl Source {
         }
         let n = self.chunks_sent.fetch_add(1, Ordering::Relaxed) + 1;
         let corrupt = self.opts.corrupt_chunk == Some(n);
-        let use_sendfile = self.opts.sendfile && !corrupt && len as usize >= PIECE;
+        let use_sendfile = self.opts.sendfile
+            && !corrupt
+            && len as usize >= PIECE
+            && w.get_ref().plain().is_some();
         let h = ChunkHeader {
             kind: ChunkKind::Data,
             file: c.file,
@@ -340,7 +343,14 @@ impl Source {
                 l.take(p as u64);
             }
             if use_sendfile {
-                match fatpipe_sys::sendfile_all(w.get_ref(), &file, off + pos, p as u64) {
+                // `use_sendfile` holds only for plain streams: sendfile
+                // would put the file's bytes on the wire past TLS.
+                let Some(tcp) = w.get_ref().plain() else {
+                    return Err(SendError::Net(io::Error::other(
+                        "sendfile on an encrypted stream",
+                    )));
+                };
+                match fatpipe_sys::sendfile_all(tcp, &file, off + pos, p as u64) {
                     Ok(t) => {
                         if t.path == fatpipe_sys::IoPath::Sendfile {
                             self.used_sendfile.store(true, Ordering::Relaxed);

@@ -22,6 +22,26 @@ pub(crate) fn resolve(host: &str, default_port: u16) -> anyhow::Result<SocketAdd
         .ok_or_else(|| crate::exit::usage(format!("'{name}' has no address")))
 }
 
+/// Refuses `--encrypt` where it cannot work: without the pre-shared key
+/// (nothing would authenticate the server) and over UDP (whose datagrams
+/// the TLS streams do not carry). One line each, exit 2.
+pub(crate) fn check_encrypt(encrypt: bool, has_key: bool, udp: bool) -> anyhow::Result<()> {
+    if !encrypt {
+        return Ok(());
+    }
+    if !has_key {
+        return Err(crate::exit::usage(
+            "--encrypt needs the pre-shared key (--key-file): without it nothing authenticates the server",
+        ));
+    }
+    if udp {
+        return Err(crate::exit::usage(
+            "--encrypt covers TCP only: UDP datagrams would go unencrypted; drop -u or --encrypt",
+        ));
+    }
+    Ok(())
+}
+
 /// Splits the host and port; `None` if the text is malformed.
 fn split_host(host: &str, default_port: u16) -> Option<(String, u16)> {
     if let Some(rest) = host.strip_prefix('[') {

@@ -79,6 +79,10 @@ pub struct Args {
     /// Pre-shared key file (must match the server's).
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// Encrypt and authenticate every connection with TLS 1.3 keyed by
+    /// --key-file (docs/encryption.md).
+    #[arg(long)]
+    pub encrypt: bool,
     /// Chunk checksum: `fast` (xxh3-128) or `strong` (BLAKE3).
     #[arg(long, default_value = "fast", value_parser = ["fast", "strong"])]
     pub verify: String,
@@ -324,6 +328,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         }
         None => None,
     };
+    super::common::check_encrypt(args.encrypt, key.is_some(), false)?;
     // Auto-tuning probes the path while the copy connects: the request,
     // which carries the streams and socket settings, waits for the plan
     // (session::Prepare); the connections before it do not.
@@ -356,7 +361,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         sendfile: !args.no_sendfile,
         corrupt_chunk: fatpipe_transfer::source::SourceOptions::corrupt_from_env(),
     };
-    let link = EngineLink::new(addr, key.clone());
+    let link = EngineLink::new(addr, key.clone()).encrypted(args.encrypt);
     if !auto_on {
         link.set_data(DataOpts::default());
     }
@@ -510,6 +515,7 @@ fn auto_tune(
     let keyless = key.is_none();
     let options = fatpipe_engine::ClientOptions {
         key,
+        encrypt: args.encrypt,
         ..fatpipe_engine::ClientOptions::default()
     };
     let (push, bwlimit) = (plan.job.push, plan.job.bwlimit);
@@ -663,6 +669,10 @@ fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyRe
             .sum(),
         auto: None,
         timeline: None,
+        encryption: r.encryption.as_ref().map(|e| fatpipe_schema::Encryption {
+            protocol: e.protocol.into(),
+            suite: e.suite.into(),
+        }),
     }
 }
 
@@ -856,8 +866,12 @@ fn print_summary(r: &CopyReport) {
     if let Some(n) = notes {
         println!("{n}");
     }
+    let encryption = match &r.encryption {
+        Some(e) => format!("encrypted ({}, {})", e.protocol, e.suite),
+        None => "not encrypted".into(),
+    };
     println!(
-        "{} streams, {} chunks; I/O here: {}, on the server: {}",
+        "{} streams, {} chunks; I/O here: {}, on the server: {}; {encryption}",
         r.streams,
         units::format_bytes_iec(r.chunk_size),
         r.io_local,

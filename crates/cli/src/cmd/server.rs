@@ -60,8 +60,9 @@ pub struct Args {
     pub quiet: bool,
     /// Publish a directory to `fatpipe copy` (repeatable); `:ro` refuses
     /// writes, `:public` serves it without the key (also on a keyed
-    /// server: clients without the key may copy public exports only).
-    #[arg(long = "export", value_name = "NAME=DIR[:ro][:public]")]
+    /// server: clients without the key may copy public exports only),
+    /// `:encrypted` only to clients that `--encrypt`.
+    #[arg(long = "export", value_name = "NAME=DIR[:ro][:public][:encrypted]")]
     pub exports: Vec<String>,
     /// Started as root: bind, then run as this user (and its group) from
     /// then on. Each export directory must be owned by it or by root and

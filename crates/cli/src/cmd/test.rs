@@ -120,6 +120,10 @@ pub struct Args {
     /// Pre-shared key file (must match the server's).
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// Encrypt and authenticate every connection with TLS 1.3 keyed by
+    /// --key-file, to measure its cost (TCP only; docs/encryption.md).
+    #[arg(long, conflicts_with = "iperf3")]
+    pub encrypt: bool,
     /// Do not auto-tune: one stream (unless -P) and the kernel's buffers,
     /// congestion control and pacing unless given as flags.
     #[arg(long)]
@@ -178,8 +182,10 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         }
         None => None,
     };
+    super::common::check_encrypt(args.encrypt, key.is_some(), args.udp)?;
     let options = ClientOptions {
         key,
+        encrypt: args.encrypt,
         ..ClientOptions::default()
     };
     if args.find_max {
@@ -774,6 +780,9 @@ pub(super) fn print_start(out: &mut impl Write, s: &TestStart) -> std::io::Resul
         s.streams,
         s.protocol.as_str().to_uppercase()
     )?;
+    if let Some(e) = &s.encryption {
+        writeln!(out, "  encrypted: {}, {}", e.protocol, e.suite)?;
+    }
     if let Some(first) = s.local.first() {
         let remote = s.remote.first();
         let mut line = format!(

@@ -11,6 +11,7 @@ mod adjust;
 mod auto;
 mod copy;
 mod demo;
+mod encrypt;
 mod flood;
 mod harden;
 mod iperf3;
