@@ -35,6 +35,8 @@ pub enum Event {
     HandshakeCap,
     /// Refused: the source or the server had too many sessions.
     SessionCap,
+    /// Refused: the server had too many data connections attached.
+    StreamCap,
     /// An opened session did not start its work before the start deadline.
     NeverStarted,
 }
@@ -47,6 +49,7 @@ impl Event {
             Event::HandshakeFailed => "failed handshakes",
             Event::HandshakeCap => "connections dropped at the handshake limit",
             Event::SessionCap => "sessions refused at the session limit",
+            Event::StreamCap => "data connections refused at the stream limit",
             Event::NeverStarted => "sessions ended for not starting",
         }
     }

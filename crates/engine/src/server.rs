@@ -31,7 +31,10 @@
 //! peer sending a byte a second cannot stretch it. Sessions are capped in
 //! total and per source the same way, and a session the client opened but
 //! never started (no data connection, no control message within
-//! `start_timeout`) is ended by the watchdog thread. Timeouts, failed
+//! `start_timeout`) is ended by the watchdog thread. Data connections
+//! attached at once are capped over all sessions (`max_streams`): each
+//! carries its slot inside its [`Stream`], so whichever thread the service
+//! hands it to, the slot is freed when the last clone closes. Timeouts, failed
 //! handshakes and refusals at a cap are logged as rate-limited summaries
 //! ([`crate::logsum`]), never a line each. docs/security.md lists every
 //! bound with its value and flag.
@@ -226,6 +229,7 @@ pub struct ServerBuilder {
     services: Vec<Arc<dyn Service>>,
     key: Option<Key>,
     max_sessions: usize,
+    max_streams: usize,
     preauth_timeout: Duration,
     max_handshakes: usize,
     limits: SourceLimits,
@@ -257,6 +261,14 @@ pub const DEFAULT_MAX_HANDSHAKES_PER_SOURCE: usize = 256;
 /// total, like the handshakes; a site behind one NAT address running
 /// fifty tests at once (each with its probe session) stays well inside.
 pub const DEFAULT_MAX_SESSIONS_PER_SOURCE: usize = 256;
+/// Default cap on data connections attached at once, over all sessions.
+/// Each is served by a thread or two (a `test` stream's has a 256 KiB
+/// stack, a copy stream's 1 MiB reserved, a few pages touched) plus its
+/// socket buffers, so 4,096 keep the server's address space to a few GiB
+/// and its memory far below that, while four full 1,024-stream tests, or
+/// sixteen 256-stream copies, still run at once. Without it the per-session
+/// caps multiply: 256 sessions × 256 streams from one keyless address.
+pub const DEFAULT_MAX_STREAMS: usize = 4096;
 /// Default time an opened session has to start (a data connection or a
 /// control message): no less than the services' own set-up waits, so it
 /// ends no session that would otherwise have started.
@@ -281,6 +293,7 @@ impl Default for ServerBuilder {
             services: Vec::new(),
             key: None,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_streams: DEFAULT_MAX_STREAMS,
             preauth_timeout: DEFAULT_PREAUTH_TIMEOUT,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             limits: SourceLimits {
@@ -311,6 +324,13 @@ impl ServerBuilder {
     /// Refuses sessions beyond `n` at once ("busy").
     pub fn max_sessions(mut self, n: usize) -> Self {
         self.max_sessions = n.max(1);
+        self
+    }
+
+    /// Refuses data connections beyond `n` attached at once, over all
+    /// sessions; the session that asked goes on with the ones it has.
+    pub fn max_streams(mut self, n: usize) -> Self {
+        self.max_streams = n.max(1);
         self
     }
 
@@ -400,6 +420,8 @@ impl ServerBuilder {
                     keyless_services,
                 },
                 max_sessions: self.max_sessions,
+                max_streams: self.max_streams,
+                streams: Arc::new(AtomicUsize::new(0)),
                 max_handshakes: self.max_handshakes,
                 limits: self.limits,
                 start_timeout: self.start_timeout,
@@ -432,6 +454,10 @@ struct Shared {
     services: HashMap<&'static str, Arc<dyn Service>>,
     config: ServerConfig,
     max_sessions: usize,
+    max_streams: usize,
+    /// Data connections attached and not yet dropped (each holds a
+    /// [`StreamSlot`] in its stream), at most `max_streams`.
+    streams: Arc<AtomicUsize>,
     max_handshakes: usize,
     limits: SourceLimits,
     start_timeout: Duration,
@@ -811,10 +837,22 @@ fn attach_data(
         let _ = flush(&mut conn, &mut stream);
         return;
     }
+    let slot = match StreamSlot::take(shared) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            conn.reject(ErrorCode::Busy, &reason);
+            let _ = flush(&mut conn, &mut stream);
+            summarise(shared, Event::StreamCap, peer.ip());
+            return;
+        }
+    };
     conn.attach();
     if flush(&mut conn, &mut stream).is_err() {
         return;
     }
+    // The slot goes with the stream, to whichever thread the service
+    // hands it (and its clones): it is freed when the last one closes.
+    let stream = stream.hold(Arc::new(slot));
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(None);
     let _ = stream.set_nodelay(false);
@@ -1099,6 +1137,36 @@ impl Drop for SessionSlot<'_> {
             s.sessions = s.sessions.saturating_sub(1);
             self.0.sessions.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+}
+
+/// One of `max_streams` data-connection slots, freed on drop. Owns its
+/// counter (not a borrow of [`Shared`]) because it travels inside the
+/// stream, which services may keep on threads of their own.
+struct StreamSlot(Arc<AtomicUsize>);
+
+impl StreamSlot {
+    /// A slot, or the refusal the client reads (naming the cap).
+    fn take(shared: &Shared) -> std::result::Result<Self, String> {
+        let max = shared.max_streams;
+        shared
+            .streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(|_| StreamSlot(shared.streams.clone()))
+            .map_err(|_| {
+                format!(
+                    "at its limit of {max} data connections in all \
+                     (--max-streams); retry later or with fewer streams"
+                )
+            })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

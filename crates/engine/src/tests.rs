@@ -562,6 +562,85 @@ fn a_session_that_never_starts_is_closed_at_the_start_deadline() {
     stop.trigger();
 }
 
+/// Keeps every data connection it is asked to take (as a clone, so the
+/// slot must follow the stream, not the `DataConn`) until told to drop
+/// them; answers "ok" to each request.
+struct Hold;
+
+impl Service for Hold {
+    fn name(&self) -> &'static str {
+        "hold"
+    }
+
+    fn serve(&self, session: ServerSession) -> ServiceResult {
+        let control = session.control();
+        let mut held = Vec::new();
+        while let Some(msg) = control.recv(Some(Duration::from_secs(5)))? {
+            match &msg[..] {
+                b"bye" => return Ok(()),
+                b"take" => {
+                    let d = session.accept_data(Duration::from_secs(5))?;
+                    held.push(d.stream.try_clone()?);
+                }
+                b"drop" => held.clear(),
+                _ => {}
+            }
+            control.send(b"ok")?;
+        }
+        Err("client went quiet".into())
+    }
+}
+
+/// Sends `msg` to a hold session and waits for its "ok".
+fn hold_ask(s: &ClientSession, msg: &[u8]) {
+    s.control().send(msg).unwrap();
+    let got = s.control().recv(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(got.as_deref(), Some(&b"ok"[..]));
+}
+
+#[test]
+fn data_connections_past_the_total_stream_cap_are_refused_and_slots_come_back() {
+    let server = Server::builder()
+        .service(Hold)
+        .max_streams(2)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    let stop = server.shutdown_handle();
+    std::thread::spawn(move || server.run());
+    // Session a holds both slots; session b asks for more than the cap.
+    let a = connect(addr, None, "hold", b"").unwrap();
+    let _a_streams = [a.open_data(0).unwrap(), a.open_data(1).unwrap()];
+    hold_ask(&a, b"take");
+    hold_ask(&a, b"take");
+    let b = connect(addr, None, "hold", b"").unwrap();
+    for tag in 0..3 {
+        match b.open_data(tag).unwrap_err() {
+            EngineError::Conn(ConnError::Rejected {
+                code: ErrorCode::Busy,
+                reason,
+            }) => assert_eq!(
+                reason,
+                "at its limit of 2 data connections in all (--max-streams); \
+                 retry later or with fewer streams"
+            ),
+            other => panic!("expected a refusal naming the cap, got {other}"),
+        }
+    }
+    // Both sessions go on: a with the streams it has, b without.
+    hold_ask(&a, b"ping");
+    hold_ask(&b, b"ping");
+    // The service drops its (cloned) streams: their slots come back.
+    hold_ask(&a, b"drop");
+    let _b_streams = [b.open_data(0).unwrap(), b.open_data(1).unwrap()];
+    hold_ask(&b, b"take");
+    assert!(b.open_data(2).is_err(), "the cap still holds");
+    // A session that ends frees the slots of the streams it held.
+    b.control().send(b"bye").unwrap();
+    wait_until(|| a.open_data(7).is_ok());
+    stop.trigger();
+}
+
 #[test]
 fn sources_count_ipv4_whole_and_ipv6_by_slash_64() {
     let k = |s: &str| crate::server::source_key(s.parse().unwrap()).to_string();

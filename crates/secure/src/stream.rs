@@ -9,6 +9,7 @@
 //! [`Stream::plain`] hands it out for zero-copy I/O (sendfile, splice,
 //! MSG_TRUNC), and only when the stream is not encrypted.
 
+use std::any::Any;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -33,6 +34,9 @@ pub struct Encryption {
 pub struct Stream {
     tcp: TcpStream,
     tls: Option<Arc<Tls>>,
+    /// Something kept alive as long as any clone of the stream is (the
+    /// server's slot in its cap on data connections, [`Stream::hold`]).
+    held: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 struct Tls {
@@ -80,7 +84,11 @@ impl SealHalf {
 impl Stream {
     /// A plain (unencrypted) stream.
     pub fn plain_tcp(tcp: TcpStream) -> Stream {
-        Stream { tcp, tls: None }
+        Stream {
+            tcp,
+            tls: None,
+            held: None,
+        }
     }
 
     /// An encrypted stream from the halves the handshake produced.
@@ -102,6 +110,7 @@ impl Stream {
                 opener: Mutex::new(opener),
                 encryption,
             })),
+            held: None,
         }
     }
 
@@ -134,7 +143,16 @@ impl Stream {
         Ok(Stream {
             tcp: self.tcp.try_clone()?,
             tls: self.tls.clone(),
+            held: self.held.clone(),
         })
+    }
+
+    /// Keeps `guard` alive until this stream and every clone of it are
+    /// dropped: whoever takes the stream keeps the guard with it (the
+    /// server releases a data connection's slot in its cap this way).
+    pub fn hold(mut self, guard: Arc<dyn Any + Send + Sync>) -> Stream {
+        self.held = Some(guard);
+        self
     }
 
     /// Shuts the connection down as `TcpStream::shutdown` does. Shutting

@@ -51,6 +51,10 @@ pub struct Args {
     /// one /64); more are closed unread.
     #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_HANDSHAKES_PER_SOURCE)]
     pub max_handshakes_per_source: usize,
+    /// Most data connections (streams) at once over all sessions; more
+    /// are refused, and the session that asked goes on with those it has.
+    #[arg(long, default_value_t = fatpipe_engine::server::DEFAULT_MAX_STREAMS)]
+    pub max_streams: usize,
     /// Time an opened session has to start (a data connection or a
     /// control message) before it is ended.
     #[arg(long, default_value = "30s")]
@@ -112,6 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (flag, n) in [
         ("--max-sessions", args.max_sessions),
         ("--max-sessions-per-source", args.max_sessions_per_source),
+        ("--max-streams", args.max_streams),
         ("--max-handshakes", args.max_handshakes),
         (
             "--max-handshakes-per-source",
@@ -147,6 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .key(key)
         .max_sessions(args.max_sessions)
         .max_sessions_per_source(args.max_sessions_per_source)
+        .max_streams(args.max_streams)
         .max_handshakes(args.max_handshakes, args.max_handshakes_per_source)
         .start_timeout(start)
         .preauth_timeout(preauth)
