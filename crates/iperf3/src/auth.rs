@@ -350,4 +350,16 @@ mod tests {
         assert!(parse_users("mario,abc\n").unwrap_err().contains("64 hex"));
         assert!(parse_users("# only\n").is_err());
     }
+
+    #[test]
+    fn extreme_timestamps_parse_or_are_refused_without_overflow() {
+        let creds = |ts: &str| parse_credentials(&format!("user: u\npwd: p\nts: {ts}"));
+        assert_eq!(creds(&i64::MIN.to_string()).map(|c| c.2), Some(i64::MIN));
+        assert_eq!(creds(&i64::MAX.to_string()).map(|c| c.2), Some(i64::MAX));
+        assert_eq!(creds("9223372036854775808"), None);
+        assert_eq!(creds("-9223372036854775809"), None);
+        assert_eq!(creds(&u64::MAX.to_string()), None);
+        // The skew check is abs_diff: the widest gap fits in a u64.
+        assert_eq!(i64::MAX.abs_diff(i64::MIN), u64::MAX);
+    }
 }

@@ -276,7 +276,7 @@ impl Reader {
             Expect::Json(cap) => match self.buf.get(..4) {
                 Some(len) => {
                     let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-                    4 + n.min(cap)
+                    n.min(cap).saturating_add(4)
                 }
                 None => 4,
             },
@@ -324,7 +324,8 @@ impl Reader {
                         cap,
                     });
                 }
-                let end = 4 + n as usize;
+                // n <= cap, so this only saturates for an absurd cap.
+                let end = (n as usize).saturating_add(4);
                 if self.buf.len() < end {
                     return Ok(None);
                 }
@@ -890,5 +891,35 @@ mod tests {
     fn ids_skip_two() {
         let ids: Vec<u32> = (0..4).map(stream_id).collect();
         assert_eq!(ids, vec![1, 3, 4, 5]);
+    }
+
+    #[test]
+    fn json_lengths_at_and_past_the_cap_and_at_u32_max_do_not_overflow() {
+        let framed = |len: u32, body: &[u8]| [&len.to_be_bytes()[..], body].concat();
+        for cap in [MAX_RESULTS_JSON, usize::MAX] {
+            let mut r = Reader::new();
+            r.push(&framed(u32::MAX, b"{}"));
+            assert!(r.wanted(Expect::Json(cap)) >= 1);
+            if cap == usize::MAX {
+                // Within this cap: waits for the body, never wraps.
+                assert!(matches!(r.next(Expect::Json(cap)), Ok(None)));
+            } else {
+                assert!(matches!(
+                    r.next(Expect::Json(cap)),
+                    Err(WireError::JsonLength { len, .. }) if len == u64::from(u32::MAX)
+                ));
+            }
+        }
+        // Zero is refused; exactly the cap decodes; one past it is refused.
+        let mut r = Reader::new();
+        r.push(&framed(0, b""));
+        assert!(r.next(Expect::Json(2)).is_err());
+        let mut r = Reader::new();
+        r.push(&framed(2, b"{}"));
+        assert_eq!(r.wanted(Expect::Json(2)), 1);
+        assert!(matches!(r.next(Expect::Json(2)), Ok(Some(Msg::Json(d))) if d == b"{}"));
+        let mut r = Reader::new();
+        r.push(&framed(3, b"{} "));
+        assert!(r.next(Expect::Json(2)).is_err());
     }
 }

@@ -169,7 +169,8 @@ impl TestParams {
     /// Number of data streams in total (twice `streams` for `Both`).
     pub fn total_streams(&self) -> u32 {
         match self.direction {
-            Direction::Both => self.streams * 2,
+            // Saturating: callers may ask before validate() capped it.
+            Direction::Both => self.streams.saturating_mul(2),
             _ => self.streams,
         }
     }
@@ -698,5 +699,46 @@ mod tests {
             ids.extend(streams.iter().map(|s| s.id));
         }
         assert_eq!(ids, (0..2048).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn extreme_stream_counts_saturate_and_are_refused_not_overflowed() {
+        let huge = TestParams {
+            streams: u32::MAX,
+            ..params()
+        };
+        assert_eq!(huge.total_streams(), u32::MAX);
+        assert!(huge.client_sends(u32::MAX - 1));
+        assert!(huge.validate().is_err());
+        let at_cap = TestParams {
+            streams: MAX_STREAMS,
+            ..params()
+        };
+        assert!(at_cap.validate().is_ok());
+        assert_eq!(at_cap.total_streams(), 2 * MAX_STREAMS);
+        let add = |first, up, down| AddStreams { first, up, down };
+        let p = params();
+        for a in [
+            add(8, u32::MAX, u32::MAX),
+            add(8, u32::MAX, 0),
+            add(8, 0, u32::MAX),
+            add(u32::MAX, 1, 1),
+        ] {
+            assert!(p.check_add(8, 4, 4, &a).is_err(), "{a:?}");
+            assert!(p.check_add(u32::MAX, u32::MAX, u32::MAX, &a).is_err());
+        }
+        // Off by one at the per-direction cap.
+        assert!(p.check_add(8, 4, 4, &add(8, MAX_STREAMS - 4, 0)).is_ok());
+        assert!(p.check_add(8, 4, 4, &add(8, MAX_STREAMS - 3, 0)).is_err());
+        let a = add(u32::MAX, u32::MAX, u32::MAX);
+        assert_eq!(a.count(), u32::MAX);
+        assert!(a.client_sends(u32::MAX - 1));
+        let long = TestParams {
+            duration_ms: u64::MAX,
+            omit_ms: u64::MAX,
+            length: u32::MAX,
+            ..params()
+        };
+        assert!(long.validate().is_err());
     }
 }

@@ -318,4 +318,28 @@ mod tests {
         assert!(t.contains("fatpipe_probe_duration_seconds 1.5\n"), "{t}");
         assert!(!t.contains("throughput"), "{t}");
     }
+
+    #[test]
+    fn extreme_numbers_in_a_query_are_refused_without_overflow() {
+        for q in [
+            "target=a&streams=4294967296",
+            "target=a&streams=18446744073709551616",
+            "target=a&streams=0",
+            "target=a&streams=-1",
+            "target=a&duration=18446744073709551615s",
+            "target=a&duration=99999999999999999999999h",
+            "target=a&duration=0s",
+            "target=a&window=18446744073709551615T",
+            "target=a&window=99999999999999999999999",
+        ] {
+            assert!(parse_query(q).is_err(), "{q}");
+        }
+        // Off by one at the caps.
+        let s = |n: u32| parse_query(&format!("target=a&streams={n}"));
+        assert!(s(MAX_STREAMS).is_ok());
+        assert!(s(MAX_STREAMS + 1).is_err());
+        let d = |secs: u64| parse_query(&format!("target=a&duration={secs}s"));
+        assert!(d(MAX_DURATION.as_secs()).is_ok());
+        assert!(d(MAX_DURATION.as_secs() + 1).is_err());
+    }
 }

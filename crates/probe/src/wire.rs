@@ -979,4 +979,80 @@ mod tests {
         }
         assert!(ProbeParams::decode(b"").is_err());
     }
+
+    #[test]
+    fn extreme_counts_and_steps_are_refused_without_overflow() {
+        let packed = |body: &[u8]| [&[PACKED_TRAIN][..], body].concat();
+        let max = {
+            let mut v = Vec::new();
+            put_varint(&mut v, u64::MAX);
+            v
+        };
+        // A count of u64::MAX (n * 3 would wrap if it were not capped first).
+        let count = [&[0][..], &max].concat();
+        assert!(ProbeMsg::decode(&packed(&count)).is_err());
+        // Steps of u64::MAX (the largest zigzag steps, both signs) in every
+        // field, many times over: the i128 sums cannot wrap, the report is refused.
+        let mut steps = vec![0];
+        put_varint(&mut steps, u64::from(MAX_TRAIN_LEN));
+        for _ in 0..MAX_TRAIN_LEN {
+            for _ in 0..3 {
+                steps.extend(&max);
+            }
+        }
+        assert!(steps.len() < MAX_PAYLOAD);
+        assert!(ProbeMsg::decode(&packed(&steps)).is_err());
+        let mut steps = vec![0];
+        put_varint(&mut steps, u64::from(MAX_TRAIN_LEN));
+        for _ in 0..MAX_TRAIN_LEN {
+            for _ in 0..3 {
+                put_varint(&mut steps, u64::MAX - 1);
+            }
+        }
+        assert!(ProbeMsg::decode(&packed(&steps)).is_err());
+        // A train number of u32::MAX + 1.
+        let mut train = Vec::new();
+        put_varint(&mut train, u64::from(u32::MAX) + 1);
+        train.push(0);
+        assert!(ProbeMsg::decode(&packed(&train)).is_err());
+        // JSON messages with every number at its maximum.
+        let send = |first, count, len, size, gap_us| ProbeMsg::SendTrains {
+            token: u64::MAX,
+            first,
+            count,
+            len,
+            size,
+            gap_us,
+        };
+        for m in [
+            send(u32::MAX, u32::MAX, 1, MIN_REVERSE_PACKET, 0),
+            send(1, MAX_TRAINS, 1, MIN_REVERSE_PACKET, 0),
+            send(0, 1, u32::MAX, MIN_REVERSE_PACKET, 0),
+            send(0, 1, 1, u32::MAX, 0),
+            send(0, 1, 1, MIN_REVERSE_PACKET, u32::MAX),
+            ProbeMsg::Sent {
+                trains: vec![(u32::MAX, u32::MAX, u64::MAX)],
+            },
+            ProbeMsg::Train {
+                train: 0,
+                arrivals: vec![(u32::MAX, u64::MAX, u32::MAX)],
+            },
+            ProbeMsg::Collect {
+                wait_for: Some(u32::MAX),
+                wait_ms: u32::MAX,
+            },
+        ] {
+            assert!(ProbeMsg::decode(&m.encode()).is_err(), "{m:?}");
+            assert!(ProbeMsg::decode(&m.encode_packed()).is_err(), "{m:?}");
+        }
+        // Off by one at the train cap: the last train is fine.
+        let last = send(MAX_TRAINS - 1, 1, MAX_TRAIN_LEN, MIN_REVERSE_PACKET, 0);
+        assert_eq!(ProbeMsg::decode(&last.encode()), Ok(last));
+        // The encoder's steps clamp rather than wrap on extreme arrivals.
+        let wild = ProbeMsg::Train {
+            train: 0,
+            arrivals: vec![(u32::MAX, u64::MAX, u32::MAX), (0, 0, 0)],
+        };
+        assert!(!wild.encode_packed().is_empty());
+    }
 }
