@@ -853,13 +853,7 @@ pub fn run_sink(
                         "more than {MAX_ENTRIES} entries"
                     )));
                 }
-                bytes = e.iter().map(entry_cost).fold(bytes, usize::saturating_add);
-                if bytes > MAX_MANIFEST_BYTES {
-                    return Err(CopyError::Failed(format!(
-                        "the manifest is larger than {} MiB (the receiver's bound)",
-                        MAX_MANIFEST_BYTES >> 20
-                    )));
-                }
+                bytes = add_manifest_cost(bytes, &e)?;
                 entries.extend(e)
             }
             Msg::EntriesEnd { count } if count as usize == entries.len() => break,
@@ -872,19 +866,7 @@ pub fn run_sink(
     }
     // The receiver keeps a flag per chunk of every file: a manifest naming
     // a 2^60-byte file must not make it allocate gigabytes.
-    let chunks = entries
-        .iter()
-        .map(|e| match e.kind {
-            EntryKind::File { size, .. } => crate::plan::chunk_count(size, opts.chunk_size),
-            _ => 0,
-        })
-        .fold(0u64, u64::saturating_add);
-    if chunks > MAX_SESSION_CHUNKS {
-        let e = CopyError::Failed(format!(
-            "the manifest holds {chunks} chunks, more than the receiver's bound of \
-             {MAX_SESSION_CHUNKS} (at {} per chunk); use larger chunks or copy less at once",
-            fatpipe_schema::units::format_bytes_iec(u64::from(opts.chunk_size))
-        ));
+    if let Err(e) = check_session_chunks(&entries, opts.chunk_size) {
         let _ = write_msg(
             &mut ctrl,
             &Msg::Abort {
@@ -1065,6 +1047,44 @@ pub const MAX_ENTRIES: usize = 16_000_000;
 /// The most chunks (over all files) one receiving session tracks: a byte
 /// each, so 64 MiB of flags; 64 TiB at 1 MiB chunks.
 pub const MAX_SESSION_CHUNKS: u64 = 1 << 26;
+
+/// Adds a batch of received entries to the manifest's running cost
+/// ([`entry_cost`]); refuses, with one line, past [`MAX_MANIFEST_BYTES`].
+fn add_manifest_cost(bytes: usize, batch: &[Entry]) -> Result<usize, CopyError> {
+    let bytes = batch
+        .iter()
+        .map(entry_cost)
+        .fold(bytes, usize::saturating_add);
+    if bytes > MAX_MANIFEST_BYTES {
+        return Err(CopyError::Failed(format!(
+            "the manifest is larger than {} MiB (the receiver's bound)",
+            MAX_MANIFEST_BYTES >> 20
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Checks the chunks over every file a received manifest declares against
+/// [`MAX_SESSION_CHUNKS`] (the receiver keeps a flag per chunk: a manifest
+/// naming a 2^60-byte file must not make it allocate gigabytes); the
+/// count, or the one-line refusal.
+fn check_session_chunks(entries: &[Entry], chunk_size: u32) -> Result<u64, CopyError> {
+    let chunks = entries
+        .iter()
+        .map(|e| match e.kind {
+            EntryKind::File { size, .. } => crate::plan::chunk_count(size, chunk_size),
+            _ => 0,
+        })
+        .fold(0u64, u64::saturating_add);
+    if chunks > MAX_SESSION_CHUNKS {
+        return Err(CopyError::Failed(format!(
+            "the manifest holds {chunks} chunks, more than the receiver's bound of \
+             {MAX_SESSION_CHUNKS} (at {} per chunk); use larger chunks or copy less at once",
+            fatpipe_schema::units::format_bytes_iec(u64::from(chunk_size))
+        )));
+    }
+    Ok(chunks)
+}
 
 enum ServerPlan {
     Pull(Manifest),
@@ -2564,5 +2584,73 @@ mod tests {
         assert!("noequals".parse::<Export>().is_err());
         assert!("bad name=/x".parse::<Export>().is_err());
         assert!("n=:ro".parse::<Export>().is_err());
+    }
+
+    fn declared_file(path: &str, size: u64) -> Entry {
+        Entry {
+            path: RelPath::new(path.as_bytes()).unwrap(),
+            kind: EntryKind::File {
+                size,
+                sparse: false,
+            },
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+        }
+    }
+
+    #[test]
+    fn a_received_manifest_above_2_gib_is_refused_with_one_line() {
+        let e = declared_file("some/file", 1);
+        let cost = entry_cost(&e);
+        let batch = [e.clone(), e.clone()];
+        // Exactly at the cap: accepted; one byte over: refused.
+        let at = MAX_MANIFEST_BYTES - 2 * cost;
+        assert_eq!(add_manifest_cost(at, &batch).unwrap(), MAX_MANIFEST_BYTES);
+        for before in [at + 1, MAX_MANIFEST_BYTES, usize::MAX - cost, usize::MAX] {
+            let err = add_manifest_cost(before, &batch).unwrap_err().to_string();
+            assert_eq!(
+                err, "the manifest is larger than 2048 MiB (the receiver's bound)",
+                "{before}"
+            );
+            assert!(!err.contains('\n'));
+        }
+        assert_eq!(add_manifest_cost(5, &[]).unwrap(), 5);
+    }
+
+    #[test]
+    fn a_received_manifest_above_2_pow_26_chunks_is_refused_with_one_line() {
+        let mib = 1u32 << 20;
+        let cap = MAX_SESSION_CHUNKS * u64::from(mib);
+        // Exactly 2^26 chunks over two files: accepted.
+        let at = [
+            declared_file("a", cap - u64::from(mib)),
+            declared_file("b", 1),
+        ];
+        assert_eq!(check_session_chunks(&at, mib).unwrap(), MAX_SESSION_CHUNKS);
+        // One byte more starts one chunk more: refused.
+        let over = [
+            declared_file("a", cap - u64::from(mib) + 1),
+            declared_file("b", 1),
+        ];
+        let err = check_session_chunks(&over, mib).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "the manifest holds {} chunks, more than the receiver's bound of {} \
+                 (at 1 MiB per chunk); use larger chunks or copy less at once",
+                MAX_SESSION_CHUNKS + 1,
+                MAX_SESSION_CHUNKS
+            )
+        );
+        // Declared sizes of u64::MAX, and a chunk size of 0 or 1: the sum
+        // saturates and is refused, never wraps to something small.
+        let huge = [declared_file("a", u64::MAX), declared_file("b", u64::MAX)];
+        for chunk in [0, 1, mib, u32::MAX] {
+            let err = check_session_chunks(&huge, chunk).unwrap_err().to_string();
+            assert!(err.starts_with("the manifest holds "), "{err}");
+            assert!(!err.contains('\n'));
+        }
+        assert_eq!(check_session_chunks(&[], 0).unwrap(), 0);
     }
 }
