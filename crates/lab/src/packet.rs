@@ -161,34 +161,9 @@ impl Layout {
         if self.udp {
             return self.write_datagram(pkt, i, out);
         }
-        let hl = self.ip_hdr + self.tcp_hdr;
-        let start = hl + i * self.mss;
-        let len = self.mss.min(self.payload - i * self.mss);
-        let wire = hl + len;
-        let frame = &mut out[..VNET_HDR_LEN + wire];
-        VnetHdr {
-            flags: F_NEEDS_CSUM,
-            gso_type: GSO_NONE,
-            hdr_len: hl as u16,
-            gso_size: 0,
-            csum_start: self.ip_hdr as u16,
-            csum_offset: 16,
-        }
-        .write(frame);
-        let p = &mut frame[VNET_HDR_LEN..];
-        p[..hl].copy_from_slice(&pkt[..hl]);
-        p[hl..].copy_from_slice(&pkt[start..start + len]);
+        let (len, wire) = self.cut(pkt, i, out, 16);
+        let p = &mut out[VNET_HDR_LEN..VNET_HDR_LEN + wire];
         let ip = self.ip_hdr;
-        if self.v6 {
-            put16(p, 4, (self.tcp_hdr + len) as u16);
-        } else {
-            put16(p, 2, wire as u16);
-            let id = get16(p, 4).wrapping_add(i as u16);
-            put16(p, 4, id);
-            put16(p, 10, 0);
-            let c = !fold(sum(&p[..ip], 0));
-            put16(p, 10, c);
-        }
         let seq = u32::from_be_bytes([p[ip + 4], p[ip + 5], p[ip + 6], p[ip + 7]])
             .wrapping_add((i * self.mss) as u32);
         p[ip + 4..ip + 8].copy_from_slice(&seq.to_be_bytes());
@@ -236,7 +211,23 @@ impl Layout {
     /// the partial checksum of its own pseudo-header, as software GSO makes
     /// it.
     fn write_datagram(&self, pkt: &[u8], i: usize, out: &mut [u8]) -> usize {
-        let hl = self.ip_hdr + UDP_HDR;
+        let (len, wire) = self.cut(pkt, i, out, 6);
+        let p = &mut out[VNET_HDR_LEN..VNET_HDR_LEN + wire];
+        let ip = self.ip_hdr;
+        put16(p, ip + 4, (UDP_HDR + len) as u16);
+        let pseudo = pseudo_sum(p, self.v6, PROTO_UDP, UDP_HDR + len);
+        put16(p, ip + 6, fold(pseudo));
+        VNET_HDR_LEN + wire
+    }
+
+    /// What cutting segment `i` of `pkt` into `out` is the same for TCP and
+    /// UDP: the virtio-net header (a partial checksum at `csum_offset` in
+    /// the L4 header), the headers and the segment's payload, and the IP
+    /// header's length (with the IPv4 ID advanced by `i` and its header
+    /// checksum made anew, as software GSO does). Returns the payload and
+    /// IP packet lengths; the L4 header is the caller's to fix.
+    fn cut(&self, pkt: &[u8], i: usize, out: &mut [u8], csum_offset: u16) -> (usize, usize) {
+        let hl = self.ip_hdr + self.tcp_hdr;
         let start = hl + i * self.mss;
         let len = self.mss.min(self.payload - i * self.mss);
         let wire = hl + len;
@@ -247,27 +238,23 @@ impl Layout {
             hdr_len: hl as u16,
             gso_size: 0,
             csum_start: self.ip_hdr as u16,
-            csum_offset: 6,
+            csum_offset,
         }
         .write(frame);
         let p = &mut frame[VNET_HDR_LEN..];
         p[..hl].copy_from_slice(&pkt[..hl]);
         p[hl..].copy_from_slice(&pkt[start..start + len]);
-        let ip = self.ip_hdr;
         if self.v6 {
-            put16(p, 4, (UDP_HDR + len) as u16);
+            put16(p, 4, (self.tcp_hdr + len) as u16);
         } else {
             put16(p, 2, wire as u16);
             let id = get16(p, 4).wrapping_add(i as u16);
             put16(p, 4, id);
             put16(p, 10, 0);
-            let c = !fold(sum(&p[..ip], 0));
+            let c = !fold(sum(&p[..self.ip_hdr], 0));
             put16(p, 10, c);
         }
-        put16(p, ip + 4, (UDP_HDR + len) as u16);
-        let pseudo = pseudo_sum(p, self.v6, PROTO_UDP, UDP_HDR + len);
-        put16(p, ip + 6, fold(pseudo));
-        VNET_HDR_LEN + wire
+        (len, wire)
     }
 }
 
