@@ -85,11 +85,17 @@ cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 
 # --- tests ----------------------------------------------------------------------
 
-say "cargo test (unit and integration; lab tests apart)"
+say "cargo test (unit and integration; lab and flood tests apart)"
 # Tests whose name contains `lab_` measure time and throughput through an
 # emulated link. On 2 cores they must not share the CPU with the heavy
-# loopback tests, so they run afterwards, one at a time.
-cargo test --workspace --release --locked "${FEATURES[@]}" -- --skip lab_
+# loopback tests, so they run afterwards, one at a time. The server flood
+# test (`flood::`) opens thousands of connections a second for seconds: it
+# runs alone too, since beside it other tests' start-up waits (a stock
+# iperf3 server coming up) ran out.
+cargo test --workspace --release --locked "${FEATURES[@]}" -- --skip lab_ --skip flood::
+
+say "cargo test: the flood test, alone"
+cargo test --release --locked -p fatpipe --test integration "${FEATURES[@]}" -- flood:: --test-threads=1
 
 say "cargo test: lab tests, one at a time"
 cargo test --workspace --release --locked "${FEATURES[@]}" -- lab_ --test-threads=1
