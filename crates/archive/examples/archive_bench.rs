@@ -274,6 +274,7 @@ fn sample_report() -> TestReport {
                 system_percent: 50.0,
             },
             rfc6349: None,
+            ramp: None,
         },
     }
 }

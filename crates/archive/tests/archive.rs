@@ -903,6 +903,7 @@ fn sample_test_report() -> TestReport {
                 system_percent: 50.0,
             },
             rfc6349: None,
+            ramp: None,
         },
     }
 }

@@ -592,6 +592,7 @@ fn end_record(
             system_percent: theirs.cpu_system,
         },
         rfc6349: None,
+        ramp: None,
     }
 }
 

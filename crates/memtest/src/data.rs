@@ -710,6 +710,21 @@ pub(crate) fn snapshot(s: &Stream) -> Snapshot {
     }
 }
 
+/// Bytes of this stream the far end has demonstrably received: a
+/// receiver's own count, a TCP sender's acknowledged bytes (not what sits
+/// in its send buffer), a UDP sender's sent bytes (nothing better is known
+/// here).
+pub(crate) fn delivered(s: &Stream) -> u64 {
+    let counted = s.counters.bytes.load(Ordering::Relaxed);
+    match &*s.sock {
+        Sock::Tcp(t) if s.role == Role::Send => fatpipe_sys::tcp_info(t.tcp())
+            .ok()
+            .and_then(|i| i.bytes_acked)
+            .unwrap_or(counted),
+        _ => counted,
+    }
+}
+
 /// The sample between two snapshots, plus the stream's current RTT, cwnd
 /// and jitter. `base_ns` is the time the period started (for `elapsed_us`).
 pub(crate) fn sample(s: &Stream, from: &Snapshot, to: &Snapshot, base_ns: u64) -> StreamSample {

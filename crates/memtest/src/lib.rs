@@ -24,6 +24,7 @@ pub(crate) mod data;
 pub mod findmax;
 pub mod msg;
 mod pacer;
+mod ramp;
 mod report;
 pub mod rfc6349;
 pub mod tuning;
@@ -192,6 +193,9 @@ pub fn run_client_adjusting(
     control.send(&TestMsg::Start.encode())?;
     let cpu0 = fatpipe_sys::CpuSample::now().ok();
     let mut side = Side::start(p.clone(), streams, tx, rx)?;
+    if p.protocol == Protocol::Tcp {
+        side.track_ramp();
+    }
     let adjust = match adjust {
         Some(a) if p.protocol != Protocol::Tcp => {
             a.unavailable("only TCP tests can be adjusted");
@@ -226,7 +230,8 @@ pub fn run_client_adjusting(
         }
     };
     control.close("");
-    let end = merge_final(p, &side, &remote_final, cpu_local, cpu_use(&remote_cpu));
+    let mut end = merge_final(p, &side, &remote_final, cpu_local, cpu_use(&remote_cpu));
+    end.ramp = side.ramp();
     Ok(schema::TestReport {
         schema: schema::TEST_SCHEMA.into(),
         version: schema::TEST_SCHEMA_VERSION,
@@ -281,6 +286,9 @@ struct Side {
     moved: u64,
     last_progress: Instant,
     stall_limit: Duration,
+    /// The client's delivered-bytes series for the ramp, and when it is
+    /// sampled next (TCP clients only; see `ramp`).
+    ramp: Option<(ramp::Series, Instant)>,
 }
 
 /// Index, start and end (after the test start), omitted, per-stream samples.
@@ -339,8 +347,40 @@ impl Side {
             moved: 0,
             last_progress: start,
             stall_limit,
+            ramp: None,
             streams,
         })
+    }
+
+    /// Starts sampling delivered bytes for the ramp (the client does).
+    fn track_ramp(&mut self) {
+        let series = ramp::Series::new();
+        let next = self.shared.start() + series.every();
+        self.ramp = Some((series, next));
+    }
+
+    /// Takes a ramp sample if one is due.
+    fn poll_ramp(&mut self) {
+        let Some((series, next)) = &mut self.ramp else {
+            return;
+        };
+        let now = Instant::now();
+        if now < *next {
+            return;
+        }
+        let start = self.shared.start();
+        let bytes: u64 = self.streams.iter().map(data::delivered).sum();
+        series.push((now - start).as_secs_f64(), bytes);
+        *next += series.every();
+        if *next <= now {
+            // Descheduled past a whole spacing: resume from now.
+            *next = now + series.every();
+        }
+    }
+
+    /// The ramp measured on the samples (see `ramp`).
+    fn ramp(&self) -> Option<schema::TestRamp> {
+        self.ramp.as_ref().and_then(|(series, _)| series.ramp())
     }
 
     /// Waits for the next event or the next tick (`None`); no longer than
@@ -353,6 +393,9 @@ impl Side {
         }
         if let Some(d) = self.udp_drain_at {
             until = until.min(d);
+        }
+        if let Some((_, d)) = &self.ramp {
+            until = until.min(*d);
         }
         let wait = until.saturating_duration_since(now);
         match self.rx.recv_timeout(wait) {
@@ -1231,6 +1274,7 @@ fn client_loop(
                 Ev::PeerGone(e) => return Err(e),
             }
         }
+        side.poll_ramp();
         while let Some((index, begin, end, omitted, streams)) = side.poll_timers() {
             local.insert(index, (begin, end, omitted, streams));
         }
@@ -1917,6 +1961,7 @@ fn merge_final(
         cpu_local,
         cpu_remote,
         rfc6349: None,
+        ramp: None,
     }
 }
 
@@ -3082,6 +3127,7 @@ mod tests {
             moved: 0,
             last_progress: now,
             stall_limit: Duration::from_secs(60),
+            ramp: None,
         }
     }
 

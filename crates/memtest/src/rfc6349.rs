@@ -544,6 +544,7 @@ mod tests {
                 cpu_local: CpuUse::default(),
                 cpu_remote: CpuUse::default(),
                 rfc6349: None,
+                ramp: None,
             },
         }
     }

@@ -230,6 +230,25 @@ pub struct TestEnd {
     /// RFC 6349 metrics (`--rfc6349`); absent without the flag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rfc6349: Option<Rfc6349>,
+    /// How long the test took to reach its steady rate (TCP); null for
+    /// UDP, a test too short to tell, an iperf3 peer, or documents from
+    /// before it existed.
+    #[serde(default)]
+    pub ramp: Option<TestRamp>,
+}
+
+/// The start-up cost of a TCP test: from its start until the data arrived,
+/// over one second, at 90 % of the rate of its second half (the copy's
+/// `ramp_secs` and `final_rate` are the same measure).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TestRamp {
+    /// Seconds from the test's start to 90 % of `final_rate`; null when
+    /// it never got there.
+    pub secs: Option<f64>,
+    /// Bit/s delivered over the second half of the test's time (both
+    /// directions together for `--bidir`), what the ramp is measured
+    /// against.
+    pub final_rate: u64,
 }
 
 /// The RFC 6349 (Framework for TCP Throughput Testing) view of a TCP test,
@@ -463,6 +482,7 @@ mod tests {
             cpu_local: CpuUse::default(),
             cpu_remote: CpuUse::default(),
             rfc6349: None,
+            ramp: None,
         });
         let text = serde_json::to_string(&line).unwrap();
         assert!(text.starts_with("{\"event\":\"end\",\"data\":{"), "{text}");

@@ -954,6 +954,13 @@ pub(super) fn print_end(
         }
         writeln!(out, "{line}")?;
     }
+    if let Some(r) = &end.ramp {
+        let rate = units::format_rate(r.final_rate as f64);
+        match r.secs {
+            Some(secs) => writeln!(out, "ramp: 90% of {rate} after {secs:.1} s")?,
+            None => writeln!(out, "ramp: never reached 90% of {rate} over one second")?,
+        }
+    }
     let cpu = |c: &fatpipe_schema::test::CpuUse| {
         format!(
             "{:.1}% ({:.1}%u/{:.1}%s)",

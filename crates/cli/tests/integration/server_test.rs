@@ -157,6 +157,41 @@ fn json_stream_is_one_object_per_line() {
 }
 
 #[test]
+fn tcp_tests_report_their_ramp_and_udp_tests_none() {
+    let dir = setup();
+    let (_srv, port) = server(&dir, &[]);
+    for args in [
+        &["-t", "2.5", "--no-auto"][..],
+        &["-t", "2.5", "-R", "-P", "2"],
+    ] {
+        let r = json_test(&dir, port, args);
+        let ramp = r.end.ramp.unwrap_or_else(|| panic!("{args:?}: no ramp"));
+        // Measured over one-second windows, so never under one second,
+        // and inside the test's time when it got there at all.
+        if let Some(secs) = ramp.secs {
+            assert!((0.99..=2.7).contains(&secs), "{args:?}: {ramp:?}");
+        }
+        // The final rate is delivered bytes over the second half: of the
+        // order of the test's average (loopback's rate swings, so only
+        // within a factor of four).
+        let avg = r.end.sums[0].bits_per_second;
+        let fr = ramp.final_rate as f64;
+        assert!(
+            fr > avg / 4.0 && fr < avg * 4.0,
+            "{args:?}: {fr} against {avg}"
+        );
+    }
+    // Too short to tell; and UDP has no start-up to speak of.
+    assert_eq!(json_test(&dir, port, &["-t", "1"]).end.ramp, None);
+    let udp = json_test(&dir, port, &["-u", "-b", "10M", "-t", "2.5"]);
+    assert_eq!(udp.end.ramp, None);
+    let out = run(&mut test_cmd(&dir, port, &["-t", "2.5", "--no-auto"]));
+    assert_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ramp: 90% of "), "{text}");
+}
+
+#[test]
 fn text_output_has_intervals_and_a_summary() {
     let dir = setup();
     let (_srv, port) = server(&dir, &[]);
