@@ -37,12 +37,25 @@
 #                   the table says which, because that cap is exactly what
 #                   fatpipe's planner works around with more streams
 #   iperf3-8bbr     iperf3 -P 8 -C bbr, iperf3's best hand-tuned setting
+#   gridftp         GridFTP: `globus-url-copy -p 8 file://FILE ftp://B/...`
+#                   to a `globus-gridftp-server` in namespace b (anonymous
+#                   login mapped to user nobody, plain FTP control, MODE E
+#                   with 8 parallel data streams, kernel socket buffers:
+#                   what `-p 8` alone gives); the same file and the same
+#                   goodput rule as fatpipe-copy (wall clock of the whole
+#                   command, destination size checked). GridFTP does not
+#                   verify checksums here; fatpipe's copies do.
+#   gridftp-pull    the same file pulled back: `globus-url-copy -p 8
+#                   ftp://B/FILE file://DIR/`
 #
 # A second table gives, per cell, the copies' start-up from their JSON
 # timeline (medians): first payload byte after the command started (push:
 # the first byte sent; pull: the first chunk verified on this end's disk),
-# and the ramp to 90 % of the final rate (ramp_secs), push and pull, and
-# the pull/push ratio of their goodputs (issue 18: within 5 %).
+# and the ramp to 90 % of the final rate (ramp_secs), push and pull, the
+# pull/push ratio of their goodputs (issue 18: within 5 %), and GridFTP's
+# push and pull with fatpipe's ratio to each. The first table gives
+# `fatpipe test`'s own ramp (end.ramp.secs: start to 90 % of its final
+# rate, medians).
 #
 # The table shows per cell the medians (Gbit/s, receiver), the ratios
 # fatpipe test / each iperf3 variant, and whether fatpipe test and fatpipe
@@ -66,8 +79,8 @@
 #   STRETCH=1          also run STRETCH_RATE=5gbit x STRETCH_RTT=93 ms, no
 #                      loss, against STRETCH_TARGET=4.5 (Gbit/s)
 #   TOOLS="fatpipe fatpipe-copy fatpipe-pull iperf3-default iperf3-bdp iperf3-8bbr"
-#                      (issue 18's copy rows: TOOLS="fatpipe-copy fatpipe-pull"
-#                      COPY_SIZE=2G LOSSES="0.01% 0.1% 1%")
+#                      (issue 18's copy rows: TOOLS="fatpipe-copy fatpipe-pull
+#                      gridftp gridftp-pull" COPY_SIZE=2G LOSSES="0.01% 0.1% 1%")
 #   LAB=fpat$$         lab name
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
 #   FATPIPE_B=path/to/other/fatpipe  with TOOLS including fatpipe-b and/or
@@ -96,7 +109,7 @@ STRETCH=${STRETCH:-0}
 STRETCH_RATE=${STRETCH_RATE:-5gbit}
 STRETCH_RTT=${STRETCH_RTT:-93}
 STRETCH_TARGET=${STRETCH_TARGET:-4.5}
-ALL_TOOLS="fatpipe fatpipe-copy fatpipe-pull iperf3-default iperf3-bdp iperf3-8bbr fatpipe-b fatpipe-copy-b"
+ALL_TOOLS="fatpipe fatpipe-copy fatpipe-pull iperf3-default iperf3-bdp iperf3-8bbr fatpipe-b fatpipe-copy-b gridftp gridftp-pull"
 TOOLS=${TOOLS:-$ALL_TOOLS}
 LAB=${LAB:-fpat$$}
 PORT_FATPIPE=5301
@@ -104,6 +117,7 @@ PORT_COPY=5302
 PORT_FATPIPE_B=5303
 PORT_COPY_B=5304
 PORT_IPERF3=5201
+PORT_GRIDFTP=5305
 
 for t in $TOOLS; do
     case " $ALL_TOOLS " in *" $t "*) ;; *) die "TOOLS: unknown contender $t (known: $ALL_TOOLS)" ;; esac
@@ -120,6 +134,7 @@ data=""
 
 cleanup() {
     stop_servers
+    rm -rf "/etc/netns/fp-$LAB-a" "/etc/netns/fp-$LAB-b"
     [ -n "${FATPIPE:-}" ] && "$FATPIPE" lab down "$LAB" >/dev/null 2>&1 || true
     [ -n "$data" ] && rm -rf "$data"
     drop_work
@@ -136,6 +151,10 @@ case " $TOOLS " in
 esac
 
 has_tool() { case " $TOOLS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if has_tool gridftp || has_tool gridftp-pull; then
+    install_missing globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs
+    id -u nobody >/dev/null 2>&1 || die "GridFTP's anonymous login maps to user nobody, which this host lacks"
+fi
 
 # bdp_bytes RATE_BPS RTT_MS
 bdp_bytes() { awk -v r="$1" -v t="$2" 'BEGIN { printf "%d", r * t / 1000 / 8 }'; }
@@ -167,6 +186,10 @@ make_copy_data() {
         openssl enc -aes-128-ctr -nosalt -pbkdf2 -pass pass:fatpipe-autotune </dev/zero 2>/dev/null |
             head -c "$COPY_BYTES" >"$SRC_FILE")
     [ "$(stat -c %s "$SRC_FILE")" = "$COPY_BYTES" ] || die "could not write $COPY_BYTES bytes to $SRC_FILE"
+    # GridFTP's anonymous user (nobody) reads the source and writes dst.
+    chmod 755 "$data" "$data/src"
+    chmod 644 "$SRC_FILE"
+    chown nobody "$data/dst"
 }
 
 start_servers() {
@@ -189,6 +212,42 @@ start_servers() {
             --export "dst=$data/dst:public" || die "fatpipe-copy-b server did not start"
     fi
     start_server "$ns" iperf3 $PORT_IPERF3 iperf3 -s -p $PORT_IPERF3 || die "iperf3 server did not start"
+    if has_tool gridftp || has_tool gridftp-pull; then
+        # Anonymous FTP (no GSI certificates to set up) mapped to nobody;
+        # the server refuses to map anonymous users to root.
+        start_server "$ns" gridftp $PORT_GRIDFTP globus-gridftp-server -aa -anonymous-user nobody \
+            -p $PORT_GRIDFTP -control-interface "$B_IP" -data-interface "$B_IP" -d error ||
+            die "globus-gridftp-server did not start"
+    fi
+}
+
+# gridftp_one OUT [pull]: one GridFTP push of SRC_FILE into the server's
+# dst directory (or with "pull", one pull of it into dst on this end);
+# prints Gbit/s over the command's wall clock, or nan (reason in OUT.bad).
+gridftp_one() {
+    local out=$1 way=${2:-push} name dst
+    name=$(basename "$SRC_FILE")
+    dst="$data/dst/$name"
+    find "$data/dst" -mindepth 1 -delete
+    local t0=$EPOCHREALTIME rc=0
+    if [ "$way" = pull ]; then
+        lab_exec a globus-url-copy -p 8 "ftp://$B_IP:$PORT_GRIDFTP$SRC_FILE" "file://$dst" >"$out" 2>&1 || rc=$?
+    else
+        lab_exec a globus-url-copy -p 8 "file://$SRC_FILE" "ftp://$B_IP:$PORT_GRIDFTP$dst" >"$out" 2>&1 || rc=$?
+    fi
+    local wall
+    wall=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.6f", b - a }')
+    if [ "$rc" != 0 ]; then
+        echo "globus-url-copy exited $rc: $(grep -m1 -i error "$out" || tail -1 "$out")" >"$out.bad"
+    elif [ "$(stat -c %s "$dst" 2>/dev/null || echo missing)" != "$COPY_BYTES" ]; then
+        echo "destination size $(stat -c %s "$dst" 2>/dev/null || echo missing) != $COPY_BYTES" >"$out.bad"
+    fi
+    find "$data/dst" -mindepth 1 -delete
+    if [ -e "$out.bad" ]; then
+        echo nan
+    else
+        awk -v n="$COPY_BYTES" -v w="$wall" 'BEGIN { printf "%.6f\n", n * 8 / w / 1e9 }'
+    fi
 }
 
 # copy_one OUT [BIN PORT [pull]]: one push of SRC_FILE (with FATPIPE to
@@ -249,6 +308,12 @@ run_one() {
         fatpipe-pull)
             copy_one "$out" "$FATPIPE" $PORT_COPY pull | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
             ;;
+        gridftp)
+            gridftp_one "$out" | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
+            ;;
+        gridftp-pull)
+            gridftp_one "$out" pull | awk '{ if ($1 == "nan") print "nan"; else print $1 * 1e9 }'
+            ;;
         iperf3-*)
             local extra=()
             case $tool in
@@ -275,6 +340,17 @@ lab_link() {
     "$FATPIPE" lab up "$LAB" --rtt "${rtt}ms" --rate "$rate" --seed 7 --owner $$ >/dev/null
     B_IP=$("$FATPIPE" lab list --json | jq -r --arg n "$LAB" '.[] | select(.name == $n) | .b.ipv4')
     [ -n "$B_IP" ] && [ "$B_IP" != null ] || die "no address for lab $LAB"
+    if has_tool gridftp || has_tool gridftp-pull; then
+        # GridFTP looks up its addresses' names; a lab namespace has no
+        # route to a DNS server, so give both ends a hosts file (`ip netns
+        # exec` mounts /etc/netns/NS/hosts over /etc/hosts; removed at exit).
+        local a_ip ns
+        a_ip=$("$FATPIPE" lab list --json | jq -r --arg n "$LAB" '.[] | select(.name == $n) | .a.ipv4')
+        for ns in "fp-$LAB-a" "fp-$LAB-b"; do
+            mkdir -p "/etc/netns/$ns"
+            { cat /etc/hosts; echo "$a_ip $LAB-a"; echo "$B_IP $LAB-b"; } >"/etc/netns/$ns/hosts"
+        done
+    fi
     BDP=$(bdp_bytes "$(rate_bps "$rate")" "$rtt")
     WINDOW=$BDP
     [ "$WINDOW" -gt "$CAP" ] && WINDOW=$CAP
@@ -313,6 +389,10 @@ cell() {
                     ramp[$t]+="$(jq -r '.timeline.ramp_secs // "nan" |
                         if type == "number" then (. * 100 | round / 100) else . end' "$f" 2>/dev/null || echo nan) "
                     ;;
+                fatpipe)
+                    ramp[$t]+="$(jq -r '.end.ramp.secs // "nan" |
+                        if type == "number" then (. * 100 | round / 100) else . end' "$f" 2>/dev/null || echo nan) "
+                    ;;
             esac
             echo "  $rate ${rtt} ms loss $loss run $run $t: $g Gbit/s$([ -e "$f.bad" ] && echo " (BAD: $(cat "$f.bad"))")" >&2
             if [ "$run" = 1 ]; then
@@ -335,8 +415,9 @@ cell() {
             m[$t]=-
         fi
     done
-    local cmed
+    local cmed tramp=-
     declare -A fm=() rm=()
+    [ -n "${ramp[fatpipe]+set}" ] && tramp=$(tr ' ' '\n' <<<"${ramp[fatpipe]}" | median %.2f)
     for t in fatpipe-copy fatpipe-pull; do
         if [ -n "${first[$t]+set}" ]; then
             fm[$t]=$(tr ' ' '\n' <<<"${first[$t]}" | median %.2f)
@@ -347,7 +428,13 @@ cell() {
     done
     cmed=$(ratio "${m[fatpipe-pull]}" "${m[fatpipe-copy]}" %.3f)
     [ "${m[fatpipe-pull]}" = - ] && cmed=-
+    local g_push g_pull
+    g_push=$(ratio "${m[fatpipe-copy]}" "${m[gridftp]}" "%.2fx")
+    g_pull=$(ratio "${m[fatpipe-pull]}" "${m[gridftp-pull]}" "%.2fx")
+    [ "${m[gridftp]}" = - ] && g_push=-
+    [ "${m[gridftp-pull]}" = - ] && g_pull=-
     startrows+=("$(printf "$START_ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe-copy]}" "${m[fatpipe-pull]}" "$cmed" \
+        "${m[gridftp]}" "${m[gridftp-pull]}" "$g_push" "$g_pull" \
         "${fm[fatpipe-copy]}" "${rm[fatpipe-copy]}" "${fm[fatpipe-pull]}" "${rm[fatpipe-pull]}")")
     local r_d r_b r_8
     r_d=$(ratio "${m[fatpipe]}" "${m[iperf3-default]}" "%.1fx")
@@ -359,15 +446,15 @@ cell() {
     abrows+=("$(printf "$AB_ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "${m[fatpipe-b]}" \
         "$(ratio "${m[fatpipe-b]}" "${m[fatpipe]}" %.3f)" "${m[fatpipe-copy]}" "${m[fatpipe-copy-b]}" \
         "$(ratio "${m[fatpipe-copy-b]}" "${m[fatpipe-copy]}" %.3f)")")
-    rows+=("$(printf "$ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "${m[fatpipe-copy]}" "${m[iperf3-default]}" "${m[iperf3-bdp]}" \
+    rows+=("$(printf "$ROW" "$rate" "$rtt ms" "$loss" "${m[fatpipe]}" "$tramp" "${m[fatpipe-copy]}" "${m[iperf3-default]}" "${m[iperf3-bdp]}" \
         "${m[iperf3-8bbr]}" "$r_d" "$r_b" "$r_8" "$target" "$(mark "${m[fatpipe]}" "$target")" \
         "$(mark "${m[fatpipe-copy]}" "$target")")")
 }
 
-# one table row: link RTT loss, 5 medians, 3 ratios, goal, 2 marks
-ROW='| %6s | %6s | %5s | %7s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %5s | %5s |'
+# one table row: link RTT loss, test median and ramp, 4 medians, 3 ratios, goal, 2 marks
+ROW='| %6s | %6s | %5s | %7s | %6s | %7s | %7s | %7s | %7s | %6s | %6s | %6s | %4s | %5s | %5s |'
 AB_ROW='| %6s | %6s | %5s | %7s | %7s | %6s | %7s | %7s | %6s |'
-START_ROW='| %6s | %6s | %5s | %7s | %7s | %6s | %7s | %7s | %7s | %7s |'
+START_ROW='| %6s | %6s | %5s | %7s | %7s | %6s | %7s | %7s | %7s | %7s | %7s | %7s | %7s | %7s |'
 CAP=$(sysctl -n net.core.rmem_max net.core.wmem_max | sort -n | head -1)
 { has_tool fatpipe-copy || has_tool fatpipe-pull; } && make_copy_data
 startrows=()
@@ -397,9 +484,9 @@ echo "fatpipe test: ${FP_DURATION} s runs$(has_tool fatpipe-copy && echo "; fatp
 echo "iperf3 BDP: -w min(1 BDP, host cap); the host caps plain socket buffers at $CAP bytes; 8bbr: -P 8 -C bbr"
 echo "n/a: no successful run; -: not run in this cell"
 echo
-printf "$ROW\n" link RTT loss fatpipe fatpipe iperf3 iperf3 iperf3 "test/" "test/" "test/" goal test copy
-printf "$ROW\n" "" "" "" test copy default "-w BDP" "-P8 bbr" "def." BDP 8bbr "" pass pass
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+printf "$ROW\n" link RTT loss fatpipe "test" fatpipe iperf3 iperf3 iperf3 "test/" "test/" "test/" goal test copy
+printf "$ROW\n" "" "" "" test "ramp s" copy default "-w BDP" "-P8 bbr" "def." BDP 8bbr "" pass pass
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 if has_tool fatpipe-b || has_tool fatpipe-copy-b; then
     echo
@@ -411,9 +498,9 @@ fi
 if has_tool fatpipe-copy || has_tool fatpipe-pull; then
     echo
     echo "copy start-up ($COPY_SIZE, medians; goodput over the whole command's wall clock; seconds since the command started):"
-    printf "$START_ROW\n" link RTT loss "push" "pull" "pull/" "push 1st" "push" "pull 1st" "pull"
-    printf "$START_ROW\n" "" "" "" "Gbit/s" "Gbit/s" "push" "byte s" "ramp s" "byte s" "ramp s"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    printf "$START_ROW\n" link RTT loss "push" "pull" "pull/" "GridFTP" "GridFTP" "push/" "pull/" "push 1st" "push" "pull 1st" "pull"
+    printf "$START_ROW\n" "" "" "" "Gbit/s" "Gbit/s" "push" "push" "pull" "GridFTP" "GridFTP" "byte s" "ramp s" "byte s" "ramp s"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${startrows[@]}"
 fi
 echo
