@@ -124,6 +124,10 @@ pub struct Args {
     /// --key-file, to measure its cost (TCP only; docs/encryption.md).
     #[arg(long, conflicts_with = "iperf3")]
     pub encrypt: bool,
+    /// Print auto-tuning's whole reasoning and every pre-flight warning,
+    /// not only the one-line choice (both are in the JSON either way).
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Do not auto-tune: one stream (unless -P) and the kernel's buffers,
     /// congestion control and pacing unless given as flags.
     #[arg(long)]
@@ -333,8 +337,16 @@ fn auto_tune(
     };
     *baseline = Some(Ok(rfc6349::Baseline::from_preflight(&t.preflight)));
     tuning::tune(params, &t);
-    eprintln!("{}", t.line);
-    for w in &t.record.warnings {
+    // One line by default, what was chosen for which path, as the copy
+    // prints; the reasoning and the warnings that only explain it with -v
+    // (all of it is in the JSON); a warning to act on is always shown.
+    let (line, warnings) = if a.verbose {
+        (&t.line, &t.record.warnings)
+    } else {
+        (&t.short, &t.act_on)
+    };
+    eprintln!("{line}");
+    for w in warnings {
         eprintln!("fatpipe: warning: auto: {w}");
     }
     Ok(Some(t.record))
