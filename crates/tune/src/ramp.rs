@@ -314,7 +314,7 @@ mod tests {
         assert!(gain > 0.1 && gain < 0.228, "{gain}");
         // ...and 14 more streams each finishing a whole 8 MiB chunk at the
         // end cost more than that: the lab measured the wider start slower
-        // (0.70 against 0.76 Gbit/s). With 2 MiB chunks the wider start
+        // (0.69 against 0.76 Gbit/s). With 2 MiB chunks the wider start
         // nets under 0.1 s (0.5 % of the copy, below what the lab can
         // resolve), while the tail of the planned 18 shrinks by 0.48 s.
         let extra_tail = |chunk| tail_secs(chunk, 32, rate) - tail_secs(chunk, 18, rate);
