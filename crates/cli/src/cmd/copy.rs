@@ -52,7 +52,8 @@ const DEFAULT_STREAMS: u16 = 4;
 /// queue runs dry each stream still has up to one chunk to finish and the
 /// streams run out one by one over about `chunk × streams / rate`: half of
 /// that is lost at the end of every copy (8 MiB × 18 streams at 941 Mbit/s:
-/// 0.64 s of a 2 GiB copy's 18 s). 2 MiB keeps it at a quarter; the
+/// 0.64 s of a 2 GiB copy's 18 s; each socket's unsent backlog adds to
+/// it, see docs/copy.md). 2 MiB keeps the chunks' share at a quarter; the
 /// per-chunk costs (a header, a digest, a journal record) stay far below
 /// the data's even at 10 Gbit/s (600 chunks/s), and a session still holds
 /// 128 TiB (`MAX_SESSION_CHUNKS`). Not derived from the plan: a rerun must
