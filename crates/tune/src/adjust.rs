@@ -315,8 +315,11 @@ impl Adjuster {
             // Random loss retransmits in proportion to the bytes sent; a
             // change that doubled the share (and not by a handful) made
             // the transfer overflow the bottleneck queue itself.
+            // A window that moved nothing (a stall) has no share to
+            // compare with: any loss after it would read as congestion.
             let share = |retx: u64, thr: u64| retx as f64 / thr.max(1) as f64;
-            if avg.retransmits >= 30
+            if before > 0
+                && avg.retransmits >= 30
                 && share(avg.retransmits, avg.throughput) > 2.0 * share(before_retx, before)
             {
                 self.saturated = true;
@@ -711,6 +714,36 @@ mod tests {
             }
         }
         changes
+    }
+
+    #[test]
+    fn losses_after_a_stalled_window_are_not_taken_for_congestion() {
+        // A copy whose probe could only bound the rate (≥ 132 Mbit/s, so
+        // unknown here) stalled through its first decision window; the
+        // add that followed brought it to 140 Mbit/s with the path's
+        // random loss. Lab, 228 ms, 0.1 %: it then held 5 streams for two
+        // minutes ("46 retransmits after the last change against 0
+        // before: the streams now congest the path").
+        let rtt = Duration::from_millis(228);
+        let mut a = Adjuster::new(AdjustConfig {
+            min_rtt: rtt,
+            ..cfg(None, 4, "bbr", true)
+        });
+        let changes = drive(&mut a, 20, |streams, _| {
+            if streams == 4 {
+                (0, 0, rtt)
+            } else {
+                (28_000_000 * u64::from(streams), 46, rtt)
+            }
+        });
+        assert!(changes.len() >= 2, "{changes:?}");
+        assert!(
+            changes
+                .iter()
+                .all(|d| matches!(d.action, Action::AddStreams { .. })),
+            "{changes:?}"
+        );
+        assert!(a.streams() > 5, "{changes:?}");
     }
 
     #[test]
