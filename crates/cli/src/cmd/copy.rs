@@ -50,15 +50,15 @@ use super::archive::Recorder;
 const DEFAULT_STREAMS: u16 = 4;
 /// Chunks big files are cut into. A stream sends a whole chunk, so when the
 /// queue runs dry each stream still has up to one chunk to finish and the
-/// streams run out one by one over about `chunk × streams / rate`: half of
-/// that is lost at the end of every copy (8 MiB × 18 streams at 941 Mbit/s:
-/// 0.64 s of a 2 GiB copy's 18 s; each socket's unsent backlog adds to
-/// it, see docs/copy.md). 2 MiB keeps the chunks' share at a quarter; the
-/// per-chunk costs (a header, a digest, a journal record) stay far below
-/// the data's even at 10 Gbit/s (600 chunks/s), and a session still holds
-/// 128 TiB (`MAX_SESSION_CHUNKS`). Not derived from the plan: a rerun must
+/// streams run out one by one over about `chunk × streams / rate`
+/// (`fatpipe_tune::ramp::tail_secs`: 0.64 s of a 2 GiB copy's 18 s with
+/// 8 MiB × 18 streams at 941 Mbit/s; each socket's unsent backlog adds to
+/// it, see docs/copy.md). 2 MiB would cut the chunks' share to a quarter,
+/// but did not show in the wall clock beside the lab's spread, and the
+/// durable write path was measured against `dd` with 8 MiB chunks (4 MiB
+/// writes), so the default stays. Not derived from the plan: a rerun must
 /// cut the same chunks to resume from the journal.
-const DEFAULT_CHUNK_SIZE: &str = "2M";
+const DEFAULT_CHUNK_SIZE: &str = "8M";
 /// Debug hook: print every sample and the adjuster's answer on stderr.
 const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 
@@ -1047,7 +1047,7 @@ mod tests {
             p.job.local_sources,
             vec![PathBuf::from("a"), PathBuf::from("b/")]
         );
-        assert_eq!(p.job.chunk_size, 2 << 20);
+        assert_eq!(p.job.chunk_size, 8 << 20);
 
         let p = plan(&args(&[
             "dtn:data/x",
