@@ -31,7 +31,7 @@ use fatpipe_schema::path::{
     BottleneckReport, LossReport, MtuReport, PathReport, RttReport, PATH_SCHEMA,
     PATH_SCHEMA_VERSION,
 };
-use fatpipe_schema::tune::{HostLimits, PathFacts, Plan};
+use fatpipe_schema::tune::{HostLimits, PathFacts, Plan, RateConfidence};
 use fatpipe_schema::units::{bdp_bytes, format_rate};
 
 pub use client::{run, ProbeConfig, ProbeOutcome};
@@ -213,6 +213,19 @@ pub fn facts(o: &ProbeOutcome) -> PathFacts {
         },
         mtu: o.mtu.path_mtu.unwrap_or(0),
     }
+}
+
+/// How sure the probe is of its rate, for the planner and the JSON plan;
+/// `None` when no train gave an estimate.
+pub fn rate_confidence(o: &ProbeOutcome) -> Option<RateConfidence> {
+    o.rate.as_ref().map(|r| RateConfidence {
+        rate: r.rate.round() as u64,
+        low: r.low.round() as u64,
+        high: r.high.round() as u64,
+        confidence: (r.confidence * 100.0).round() / 100.0,
+        label: estimate::confidence_label(r.confidence).into(),
+        lower_bound: r.sender_limited,
+    })
 }
 
 /// The parts of a finished probe the host audit (`tune --for HOST`) uses.
@@ -405,6 +418,8 @@ mod tests {
             pacing_rate: None,
             bdp,
             reason: format!("sender {} receiver {}", sender.rmem_max, receiver.rmem_max),
+            estimate: None,
+            window_rate: None,
         }
     }
 
