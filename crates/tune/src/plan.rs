@@ -224,7 +224,7 @@ pub fn plan_with(
     head.push_str(&format!(" → BDP {}", format_bytes(bdp)));
     if sized > rate {
         head.push_str(&format!(
-            "; sized for {} (BDP {}) so a low estimate does not cap the transfer",
+            "; sized for {} (BDP {}): the probe was unsure",
             format_rate(sized as f64),
             format_bytes(bdp_bytes(sized, rtt))
         ));
@@ -327,7 +327,7 @@ pub fn rate_words(rate: u64, estimate: Option<&RateConfidence>) -> String {
     let r = format_rate(rate as f64);
     match estimate {
         Some(e) if e.lower_bound => {
-            format!("≥ {r} (probe: a lower bound, the sender was slower than the path)")
+            format!("≥ {r} (a lower bound: the probe's sender was slower)")
         }
         Some(e) if e.label != "high" => format!(
             "~{r} ({} confidence: trains {}–{})",
