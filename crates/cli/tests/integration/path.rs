@@ -270,20 +270,6 @@ fn lab_path_reports_rtt_and_bottleneck_of_a_200mbit_93ms_link() {
     lab_accuracy("path200m", Duration::from_millis(93), 200_000_000);
 }
 
-/// A multi-gigabit link: 5 Gbit/s, where trains of one datagram per
-/// system call measured the sender (1.2 to 3 Gbit/s, flagged as lower
-/// bounds, on this 2-core machine under load) and a stall inside a short
-/// train lowered its slope. Same contract as the slower links: within 15 %
-/// (the lab carries 4.88 Gbit/s of IP at 5 Gbit/s with Ethernet framing)
-/// or labelled rough. A 10 ms RTT keeps the three probes to about a second.
-#[test]
-fn lab_path_reports_the_bottleneck_of_a_5gbit_link() {
-    if !util::need_root("lab_path_reports_the_bottleneck_of_a_5gbit_link") {
-        return;
-    }
-    lab_accuracy("path5g", Duration::from_millis(10), 5_000_000_000);
-}
-
 /// `path --reverse` on an asymmetric link: 100 Mbit/s from `a` to `b`,
 /// 1 Gbit/s back. The forward probe (the client in `a` sends) must find
 /// the first, the reverse probe (the server in `b` sends) the second.
