@@ -69,12 +69,9 @@ pub struct ProbeConfig {
 
 impl ProbeConfig {
     /// Defaults for a probe of `addr`: 10 echoes 20 ms apart, 10 trains of
-    /// up to about 1.5 MB (the most packets a train may have, at 1500
-    /// bytes) in packets of up to 9000 bytes. Trains are sized to span
-    /// [`TRAIN_SPAN`] at the rate the first one shows; the cap binds above
-    /// 3 Gbit/s, where a train then still spans 2.5 ms at 5 Gbit/s (a
-    /// 600 kB cap left under a millisecond there, shorter than one time
-    /// slice of a busy host).
+    /// about 600 kB in packets of up to 9000 bytes. (1.5 MB trains, to
+    /// span 2.5 ms at 5 Gbit/s, overran a loaded receiver on loopback,
+    /// where reverse trains arrive at tens of Gbit/s.)
     pub fn new(addr: SocketAddr, options: ClientOptions) -> ProbeConfig {
         ProbeConfig {
             addr,
@@ -83,7 +80,7 @@ impl ProbeConfig {
             echo_interval: Duration::from_millis(20),
             trains: 10,
             max_train_packet: 9000,
-            train_bytes: MAX_TRAIN_LEN * 1500,
+            train_bytes: 600_000,
             reverse: false,
             pipelined: true,
         }

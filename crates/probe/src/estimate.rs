@@ -95,10 +95,10 @@ pub struct TrainObs {
     /// How long the sender took to hand the whole train to its kernel (ns);
     /// 0 when unknown.
     pub send_span_ns: u64,
-    /// The part of `send_span_ns` the sender was actually sending (ns): the
-    /// typical time per system call times the calls, so a sender
-    /// descheduled between two calls is not mistaken for a slow one; 0 when
-    /// unknown (`send_span_ns` is used).
+    /// The part of `send_span_ns` the sender was actually sending (ns): a
+    /// system call in which it was descheduled (≥ 0.5 ms and 10 × the
+    /// median call) counts as a typical one, so a stalled sender is not
+    /// mistaken for a slow one; 0 when unknown (`send_span_ns` is used).
     pub send_busy_ns: u64,
     /// The packets that arrived, in any order.
     pub arrivals: Vec<Arrival>,
@@ -520,8 +520,8 @@ mod tests {
         assert_eq!(confidence_label(0.1), "low");
     }
 
-    /// A 5 Gbit/s train of 1024 packets of 1500 bytes (2.5 ms), the size
-    /// the probe sends at that rate.
+    /// A 5 Gbit/s train of 1024 packets of 1500 bytes (2.5 ms), the most
+    /// a train may hold (the probe's default trains stop at 400).
     fn fast_train(jitter: impl Fn(u32) -> i64) -> TrainObs {
         train(1024, 1500, 5e9, jitter)
     }
