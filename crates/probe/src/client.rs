@@ -69,7 +69,9 @@ pub struct ProbeConfig {
 
 impl ProbeConfig {
     /// Defaults for a probe of `addr`: 10 echoes 20 ms apart, 10 trains of
-    /// about 600 kB in packets of up to 9000 bytes.
+    /// about 600 kB in packets of up to 9000 bytes. (1.5 MB trains, to
+    /// span 2.5 ms at 5 Gbit/s, overran a loaded receiver on loopback,
+    /// where reverse trains arrive at tens of Gbit/s.)
     pub fn new(addr: SocketAddr, options: ClientOptions) -> ProbeConfig {
         ProbeConfig {
             addr,
@@ -320,7 +322,7 @@ fn probe(
     let mut sizer = Sizer::new(&shape);
     if let Some(FirstTrain {
         shape: first_shape,
-        sent: Some((len, send_span_ns, at)),
+        sent: Some((len, (send_span_ns, send_busy_ns), at)),
         mut ack,
     }) = first_train
     {
@@ -328,6 +330,7 @@ fn probe(
             sent: len,
             ip_bytes: first_shape.packet,
             send_span_ns,
+            send_busy_ns,
             arrivals: Vec::new(),
         });
         // Its acknowledgement is usually in by the time the echoes are.
@@ -380,11 +383,12 @@ fn probe(
             continue;
         }
         let sent = send_trains(&mut io, first, n, &shape, &mut sizer, timeout, pipelined)?;
-        for &(len, send_span_ns) in &sent.trains {
+        for &(len, (send_span_ns, send_busy_ns)) in &sent.trains {
             obs.push(TrainObs {
                 sent: len,
                 ip_bytes: train_packet,
                 send_span_ns,
+                send_busy_ns,
                 arrivals: Vec::new(),
             });
         }
@@ -541,8 +545,8 @@ fn hello(io: &mut Udp, session: &ClientSession) -> Result<(), ProbeError> {
 struct FirstTrain {
     /// Its packets.
     shape: TrainShape,
-    /// Once sent: packets, send span (ns), when.
-    sent: Option<(u32, u64, Instant)>,
+    /// Once sent: packets, send span and busy time (ns), when.
+    sent: Option<(u32, (u64, u64), Instant)>,
     /// Its `TrainAck` (received, span in ns), if it came with the echoes.
     ack: Option<(u32, u64)>,
 }
@@ -696,15 +700,15 @@ struct TrainShape {
 
 /// What [`send_trains`] sent.
 struct SentTrains {
-    /// Each train's length and send span in ns.
-    trains: Vec<(u32, u64)>,
+    /// Each train's length, and its send span and busy time in ns.
+    trains: Vec<(u32, (u64, u64))>,
     /// Pipelined: the last train was not waited for; the server should
     /// wait this long for it before reporting.
     collect_wait: Option<Duration>,
 }
 
 /// Sends trains numbered `first..first + trains` and returns each one's
-/// length and send span in ns.
+/// length, send span and busy time in ns.
 ///
 /// With `pipelined` (the server said it can), the last train of the round
 /// is not waited for either: `Collect` follows it at once and the server
@@ -734,7 +738,7 @@ fn send_trains(
     pipelined: bool,
 ) -> Result<SentTrains, ProbeError> {
     let mut batch = SendBatch::new();
-    let mut out: Vec<(u32, u64)> = Vec::with_capacity(trains as usize);
+    let mut out: Vec<(u32, (u64, u64))> = Vec::with_capacity(trains as usize);
     let last = first + trains - 1;
     for train in first..=last {
         let len = sizer.len;
@@ -887,6 +891,8 @@ fn reverse_round(
                 sent: len,
                 ip_bytes: shape.packet,
                 send_span_ns,
+                // The server reports its span only.
+                send_busy_ns: 0,
                 arrivals: list,
             };
             sizer.handle_report(shape, &t);

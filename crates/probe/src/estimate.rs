@@ -17,6 +17,18 @@
 //! which outliers (a train that met cross traffic, a clock hiccup) are
 //! dropped by a median/MAD rule before the median is reported.
 //!
+//! **Why windows inside a train.** At multi-gigabit rates a train spans a
+//! millisecond or two, as long as one time slice of a busy host: a sender,
+//! forwarder or receiver descheduled for part of it puts a gap (or, when a
+//! backlog is then delivered at once, a burst) into the arrivals that has
+//! nothing to do with the link. One slope through the whole train takes
+//! the gap in (a 5 Gbit/s lab link read as 1.2 to 3 Gbit/s on a loaded
+//! 2-core host). So a long train is cut into overlapping windows of a
+//! quarter of its packets, each gets its own slope, and the train's rate
+//! is their median: one gap or burst spoils at most about a third of the
+//! windows, while each window is still long enough to average clumped
+//! timestamps out.
+//!
 //! **Why a confidence.** The spread of the surviving estimates and the share
 //! of trains that survived say how far to trust the number; the planner
 //! then knows whether to lean on it (see `Policy::pacing_gain`). A train the
@@ -83,6 +95,11 @@ pub struct TrainObs {
     /// How long the sender took to hand the whole train to its kernel (ns);
     /// 0 when unknown.
     pub send_span_ns: u64,
+    /// The part of `send_span_ns` the sender was actually sending (ns): a
+    /// system call in which it was descheduled (≥ 0.5 ms and 10 × the
+    /// median call) counts as a typical one, so a stalled sender is not
+    /// mistaken for a slow one; 0 when unknown (`send_span_ns` is used).
+    pub send_busy_ns: u64,
     /// The packets that arrived, in any order.
     pub arrivals: Vec<Arrival>,
 }
@@ -176,19 +193,19 @@ pub fn train_rate(train: &TrainObs) -> Result<TrainRate, TrainReject> {
         points.push((cum as f64, (a.at_ns - first) as f64));
         cum += u64::from(a.ip_bytes);
     }
-    let n = points.len() as f64;
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    if sxx <= 0.0 || sxy <= 0.0 {
-        return Err(TrainReject::NoSpan);
-    }
-    // slope: ns per byte.
-    let rate = 8.0 / (sxy / sxx * 1e-9);
-    let sender_limited = if train.send_span_ns > 0 && train.sent > 1 {
+    let whole = slope(&points).ok_or(TrainReject::NoSpan)?;
+    // Long trains: the median of the windows' slopes, so that one stall or
+    // burst inside the train does not move it (see the module docs).
+    let ns_per_byte = windowed_slope(&points).unwrap_or(whole);
+    let rate = 8.0 / (ns_per_byte * 1e-9);
+    let send_ns = match (train.send_busy_ns, train.send_span_ns) {
+        (0, span) => span,
+        (busy, 0) => busy,
+        (busy, span) => busy.min(span),
+    };
+    let sender_limited = if send_ns > 0 && train.sent > 1 {
         let sent_bytes = u64::from(train.sent - 1) * u64::from(train.ip_bytes);
-        let send_rate = sent_bytes as f64 * 8.0 / (train.send_span_ns as f64 * 1e-9);
+        let send_rate = sent_bytes as f64 * 8.0 / (send_ns as f64 * 1e-9);
         send_rate < rate * 1.1
     } else {
         false
@@ -287,6 +304,40 @@ pub fn confidence_label(confidence: f64) -> &'static str {
     }
 }
 
+/// Trains with fewer arrivals than this are fitted whole: their windows
+/// would be too short to average clumped timestamps out.
+pub const MIN_WINDOWED: usize = 128;
+
+/// Least-squares slope (ns per byte) of `(bytes, ns)` points; `None` when
+/// the points have no spread or time runs backwards.
+fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (sxx > 0.0 && sxy > 0.0).then(|| sxy / sxx)
+}
+
+/// The median slope of overlapping windows of a quarter of the points
+/// (started every eighth of a window); `None` for trains shorter than
+/// [`MIN_WINDOWED`] or when no window has a slope.
+fn windowed_slope(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < MIN_WINDOWED {
+        return None;
+    }
+    let width = points.len() / 4;
+    let step = (width / 8).max(1);
+    let slopes: Vec<f64> = (0..=points.len() - width)
+        .step_by(step)
+        .filter_map(|start| slope(&points[start..start + width]))
+        .collect();
+    (!slopes.is_empty()).then(|| median(&slopes))
+}
+
 /// Median of a non-empty slice (mean of the middle two for even lengths);
 /// 0 for an empty one.
 fn median(values: &[f64]) -> f64 {
@@ -319,6 +370,7 @@ mod tests {
             sent: n,
             ip_bytes: size,
             send_span_ns: (gap * f64::from(n) / 10.0) as u64,
+            send_busy_ns: 0,
             arrivals: (0..n)
                 .map(|i| Arrival {
                     index: i,
@@ -466,6 +518,113 @@ mod tests {
         assert!(one.confidence <= 0.5);
         assert_eq!(confidence_label(one.confidence), "medium");
         assert_eq!(confidence_label(0.1), "low");
+    }
+
+    /// A 5 Gbit/s train of 1024 packets of 1500 bytes (2.5 ms), the most
+    /// a train may hold (the probe's default trains stop at 400).
+    fn fast_train(jitter: impl Fn(u32) -> i64) -> TrainObs {
+        train(1024, 1500, 5e9, jitter)
+    }
+
+    /// A small deterministic pseudo-random number in [-1, 1) for packet `i`.
+    fn noise(i: u32) -> f64 {
+        let x = (u64::from(i) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        x as f64 / (1u64 << 23) as f64 - 1.0
+    }
+
+    #[test]
+    fn a_stall_inside_a_fast_train_does_not_lower_its_rate() {
+        // The forwarder (or the sender) was descheduled for 1 ms after the
+        // 600th packet: every later arrival is 1 ms late.
+        let t = fast_train(|i| if i >= 600 { 1_000_000 } else { 0 });
+        let r = train_rate(&t).unwrap();
+        assert!((r.rate / 5e9 - 1.0).abs() < 0.02, "{}", r.rate);
+        // One slope through the whole train would have said ~3.5 Gbit/s.
+        let mut points = Vec::new();
+        let mut sorted = t.arrivals.clone();
+        sorted.sort_by_key(|a| a.at_ns);
+        for (k, a) in sorted.iter().enumerate() {
+            points.push(((k * 1500) as f64, (a.at_ns - sorted[0].at_ns) as f64));
+        }
+        let whole = 8.0 / (slope(&points).unwrap() * 1e-9);
+        assert!(whole < 4e9, "{whole}");
+    }
+
+    #[test]
+    fn a_burst_after_a_stall_does_not_raise_a_fast_trains_rate() {
+        // Packets 300..500 held back and then delivered at once (a
+        // forwarder catching up on its backlog): their timestamps bunch up
+        // at the 500th packet's time.
+        let gap = 1500.0 * 8.0 / 5e9 * 1e9;
+        let t = fast_train(|i| {
+            if (300..500).contains(&i) {
+                (f64::from(500 - i) * gap) as i64
+            } else {
+                0
+            }
+        });
+        let r = train_rate(&t).unwrap();
+        assert!((r.rate / 5e9 - 1.0).abs() < 0.03, "{}", r.rate);
+    }
+
+    #[test]
+    fn gro_like_coalescing_and_jitter_at_5g_still_give_the_rate() {
+        // Timestamps in clumps of 44 (one 64 kB GSO/GRO unit, all stamped
+        // at its last packet) plus ±20 µs of jitter on every arrival.
+        let gap = 1500.0 * 8.0 / 5e9 * 1e9;
+        let t = fast_train(|i| {
+            let clump = (43 - i64::from(i % 44)) as f64 * gap;
+            (clump + 20_000.0 + 20_000.0 * noise(i)) as i64
+        });
+        let r = train_rate(&t).unwrap();
+        assert!((r.rate / 5e9 - 1.0).abs() < 0.03, "{}", r.rate);
+        // Six such trains, each with its own stall or none, agree.
+        let trains: Vec<TrainObs> = (0..6u32)
+            .map(|k| {
+                fast_train(move |i| {
+                    let stall = if k % 2 == 1 && i >= 200 * k {
+                        800_000
+                    } else {
+                        0
+                    };
+                    stall + (20_000.0 * noise(i * 7 + k)) as i64 + 20_000
+                })
+            })
+            .collect();
+        let e = combine(&trains).unwrap();
+        assert!((e.rate / 5e9 - 1.0).abs() < 0.03, "{e:?}");
+        assert!(e.low > 4.7e9 && e.high < 5.3e9, "{e:?}");
+        assert_eq!(confidence_label(e.confidence), "high", "{e:?}");
+    }
+
+    #[test]
+    fn a_sender_descheduled_between_calls_is_not_sender_limited() {
+        let mut t = fast_train(|_| 0);
+        let span = t.arrivals[1023].at_ns - t.arrivals[0].at_ns;
+        // The send took longer than the arrivals (a 3 ms stall between two
+        // system calls), but its calls took a tenth of the train's time.
+        t.send_span_ns = span + 3_000_000;
+        t.send_busy_ns = span / 10;
+        assert!(!train_rate(&t).unwrap().sender_limited);
+        // Busy the whole time: the sender, not the path, set the pace.
+        t.send_busy_ns = span;
+        assert!(train_rate(&t).unwrap().sender_limited);
+        // Unknown busy time: the span decides, as before.
+        t.send_busy_ns = 0;
+        assert!(train_rate(&t).unwrap().sender_limited);
+    }
+
+    #[test]
+    fn short_trains_are_fitted_whole() {
+        // Below MIN_WINDOWED arrivals the windows would be too short: the
+        // whole-train slope is used, so a clump pattern still averages out.
+        let gap = 12_000.0;
+        let t = train(100, 1500, 1e9, |i| {
+            ((3 - i64::from(i % 4)) as f64 * gap) as i64
+        });
+        assert!(t.arrivals.len() < MIN_WINDOWED);
+        let r = train_rate(&t).unwrap();
+        assert!((r.rate / 1e9 - 1.0).abs() < 0.01, "{}", r.rate);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use fatpipe_schema::path::{
     BottleneckReport, LossReport, MtuReport, PathReport, RttReport, PATH_SCHEMA,
     PATH_SCHEMA_VERSION,
 };
-use fatpipe_schema::tune::{HostLimits, PathFacts, Plan};
+use fatpipe_schema::tune::{HostLimits, PathFacts, Plan, RateConfidence};
 use fatpipe_schema::units::{bdp_bytes, format_rate};
 
 pub use client::{run, ProbeConfig, ProbeOutcome};
@@ -103,14 +103,26 @@ pub(crate) fn ip_overhead(addr: SocketAddr) -> usize {
 /// Sends train number `train` on the connected socket `udp`: `len`
 /// packets padded to `payload` bytes, as fast as the kernel takes them
 /// (the client's forward trains and the server's reverse ones). Returns
-/// how long sending took (ns).
+/// how long sending took (ns) and how much of that the sender was busy
+/// (ns, [`busy_ns`]): a call in which the thread was descheduled counts as
+/// a typical one.
+///
+/// The packets go out as UDP GSO super-packets of up to
+/// [`gso_segments`] datagrams, and at most a sixteenth of the train, where
+/// the kernel can (one system call and
+/// one trip through the stack per ~64 kB, segmented at the device or by a
+/// NIC with UDP segmentation offload), else as `sendmmsg` batches. One
+/// datagram per trip through the stack cost a busy 2-core host more time
+/// than a 5 Gbit/s link takes to carry it: the trains then measured the
+/// sender (1.2 to 3 Gbit/s on a 5 Gbit/s lab link) and the estimate was
+/// only a lower bound.
 pub(crate) fn send_train(
     udp: &std::net::UdpSocket,
     batch: &mut fatpipe_sys::udp::SendBatch,
     train: u32,
     len: u32,
     payload: usize,
-) -> Result<u64, ProbeError> {
+) -> Result<(u64, u64), ProbeError> {
     let packets: Vec<Vec<u8>> = (0..len)
         .map(|index| {
             let mut buf = Vec::with_capacity(payload);
@@ -123,8 +135,35 @@ pub(crate) fn send_train(
             buf
         })
         .collect();
+    // GSO cuts at a fixed segment size: every packet must be `payload`
+    // bytes (the header is far shorter than any probe size, so they are).
+    let per_call = gso_per_call(payload, len);
+    let gso = per_call > 1 && packets.iter().all(|p| p.len() == payload);
+    let joined: Vec<Vec<u8>> = if gso {
+        packets.chunks(per_call).map(|c| c.concat()).collect()
+    } else {
+        Vec::new()
+    };
     let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
     let t0 = std::time::Instant::now();
+    if gso {
+        let mut calls = Vec::with_capacity(joined.len());
+        let mut last = t0;
+        for chunk in &joined {
+            let b = fatpipe_sys::udp::send_gso(udp, chunk, payload)
+                .map_err(|e| ProbeError::io("send packet train", e))?;
+            if b.datagrams == 0 {
+                return Err(ProbeError::Protocol(
+                    "the kernel accepted no train packet".into(),
+                ));
+            }
+            let now = std::time::Instant::now();
+            calls.push(now.duration_since(last).as_nanos() as u64);
+            last = now;
+        }
+        let span = t0.elapsed().as_nanos() as u64;
+        return Ok((span, busy_ns(&calls).min(span)));
+    }
     let mut done = 0;
     while done < refs.len() {
         let b = batch
@@ -137,7 +176,46 @@ pub(crate) fn send_train(
         }
         done += b.datagrams;
     }
-    Ok(t0.elapsed().as_nanos() as u64)
+    let span = t0.elapsed().as_nanos() as u64;
+    Ok((span, span))
+}
+
+/// The time a sender of these calls (ns each) was busy: their sum, with
+/// each call that took both [`STALL_NS`] and ten times the median counted
+/// as the median: the thread was descheduled in it. Uneven work (a call
+/// that also ran the receive path, as on loopback) stays counted: it takes
+/// microseconds, a time slice lost to another process milliseconds.
+fn busy_ns(calls: &[u64]) -> u64 {
+    let mut sorted = calls.to_vec();
+    sorted.sort_unstable();
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+    let stall = median.saturating_mul(10).max(STALL_NS);
+    calls
+        .iter()
+        .map(|&d| if d > stall { median } else { d })
+        .sum()
+}
+
+/// A send call at least this long (and ten times the median) was a stall.
+const STALL_NS: u64 = 500_000;
+
+/// Datagrams per GSO call in a train of `len` datagrams of `payload`
+/// bytes (1: no GSO): what one call may carry, and at most a sixteenth of
+/// the train. A super-packet that travels whole (the lab's forwarder, a
+/// receiver with GRO) arrives as one clump of timestamps, and a train needs
+/// many clumps to give a slope (a 33-packet train at 100 Mbit/s in one
+/// clump read 32 % high).
+pub(crate) fn gso_per_call(payload: usize, len: u32) -> usize {
+    gso_segments(payload).min(len as usize / 16).max(1)
+}
+
+/// Datagrams of `payload` bytes one GSO send carries: the kernel's segment
+/// limit and the 64 kB of one UDP datagram bound it.
+pub(crate) fn gso_segments(payload: usize) -> usize {
+    if payload == 0 {
+        return 1;
+    }
+    (65_507 / payload).clamp(1, fatpipe_sys::udp::UDP_MAX_GSO_SEGMENTS)
 }
 
 /// The path facts a probe gives the planner: minimum RTT, the estimate
@@ -154,6 +232,19 @@ pub fn facts(o: &ProbeOutcome) -> PathFacts {
         },
         mtu: o.mtu.path_mtu.unwrap_or(0),
     }
+}
+
+/// How sure the probe is of its rate, for the planner and the JSON plan;
+/// `None` when no train gave an estimate.
+pub fn rate_confidence(o: &ProbeOutcome) -> Option<RateConfidence> {
+    o.rate.as_ref().map(|r| RateConfidence {
+        rate: r.rate.round() as u64,
+        low: r.low.round() as u64,
+        high: r.high.round() as u64,
+        confidence: (r.confidence * 100.0).round() / 100.0,
+        label: estimate::confidence_label(r.confidence).into(),
+        lower_bound: r.sender_limited,
+    })
 }
 
 /// The parts of a finished probe the host audit (`tune --for HOST`) uses.
@@ -346,6 +437,8 @@ mod tests {
             pacing_rate: None,
             bdp,
             reason: format!("sender {} receiver {}", sender.rmem_max, receiver.rmem_max),
+            estimate: None,
+            window_rate: None,
         }
     }
 
@@ -385,6 +478,34 @@ mod tests {
             reverse: false,
             elapsed: Duration::from_secs(1),
         }
+    }
+
+    #[test]
+    fn only_a_stalled_send_call_is_left_out_of_the_busy_time() {
+        // Even calls: all of it.
+        assert_eq!(busy_ns(&[20_000; 10]), 200_000);
+        // Uneven work of tens of microseconds (loopback runs the receiver
+        // inside some calls): all of it, so loopback stays a lower bound.
+        let uneven = [10_000, 90_000, 10_000, 80_000, 10_000, 10_000];
+        assert_eq!(busy_ns(&uneven), uneven.iter().sum::<u64>());
+        // A 3 ms stall in one call counts as a typical call.
+        assert_eq!(busy_ns(&[20_000, 20_000, 3_000_000, 20_000]), 80_000);
+        assert_eq!(busy_ns(&[]), 0);
+    }
+
+    #[test]
+    fn gso_trains_are_cut_into_at_least_sixteen_calls() {
+        // 1500-byte packets (1472 bytes of UDP payload): 44 fit one call.
+        assert_eq!(gso_segments(1472), 44);
+        assert_eq!(gso_per_call(1472, 1024), 44);
+        assert_eq!(gso_per_call(1472, 400), 25);
+        assert_eq!(gso_per_call(1472, 64), 4);
+        assert_eq!(gso_per_call(1472, 33), 2);
+        // Too short to cut into sixteen clumps of two: no GSO.
+        assert_eq!(gso_per_call(1472, 31), 1);
+        // 9000-byte packets: 7 per call at most.
+        assert_eq!(gso_per_call(8972, 400), 7);
+        assert_eq!(gso_per_call(0, 400), 1);
     }
 
     #[test]

@@ -263,7 +263,7 @@ fn control_loop(
                     if train > first {
                         std::thread::sleep(gap);
                     }
-                    let span = send_train(udp, &mut batch, train, len, payload)?;
+                    let (span, _) = send_train(udp, &mut batch, train, len, payload)?;
                     sent.push((train, len, span));
                 }
                 control.send(&ProbeMsg::Sent { trains: sent }.encode())?;

@@ -77,6 +77,35 @@ pub struct Plan {
     pub bdp: Option<u64>,
     /// One line saying what was chosen and why, for people.
     pub reason: String,
+    /// How sure the probe was of the rate the plan started from; absent
+    /// when no probe rate was planned from (unknown, or a given rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<RateConfidence>,
+    /// The rate (bit/s) the windows, streams and pacing were sized for when
+    /// it is above the estimate: the largest rate the probe could not rule
+    /// out (a rough estimate or a lower bound). Absent when the plan is
+    /// sized for the estimate itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_rate: Option<u64>,
+}
+
+/// How sure a probe was of the bottleneck rate: its trains' spread and a
+/// confidence, as the planner used them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RateConfidence {
+    /// The estimate (bit/s): the median of the trains kept.
+    pub rate: u64,
+    /// The slowest train kept (bit/s).
+    pub low: u64,
+    /// The fastest train kept (bit/s).
+    pub high: u64,
+    /// 0 (no idea) to 1 (every train agreed tightly).
+    pub confidence: f64,
+    /// The confidence in a word: "high", "medium" or "low".
+    pub label: String,
+    /// True when the sender could not outpace the path: `rate` is then
+    /// only a lower bound.
+    pub lower_bound: bool,
 }
 
 /// What the pre-flight of an auto-tuned `test` or `copy` measured, what the

@@ -997,6 +997,8 @@ mod tests {
                 pacing_rate: None,
                 bdp: None,
                 reason: "auto: test".into(),
+                estimate: None,
+                window_rate: None,
             },
             streams: 4,
             buffer: None,

@@ -28,7 +28,7 @@ use fatpipe_engine::ClientOptions;
 use fatpipe_schema::tune::{AutoTune, HostLimits, PathFacts, Plan};
 use fatpipe_schema::units::{format_bytes, format_bytes_iec, format_duration, format_rate};
 
-use crate::plan::{plan, Policy};
+use crate::plan::{plan_with, Policy};
 use fatpipe_audit::host::{is_privileged, Host};
 use fatpipe_probe::{self as probe, ProbeConfig, ProbeError, ProbeOutcome};
 
@@ -265,7 +265,7 @@ pub fn blind(
         loss_rate: 0.0,
         mtu,
     };
-    let mut plan = plan(&facts, &local, &local, policy);
+    let mut plan = plan_with(&facts, None, &local, &local, policy);
     let cap = local.rmem_max.min(local.wmem_max);
     if plan.per_stream_buffer > cap {
         plan.set_buffers = false;
@@ -355,7 +355,8 @@ pub fn from_outcome(
         Role::Sender | Role::Both => (&local, &peer),
         Role::Receiver => (&peer, &local),
     };
-    let mut plan = plan(&facts, sender, receiver, policy);
+    let estimate = probe::rate_confidence(o);
+    let mut plan = plan_with(&facts, estimate.as_ref(), sender, receiver, policy);
     if let Some(why) = unseen_loss_matters(o, &facts, &plan, sender) {
         // Plan again with BBR as the only choice: same window and streams
         // rules, a congestion control that random loss does not throttle.
@@ -363,7 +364,7 @@ pub fn from_outcome(
             congestion: vec!["bbr".into()],
             ..sender.clone()
         };
-        plan = crate::plan::plan(&facts, &bbr_only, receiver, policy);
+        plan = plan_with(&facts, estimate.as_ref(), &bbr_only, receiver, policy);
         plan.reason.push_str("; ");
         plan.reason.push_str(&why);
     }
@@ -629,7 +630,9 @@ pub fn settle(pre: Preflight, req: &Request) -> Tuned {
 /// One line saying what was chosen and for what path, the default output
 /// (the planner's reasoning is [`Tuned::line`]): streams, buffer,
 /// congestion control and pacing, then the probed rate (`≥` when it is only
-/// a lower bound), RTT, loss and BDP that made them.
+/// a lower bound; with its confidence and range when the probe was unsure),
+/// RTT, loss and BDP that made them, and the rate the plan was sized for
+/// when that is above the estimate.
 pub fn short_line(pre: &Preflight, s: &Settings) -> String {
     let mut out = format!("auto: {} streams", s.streams);
     match s.buffer {
@@ -644,9 +647,21 @@ pub fn short_line(pre: &Preflight, s: &Settings) -> String {
     }
     let f = &pre.facts;
     let rtt = Duration::from_secs_f64(f.rtt_secs.clamp(0.0, 3600.0));
+    // How sure the probe was, only when it matters: an unsure estimate
+    // shows its confidence and trains' range.
+    let unsure = pre.plan.estimate.as_ref().filter(|e| e.label != "high");
     out += &match f.bottleneck_rate {
         Some(r) if pre.rate_lower_bound => format!(" for ≥ {}", format_rate(r as f64)),
-        Some(r) => format!(" for {}", format_rate(r as f64)),
+        Some(r) => match unsure {
+            Some(e) => format!(
+                " for ~{} ({} confidence: {}–{})",
+                format_rate(r as f64),
+                e.label,
+                format_rate(e.low as f64),
+                format_rate(e.high as f64)
+            ),
+            None => format!(" for {}", format_rate(r as f64)),
+        },
         None => " for an unknown rate".to_string(),
     };
     out += &format!(" × {}", format_duration(rtt));
@@ -655,6 +670,9 @@ pub fn short_line(pre: &Preflight, s: &Settings) -> String {
     }
     if let Some(bdp) = pre.plan.bdp {
         out += &format!(" (BDP {})", format_bytes(bdp));
+    }
+    if let Some(w) = pre.plan.window_rate {
+        out += &format!(", sized for up to {}", format_rate(w as f64));
     }
     if !s.overridden.is_empty() {
         out += &format!("; flags set {}", s.overridden.join(", "));
@@ -1039,6 +1057,44 @@ pub(crate) mod tests {
         assert_eq!(t.record.pacing_rate, None);
         assert_eq!(t.record.overridden, ["pacing"]);
         assert_eq!(t.settings.pacing_rate, Some(250_000_000));
+    }
+
+    #[test]
+    fn an_unsure_probe_shows_its_range_and_the_plan_reaches_past_it() {
+        // 5 Gbit/s × 93 ms probed on a loaded host: trains from 1.2 to 5.1.
+        let l = limits(4 << 20, &["cubic", "bbr"], false);
+        let mut o = outcome(93, Some(2.7e9), Ok(l.clone()));
+        if let Some(r) = o.rate.as_mut() {
+            (r.low, r.high, r.confidence) = (1.2e9, 5.1e9, 0.2);
+        }
+        let pre = from_outcome(&o, Ok(l), Role::Sender, &Policy::default(), true).unwrap();
+        assert_eq!(pre.plan.window_rate, Some(5_100_000_000));
+        let e = pre.plan.estimate.clone().unwrap();
+        assert_eq!(
+            (e.rate, e.low, e.label.as_str()),
+            (2_700_000_000, 1_200_000_000, "low")
+        );
+        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
+        let req = Request {
+            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
+            overrides: Overrides::default(),
+            floor: None,
+            rate_cap: None,
+        };
+        let t = settle(pre, &req);
+        assert!(
+            t.short
+                .contains(" for ~2.70 Gbit/s (low confidence: 1.20 Gbit/s–5.10 Gbit/s)"),
+            "{}",
+            t.short
+        );
+        assert!(
+            t.short.contains(", sized for up to 5.10 Gbit/s"),
+            "{}",
+            t.short
+        );
+        // The JSON record carries the numbers.
+        assert_eq!(t.record.plan.window_rate, Some(5_100_000_000));
     }
 
     #[test]

@@ -38,10 +38,18 @@
 //!    each stream is paced at rate/streams, so the streams do not burst into
 //!    the bottleneck's queue together. `SO_MAX_PACING_RATE` works through
 //!    TCP's internal pacing even without the `fq` qdisc.
+//! 6. **Doubt.** A probe that is not sure of its rate ([`plan_with`] gets
+//!    its interval and confidence) must not cap the transfer: windows,
+//!    streams and pacing are sized for the largest rate it could not rule
+//!    out ([`window_rate`]), since a window too large costs only memory
+//!    (BBR keeps its own in-flight near the path's BDP; the receiver holds
+//!    each window exactly), while one too small caps the transfer until
+//!    the in-flight adjuster's first step seconds later. A low-confidence
+//!    estimate gets at least the windows an unknown rate gets.
 
 use std::time::Duration;
 
-use fatpipe_schema::tune::{HostLimits, PathFacts, Plan};
+use fatpipe_schema::tune::{HostLimits, PathFacts, Plan, RateConfidence};
 use fatpipe_schema::units::{
     bdp_bytes, format_bytes, format_bytes_iec, format_duration, format_rate,
 };
@@ -109,7 +117,52 @@ pub fn stream_windows(sender: &HostLimits, receiver: &HostLimits) -> (u64, u64) 
 ///
 /// `sender` is the end that sends data (the server for a reverse test);
 /// only its congestion controls matter, while buffers bind at both ends.
+/// The rate in `path` is taken as sure; [`plan_with`] takes the probe's
+/// doubt into account.
 pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy: &Policy) -> Plan {
+    plan_with(path, None, sender, receiver, policy)
+}
+
+/// How far above a lower-bound rate the windows reach: the probe's sender
+/// measured itself, so the path may be much faster; twice the bound covers
+/// a host that sends trains at half of what TCP with segmentation offload
+/// sends, and the in-flight adjuster adds streams beyond it.
+pub const LOWER_BOUND_REACH: f64 = 2.0;
+
+/// The most a rough estimate's windows reach above it: the fastest kept
+/// train, but no more than this multiple of the estimate.
+pub const ROUGH_REACH: f64 = 2.0;
+
+/// The rate to size windows, streams and pacing for: the estimate when the
+/// probe was sure of it (confidence "high"); otherwise the largest rate it
+/// could not rule out: the fastest kept train (at most [`ROUGH_REACH`] ×
+/// the estimate), and for a lower bound at least [`LOWER_BOUND_REACH`] ×
+/// it.
+pub fn window_rate(rate: u64, estimate: Option<&RateConfidence>) -> u64 {
+    let Some(e) = estimate else {
+        return rate;
+    };
+    let r = rate as f64;
+    let reach = if e.lower_bound {
+        (e.high as f64).max(r * LOWER_BOUND_REACH)
+    } else if e.label != "high" {
+        (e.high as f64).min(r * ROUGH_REACH)
+    } else {
+        r
+    };
+    (reach.round() as u64).max(rate)
+}
+
+/// [`plan`] with the probe's doubt: `estimate` (its interval, confidence
+/// and whether it is a lower bound) sizes the plan for [`window_rate`] and
+/// is recorded in the plan.
+pub fn plan_with(
+    path: &PathFacts,
+    estimate: Option<&RateConfidence>,
+    sender: &HostLimits,
+    receiver: &HostLimits,
+    policy: &Policy,
+) -> Plan {
     let rtt_secs = if path.rtt_secs.is_finite() {
         path.rtt_secs.max(0.0)
     } else {
@@ -149,17 +202,35 @@ pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy
             pacing_rate: None,
             bdp: None,
             reason,
+            estimate: None,
+            window_rate: None,
         };
     };
+    let estimate = estimate.filter(|e| e.rate == rate).cloned();
+    let sized = window_rate(rate, estimate.as_ref());
 
     let bdp = bdp_bytes(rate, rtt);
     let headroom = loss_headroom(policy.headroom, loss);
-    let need = ((bdp as f64 * headroom).ceil() as u64).max(1);
-    head.push_str(&format!(", ~{}", format_rate(rate as f64)));
+    let mut need = ((bdp_bytes(sized, rtt) as f64 * headroom).ceil() as u64).max(1);
+    // A low-confidence estimate is no worse than none: at least the
+    // windows an unknown rate gets (a host stalled through the probe can
+    // make every train read a tenth of the path).
+    let doubtful = estimate.as_ref().is_some_and(|e| e.label == "low");
+    if doubtful {
+        need = need.max(u64::from(policy.unknown_rate_streams.clamp(1, max_streams)) * cap);
+    }
+    head.push_str(&format!(", {}", rate_words(rate, estimate.as_ref())));
     push_loss(&mut head, loss);
     head.push_str(&format!(" → BDP {}", format_bytes(bdp)));
+    if sized > rate {
+        head.push_str(&format!(
+            "; sized for {} (BDP {}): the probe was unsure",
+            format_rate(sized as f64),
+            format_bytes(bdp_bytes(sized, rtt))
+        ));
+    }
 
-    let loss_streams = loss_streams(&congestion, mss, rtt, loss, rate);
+    let loss_streams = loss_streams(&congestion, mss, rtt, loss, sized);
     let buffer_streams = need.div_ceil(cap);
     let mut notes = Vec::new();
     let (per_stream_cap, forced, limit) = if buffer_streams > u64::from(max_streams) && may_force {
@@ -217,7 +288,7 @@ pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy
         1.0
     };
     let pacing_rate =
-        (congestion != "bbr").then(|| (rate as f64 * gain / f64::from(streams)) as u64);
+        (congestion != "bbr").then(|| (sized as f64 * gain / f64::from(streams)) as u64);
 
     let why = match &loss_streams.why {
         Some(w) if loss_streams.count > buffer_streams => w.clone(),
@@ -244,6 +315,27 @@ pub fn plan(path: &PathFacts, sender: &HostLimits, receiver: &HostLimits, policy
         pacing_rate,
         bdp: Some(bdp),
         reason,
+        estimate,
+        window_rate: (sized > rate).then_some(sized),
+    }
+}
+
+/// The probed rate in words for the reason line: `~4.88 Gbit/s` when the
+/// probe was sure, with its interval and confidence when it was not, `≥`
+/// for a lower bound.
+pub fn rate_words(rate: u64, estimate: Option<&RateConfidence>) -> String {
+    let r = format_rate(rate as f64);
+    match estimate {
+        Some(e) if e.lower_bound => {
+            format!("≥ {r} (a lower bound: the probe's sender was slower)")
+        }
+        Some(e) if e.label != "high" => format!(
+            "~{r} ({} confidence: trains {}–{})",
+            e.label,
+            format_rate(e.low as f64),
+            format_rate(e.high as f64)
+        ),
+        _ => format!("~{r}"),
     }
 }
 
@@ -753,5 +845,110 @@ mod tests {
             assert!(p.streams >= 1 && p.streams <= 64, "{p:?}");
             assert_eq!(p.congestion, "cubic");
         }
+    }
+
+    fn estimate(rate: u64, low: u64, high: u64, label: &str, lower_bound: bool) -> RateConfidence {
+        RateConfidence {
+            rate,
+            low,
+            high,
+            confidence: if label == "high" { 0.9 } else { 0.2 },
+            label: label.into(),
+            lower_bound,
+        }
+    }
+
+    #[test]
+    fn window_rate_reaches_the_largest_rate_the_probe_could_not_rule_out() {
+        let g = 1_000_000_000u64;
+        // Sure: the estimate itself (a 4 % faster train changes nothing).
+        let sure = estimate(5 * g, 49 * g / 10, 52 * g / 10, "high", false);
+        assert_eq!(window_rate(5 * g, Some(&sure)), 5 * g);
+        assert_eq!(window_rate(5 * g, None), 5 * g);
+        // Rough: the fastest kept train, at most twice the estimate.
+        let rough = estimate(27 * g / 10, 12 * g / 10, 51 * g / 10, "low", false);
+        assert_eq!(window_rate(27 * g / 10, Some(&rough)), 51 * g / 10);
+        let wild = estimate(g, g / 2, 9 * g, "medium", false);
+        assert_eq!(window_rate(g, Some(&wild)), 2 * g);
+        // A lower bound: twice it, or the fastest train if that is more.
+        let bound = estimate(12 * g / 10, g, 13 * g / 10, "medium", true);
+        assert_eq!(window_rate(12 * g / 10, Some(&bound)), 24 * g / 10);
+        let fast = estimate(12 * g / 10, g, 3 * g, "low", true);
+        assert_eq!(window_rate(12 * g / 10, Some(&fast)), 3 * g);
+    }
+
+    #[test]
+    fn an_unsure_estimate_does_not_cap_the_plan() {
+        // The 5 Gbit/s × 93 ms lab link between 4 MiB hosts, probed on a
+        // loaded machine as 2.7 Gbit/s with trains from 1.2 to 5.1.
+        let h = host(4 * MIB, 4 * MIB, &["cubic", "bbr"], false);
+        let facts = path(93, Some(2_700_000_000), 0.0);
+        let sure = plan(
+            &path(93, Some(5_100_000_000), 0.0),
+            &h,
+            &h,
+            &Policy::default(),
+        );
+        let rough = estimate(2_700_000_000, 1_200_000_000, 5_100_000_000, "low", false);
+        let p = plan_with(&facts, Some(&rough), &h, &h, &Policy::default());
+        // Windows and streams as for the fastest train; BDP of the estimate.
+        assert_eq!(
+            (p.streams, p.per_stream_buffer, p.pacing_rate),
+            (sure.streams, sure.per_stream_buffer, sure.pacing_rate),
+            "{p:?}"
+        );
+        assert_eq!(
+            p.bdp,
+            Some(bdp_bytes(2_700_000_000, Duration::from_millis(93)))
+        );
+        assert_eq!(p.window_rate, Some(5_100_000_000));
+        assert_eq!(p.estimate.as_ref(), Some(&rough));
+        // Cubic's pacing allows the streams together the fastest train.
+        let paced = p.pacing_rate.unwrap() * u64::from(p.streams);
+        assert!(paced >= 5_000_000_000, "{p:?}");
+        assert!(
+            p.reason
+                .contains("low confidence: trains 1.20 Gbit/s–5.10 Gbit/s"),
+            "{}",
+            p.reason
+        );
+        assert!(p.reason.contains("sized for 5.10 Gbit/s"), "{}", p.reason);
+        // Without the doubt, the same facts plan for 2.7 Gbit/s only.
+        let blind = plan(&facts, &h, &h, &Policy::default());
+        assert!(blind.streams < p.streams, "{blind:?}");
+        assert_eq!(blind.window_rate, None);
+        // A sure estimate plans exactly as plan() does.
+        let high = estimate(2_700_000_000, 2_650_000_000, 2_750_000_000, "high", false);
+        let same = plan_with(&facts, Some(&high), &h, &h, &Policy::default());
+        assert_eq!(
+            (same.streams, same.per_stream_buffer),
+            (blind.streams, blind.per_stream_buffer)
+        );
+        assert_eq!(same.window_rate, None);
+        // A low-confidence estimate far below the path (every train of a
+        // stalled host read 0.1 Gbit/s) still gets an unknown rate's windows.
+        let stalled = estimate(100_000_000, 80_000_000, 200_000_000, "low", false);
+        let p = plan_with(
+            &path(228, Some(100_000_000), 0.001),
+            Some(&stalled),
+            &h,
+            &h,
+            &Policy::default(),
+        );
+        let unknown = plan(&path(228, None, 0.001), &h, &h, &Policy::default());
+        assert!(
+            u64::from(p.streams) * p.per_stream_buffer
+                >= u64::from(unknown.streams) * unknown.per_stream_buffer,
+            "{p:?} vs {unknown:?}"
+        );
+        // An estimate of another rate (a flag replaced it) is ignored.
+        let other = plan_with(
+            &path(93, Some(9_000_000_000), 0.0),
+            Some(&rough),
+            &h,
+            &h,
+            &Policy::default(),
+        );
+        assert_eq!((other.estimate, other.window_rate), (None, None));
     }
 }

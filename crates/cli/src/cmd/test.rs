@@ -1276,6 +1276,8 @@ mod tests {
             pacing_rate: Some(200_000_000),
             bdp: Some(11_625_000),
             reason: "auto: …".into(),
+            estimate: None,
+            window_rate: None,
         }
     }
 
