@@ -19,7 +19,8 @@
 //! check and is ignored.
 //!
 //! With `--sync` the flushes are grouped ([`SyncGroup`]): one `fdatasync`
-//! per [`SYNC_GROUP`] bytes of a file rather than one per chunk (a flush per
+//! per [`sync_group`] bytes of a file (a sixteenth of it, at most
+//! [`SYNC_GROUP`]) rather than one per chunk (a flush per
 //! 8 MiB chunk cost a tenth of the disk's rate, and each one stalls the
 //! stream that makes it). The rule that keeps the journal true after a
 //! crash: **a chunk is journaled only after an `fdatasync` that began after
@@ -44,10 +45,18 @@ const MAGIC: &[u8; 8] = b"FPJRNL01";
 const HEADER_LEN: usize = 36;
 const RECORD_LEN: usize = 41;
 
-/// Bytes of a file written between two `fdatasync`s under `--sync`: large
-/// enough that flushes cost little next to the writes (4 GiB is 16
+/// Most bytes of a file written between two `fdatasync`s under `--sync`:
+/// large enough that flushes cost little next to the writes (4 GiB is 16
 /// flushes), small enough that a crash loses little work.
 pub const SYNC_GROUP: u64 = 256 << 20;
+
+/// The flush group for a file of `size` bytes in chunks of `chunk`: about
+/// a sixteenth of the file (so at most ~16 flushes per file, and a crash
+/// loses at most that share of its journal), at least one chunk, at most
+/// [`SYNC_GROUP`].
+pub fn sync_group(size: u64, chunk: u32) -> u64 {
+    (size / 16).clamp(u64::from(chunk), SYNC_GROUP.max(u64::from(chunk)))
+}
 
 /// Chunks of one file that are written and verified but not yet covered by
 /// an `fdatasync`, hence not yet journaled (see the module's rule). Pure
@@ -313,6 +322,14 @@ mod tests {
             1,
             "a partial group waits for the file's last fsync"
         );
+    }
+
+    #[test]
+    fn sync_group_is_a_sixteenth_of_the_file_within_a_chunk_and_256_mib() {
+        assert_eq!(sync_group(4 << 30, 8 << 20), SYNC_GROUP);
+        assert_eq!(sync_group(96 << 20, 1 << 20), 6 << 20);
+        assert_eq!(sync_group(20 << 20, 8 << 20), 8 << 20);
+        assert_eq!(sync_group(1 << 40, 1 << 30), 1 << 30);
     }
 
     #[test]

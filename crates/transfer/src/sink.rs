@@ -49,7 +49,7 @@ use fatpipe_sys::OFlags;
 use crate::beneath::{self, Dir, Kind, ResolveError};
 use crate::hash::{Algo, Digest};
 use crate::io::{datasync, punch_hole, AlignedBuf, ALIGN};
-use crate::journal::{journal_name, part_name, Batch, Identity, Journal, SyncGroup, SYNC_GROUP};
+use crate::journal::{journal_name, part_name, sync_group, Batch, Identity, Journal, SyncGroup};
 use crate::plan::{chunk_count, chunk_range, lock, to_ranges};
 use crate::relpath::RelPath;
 use crate::source::PIECE;
@@ -75,8 +75,8 @@ pub struct SinkOptions {
     pub chunk_size: u32,
     /// Checksum in force.
     pub algo: Algo,
-    /// `fdatasync` data before journaling (grouped, [`SYNC_GROUP`] bytes
-    /// per flush), `fsync` before renaming.
+    /// `fdatasync` data before journaling (grouped: about 16 flushes per
+    /// file, see [`crate::journal::sync_group`]), `fsync` before renaming.
     pub sync: bool,
     /// Write aligned chunks with O_DIRECT.
     pub direct: bool,
@@ -653,7 +653,9 @@ impl Sink {
             if let Some(j) = open.journal.as_mut() {
                 let r = if self.opts.sync {
                     // Journaled after the group's flush (journal.rs's rule).
-                    batch = open.group.add(chunk, d, u64::from(len), SYNC_GROUP);
+                    batch = open
+                        .group
+                        .add(chunk, d, u64::from(len), self.group_of(slot));
                     Ok(())
                 } else {
                     j.record(chunk, &d)
@@ -726,11 +728,15 @@ impl Sink {
                 self.fail(idx, slot, self.describe(idx, e), true);
                 return;
             }
-            match open.group.flushed(SYNC_GROUP) {
+            match open.group.flushed(self.group_of(slot)) {
                 Some(next) => batch = next,
                 None => return,
             }
         }
+    }
+
+    fn group_of(&self, slot: &Slot) -> u64 {
+        sync_group(slot.size, self.opts.chunk_size)
     }
 
     /// Writes `data` at `off`: with O_DIRECT when a direct descriptor is
