@@ -82,9 +82,17 @@ trap 'exit 130' INT TERM
 [ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
 
 install_peers() {
-    install_missing globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs \
-        xrdcp:xrootd-client xrootd:xrootd-server rsync:rsync /usr/sbin/sshd:openssh-server \
-        scp:openssh-client jq:jq /usr/bin/time:time python3:python3
+    # Only the peers in TOOLS (TOOLS= DATASETS= runs the durable section alone).
+    local need=(jq:jq /usr/bin/time:time python3:python3) t
+    for t in $TOOLS; do
+        case $t in
+            gridftp) need+=(globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs) ;;
+            xrdcp) need+=(xrdcp:xrootd-client xrootd:xrootd-server) ;;
+            rsync) need+=(rsync:rsync) ;;
+            scp) need+=(/usr/sbin/sshd:openssh-server scp:openssh-client) ;;
+        esac
+    done
+    install_missing "${need[@]}"
 }
 
 setup_net() {
@@ -412,7 +420,7 @@ main() {
             small) echo "small files: fatpipe/best peer ($best_tool) = $(ratio "$fp" "$best") (target >= 2.0), fatpipe $fp files/s (target >= 4000), fatpipe/cp = $(ratio "$fp" "$cpr")" ;;
         esac
     done
-    echo "fatpipe RSS target: <= 64 MiB plus buffers ($STREAMS streams x (4 MiB write buffer + socket buffers))"
+    echo "fatpipe RSS target: <= 64 MiB plus buffers ($STREAMS streams x (256 KiB piece + socket buffers))"
     read -r load _ </proc/loadavg
     echo "load after: $load (other work on this machine skews results; rerun when idle)"
     [ "$DURABLE" = 1 ] && durable

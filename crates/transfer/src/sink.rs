@@ -7,16 +7,10 @@
 //! journal from an interrupted run, re-verifying the chunks it lists against
 //! the bytes on disk. What is left becomes the `Need` list sent to the sender.
 //!
-//! Each data connection ([`Sink::receive`]) has a reading thread and a
-//! writer thread. The reader takes each chunk in 256 KiB pieces, hashes
-//! each piece while it is still in cache and gathers them into an aligned
-//! block of up to [`WRITE`] bytes; the writer writes each block with one
-//! `pwrite` and, after a chunk's last block, settles the chunk against its
-//! digest. Two blocks per connection let the disk write one while the next
-//! arrives; large writes because the disk's rate depends on the bytes in
-//! flight (one synchronous 256 KiB `pwrite` per piece gave the disk a
-//! quarter of what `dd bs=4M oflag=direct` keeps in flight). Only a chunk
-//! that matches is journaled and counted; one that does
+//! Data threads ([`Sink::receive`], one per connection) read each chunk in
+//! 256 KiB pieces into an aligned buffer, hash each piece and write it into
+//! the file's temporary while it is still in cache, then compare the chunk's
+//! digest. Only a chunk that matches is journaled and counted; one that does
 //! not is asked for again (a bounded number of times) and its resend
 //! overwrites the same bytes of the temporary file. With `--sync` the
 //! journal records wait for a grouped `fdatasync` (see [`crate::journal`]
@@ -40,7 +34,6 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use fatpipe_schema::units;
@@ -58,15 +51,6 @@ use crate::wire::{
     HEADER_LEN,
 };
 use crate::{Failure, Progress};
-
-/// Bytes a data thread gathers before one `pwrite`: dd's `bs=4M` (less
-/// when the chunk is smaller). Blocks are allocated on a connection's
-/// first multi-piece chunk, so sessions of small files never hold them.
-pub const WRITE: usize = 4 << 20;
-
-/// Blocks per connection: one being filled from the network while the
-/// other is written.
-const BLOCKS: usize = 2;
 
 /// How the receiver stores data.
 #[derive(Debug, Clone, Copy)]
@@ -112,47 +96,6 @@ pub struct Sink {
     early: Mutex<Vec<(u32, String)>>,
     renames: AtomicU64,
     stall: crate::Stall,
-}
-
-/// A gathered run of one chunk's bytes, for the connection's writer.
-struct Block {
-    buf: AlignedBuf,
-    len: usize,
-    off: u64,
-    /// The part file and its O_DIRECT twin; `None` when the chunk is not
-    /// wanted (settled or a duplicate): read and dropped.
-    target: Option<(Arc<File>, Option<Arc<File>>)>,
-    /// Set on a chunk's last block.
-    end: Option<ChunkEnd>,
-}
-
-/// What to do with a chunk once its last block is written.
-struct ChunkEnd {
-    file: u32,
-    chunk: u32,
-    /// The digest when the chunk verified, `None` when it must be resent.
-    digest: Option<Digest>,
-}
-
-/// A connection's block buffers: made on demand, at most [`BLOCKS`], then
-/// reused as the writer hands them back.
-struct Pool {
-    free: Receiver<AlignedBuf>,
-    made: usize,
-    size: usize,
-}
-
-impl Pool {
-    fn take(&mut self) -> io::Result<AlignedBuf> {
-        if let Ok(b) = self.free.try_recv() {
-            return Ok(b);
-        }
-        if self.made < BLOCKS {
-            self.made += 1;
-            return Ok(AlignedBuf::new(self.size));
-        }
-        self.free.recv().map_err(|_| writer_gone())
-    }
 }
 
 struct Waiting {
@@ -306,34 +249,7 @@ impl Sink {
     }
 
     /// Receives chunks from one data connection until its `End`.
-    ///
-    /// Two threads per connection: this one reads, hashes and verifies;
-    /// a writer thread ([`Sink::write_blocks`]) writes the gathered blocks
-    /// and settles each chunk after its last write returned. With two
-    /// block buffers the disk writes one block while the next arrives, so
-    /// the network never waits for the disk unless the disk is slower.
     pub fn receive(&self, stream: Stream) -> io::Result<()> {
-        std::thread::scope(|sc| {
-            let (jobs, job_rx) = mpsc::sync_channel::<Block>(1);
-            let (free_tx, free) = mpsc::sync_channel::<AlignedBuf>(BLOCKS);
-            sc.spawn(move || self.write_blocks(job_rx, free_tx));
-            let mut pool = Pool {
-                free,
-                made: 0,
-                size: (self.opts.chunk_size as usize).clamp(PIECE, WRITE),
-            };
-            self.read_chunks(stream, &jobs, &mut pool)
-            // Dropping `jobs` ends the writer; the scope waits for it, so
-            // every write of this connection has returned when we do.
-        })
-    }
-
-    fn read_chunks(
-        &self,
-        stream: Stream,
-        jobs: &SyncSender<Block>,
-        pool: &mut Pool,
-    ) -> io::Result<()> {
         let mut hold = self
             .opts
             .window
@@ -380,89 +296,46 @@ impl Sink {
                 }
                 continue;
             }
-            // Piece by piece: each piece is hashed while it is still in
-            // cache and gathered into a block, which goes to the writer
-            // when full and at the chunk's end. A chunk that then fails its
-            // check has written bytes only into the temporary file, at its
-            // own offsets, which the resend overwrites; it is never
-            // journaled.
-            let len = h.len as usize;
+            // Piece by piece: each piece is hashed and written while it is
+            // still in cache. A chunk that then fails its check has written
+            // bytes only into the temporary file, at its own offsets, which
+            // the resend overwrites; it is never journaled.
             let mut hasher = self.opts.algo.start(h.offset, u64::from(h.len));
-            let mut block = pool.take()?;
-            let mut fill = 0usize;
+            let mut write_err = None;
             let mut pos = 0usize;
-            while pos < len {
-                let p = (len - pos).min(PIECE);
-                let piece = &mut block.bytes_mut()[fill..fill + p];
+            while pos < h.len as usize {
+                let p = (h.len as usize - pos).min(PIECE);
+                let piece = &mut buf.bytes_mut()[..p];
                 stream.read_exact(piece)?;
                 if let Some(h) = hold.as_mut() {
                     h.tick(stream.get_ref().tcp());
                 }
                 hasher.update(piece);
-                pos += p;
-                fill += p;
-                if pos < len && fill + PIECE > block.len() {
-                    let full = std::mem::replace(&mut block, pool.take()?);
-                    let off = h.offset + (pos - fill) as u64;
-                    send(
-                        jobs,
-                        Block {
-                            buf: full,
-                            len: fill,
-                            off,
-                            target: target.clone(),
-                            end: None,
-                        },
-                    )?;
-                    fill = 0;
+                if let (Some((file, direct)), None) = (&target, &write_err) {
+                    let off = h.offset + pos as u64;
+                    let r = match direct {
+                        Some(df) if p.is_multiple_of(ALIGN) && off.is_multiple_of(ALIGN as u64) => {
+                            self.direct_used.store(true, Ordering::Relaxed);
+                            df.write_all_at(piece, off)
+                        }
+                        _ => file.write_all_at(piece, off),
+                    };
+                    write_err = r.err();
                 }
+                pos += p;
             }
             stream.read_exact(&mut digest[..dl])?;
+            let Some((file, _)) = target else { continue };
+            if let Some(e) = write_err {
+                self.fail(h.file, slot, self.describe(h.file, e), true);
+                continue;
+            }
             let got = hasher.finish();
-            let end = ChunkEnd {
-                file: h.file,
-                chunk,
-                digest: (Digest::from_slice(&digest[..dl]) == Some(got)).then_some(got),
-            };
-            let off = h.offset + (pos - fill) as u64;
-            send(
-                jobs,
-                Block {
-                    buf: block,
-                    len: fill,
-                    off,
-                    target,
-                    end: Some(end),
-                },
-            )?;
-        }
-    }
-
-    /// The writer thread of one connection: writes each block, and after
-    /// a chunk's last block settles the chunk (journal or flush group,
-    /// resend, or failure), so nothing is counted before its bytes are
-    /// written. Blocks go back to the reader for reuse.
-    fn write_blocks(&self, jobs: Receiver<Block>, free: SyncSender<AlignedBuf>) {
-        let mut err: Option<io::Error> = None;
-        for mut b in jobs {
-            if let (Some((file, direct)), None) = (&b.target, &err) {
-                err = self
-                    .write_run(file, direct.as_deref(), &b.buf.bytes_mut()[..b.len], b.off)
-                    .err();
+            if Digest::from_slice(&digest[..dl]) != Some(got) {
+                self.bad_chunk(h.file, slot, chunk);
+                continue;
             }
-            if let Some(end) = b.end.take() {
-                let failed = err.take();
-                let slot = self.slots.get(end.file as usize).and_then(|s| s.as_ref());
-                if let (Some((file, _)), Some(slot)) = (&b.target, slot) {
-                    match (failed, end.digest) {
-                        (Some(e), _) => self.fail(end.file, slot, self.describe(end.file, e), true),
-                        (None, None) => self.bad_chunk(end.file, slot, end.chunk),
-                        (None, Some(d)) => self.commit(end.file, slot, end.chunk, file, Some(d)),
-                    }
-                }
-            }
-            // The reader may be gone (its connection broke): nothing to do.
-            let _ = free.send(b.buf);
+            self.commit(h.file, slot, chunk, &file, Some(got));
         }
     }
 
@@ -706,7 +579,7 @@ impl Sink {
 
     /// Flushes a group of chunks to disk, then journals them (journal.rs's
     /// rule: the batch was taken after its chunks' writes returned, so this
-    /// `fdatasync` covers them). Runs on the writer thread whose chunk
+    /// `fdatasync` covers them). Runs on the data thread whose chunk
     /// filled the group, outside the file's lock, so the other streams keep
     /// writing meanwhile; chunks they finish wait for the next flush.
     fn flush_group(&self, idx: u32, slot: &Slot, file: &Arc<File>, mut batch: Batch) {
@@ -737,32 +610,6 @@ impl Sink {
 
     fn group_of(&self, slot: &Slot) -> u64 {
         sync_group(slot.size, self.opts.chunk_size)
-    }
-
-    /// Writes `data` at `off`: with O_DIRECT when a direct descriptor is
-    /// open and the offset is aligned (all but an unaligned file tail), the
-    /// rest through the page cache.
-    fn write_run(
-        &self,
-        file: &File,
-        direct: Option<&File>,
-        data: &[u8],
-        off: u64,
-    ) -> io::Result<()> {
-        let mut head = 0;
-        if let Some(df) = direct {
-            if off.is_multiple_of(ALIGN as u64) {
-                head = data.len() / ALIGN * ALIGN;
-                if head > 0 {
-                    self.direct_used.store(true, Ordering::Relaxed);
-                    df.write_all_at(&data[..head], off)?;
-                }
-            }
-        }
-        if head < data.len() {
-            file.write_all_at(&data[head..], off + head as u64)?;
-        }
-        Ok(())
     }
 
     fn bad_chunk(&self, idx: u32, slot: &Slot, chunk: u32) {
@@ -1134,15 +981,6 @@ impl Sink {
             }
         }
     }
-}
-
-/// Hands a block to the connection's writer.
-fn send(jobs: &SyncSender<Block>, b: Block) -> io::Result<()> {
-    jobs.send(b).map_err(|_| writer_gone())
-}
-
-fn writer_gone() -> io::Error {
-    io::Error::other("the connection's writer thread stopped")
 }
 
 /// Takes an exclusive lock on a part file for this session, waiting up to
