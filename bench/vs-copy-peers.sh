@@ -49,8 +49,8 @@ SMALL_FILES=${SMALL_FILES:-20000}
 SMALL_SIZE=${SMALL_SIZE:-16384}
 STREAMS=${STREAMS:-4}
 INFLIGHT=${INFLIGHT:-8}
-TOOLS=${TOOLS:-"cp fatpipe fatpipe-buffered gridftp xrdcp rsync scp"}
-DATASETS=${DATASETS:-"big small"}
+TOOLS=${TOOLS-"cp fatpipe fatpipe-buffered gridftp xrdcp rsync scp"}
+DATASETS=${DATASETS-"big small"}
 DURABLE=${DURABLE:-1}
 
 SERVER_IP=198.18.0.1
@@ -82,7 +82,8 @@ trap 'exit 130' INT TERM
 [ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
 
 install_peers() {
-    # Only the peers in TOOLS (TOOLS= DATASETS= runs the durable section alone).
+    # Only the peers in TOOLS (TOOLS= DATASETS= SMALL_FILES=0 runs the durable
+    # section alone).
     local need=(jq:jq /usr/bin/time:time python3:python3) t
     for t in $TOOLS; do
         case $t in
@@ -134,7 +135,7 @@ for k in range(n):
 EOF
     # Warm the page cache, as in the reference figures.
     cat "$work/src/big.bin" >/dev/null
-    find "$work/src/small" -type f -exec cat {} + >/dev/null
+    if [ -d "$work/src/small" ]; then find "$work/src/small" -type f -exec cat {} + >/dev/null; fi
 }
 
 # start NAME PORT CMD...: a server in the server namespace (see lib.sh);
