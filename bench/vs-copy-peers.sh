@@ -21,6 +21,13 @@
 #   scp      aes128-gcm, one connection (scp has no parallelism)
 #   cp -r    local copy, the physical limit of this disk/page cache
 #
+# Durable copy (DURABLE=1, the default): `dd if=/dev/zero bs=4M
+# oflag=direct` of BIG_MB against `fatpipe copy --sync` of the big file
+# pushed and pulled into the same file system (the copy reports done only
+# once its data is on disk), alternating, RUNS runs; prints each one's
+# median rate and fatpipe/dd (target >= 0.9). The source is the warm
+# page cache, so only the destination's writes are measured.
+#
 # Every copy is verified (cmp for the big file, diff -r for the tree) and a
 # copy that differs is reported BAD and left out of the medians. Tools
 # alternate within each run, rotating the order, so drift hits all alike;
@@ -32,7 +39,7 @@
 #
 # Settings (environment):
 #   RUNS=3 BIG_MB=4096 SMALL_FILES=20000 SMALL_SIZE=16384 STREAMS=4 INFLIGHT=8
-#   TOOLS="cp fatpipe gridftp xrdcp rsync scp"  DATASETS="big small"
+#   TOOLS="cp fatpipe gridftp xrdcp rsync scp"  DATASETS="big small"  DURABLE=1
 #   FATPIPE=path/to/fatpipe (default: build with cargo --release)
 set -euo pipefail
 
@@ -42,8 +49,9 @@ SMALL_FILES=${SMALL_FILES:-20000}
 SMALL_SIZE=${SMALL_SIZE:-16384}
 STREAMS=${STREAMS:-4}
 INFLIGHT=${INFLIGHT:-8}
-TOOLS=${TOOLS:-"cp fatpipe fatpipe-buffered gridftp xrdcp rsync scp"}
-DATASETS=${DATASETS:-"big small"}
+TOOLS=${TOOLS-"cp fatpipe fatpipe-buffered gridftp xrdcp rsync scp"}
+DATASETS=${DATASETS-"big small"}
+DURABLE=${DURABLE:-1}
 
 SERVER_IP=198.18.0.1
 CLIENT_IP=198.18.0.2
@@ -74,9 +82,18 @@ trap 'exit 130' INT TERM
 [ "$(id -u)" -eq 0 ] || die "needs root to create network namespaces"
 
 install_peers() {
-    install_missing globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs \
-        xrdcp:xrootd-client xrootd:xrootd-server rsync:rsync /usr/sbin/sshd:openssh-server \
-        scp:openssh-client jq:jq /usr/bin/time:time python3:python3
+    # Only the peers in TOOLS (TOOLS= DATASETS= SMALL_FILES=0 runs the durable
+    # section alone).
+    local need=(jq:jq /usr/bin/time:time python3:python3) t
+    for t in $TOOLS; do
+        case $t in
+            gridftp) need+=(globus-url-copy:globus-gass-copy-progs globus-gridftp-server:globus-gridftp-server-progs) ;;
+            xrdcp) need+=(xrdcp:xrootd-client xrootd:xrootd-server) ;;
+            rsync) need+=(rsync:rsync) ;;
+            scp) need+=(/usr/sbin/sshd:openssh-server scp:openssh-client) ;;
+        esac
+    done
+    install_missing "${need[@]}"
 }
 
 setup_net() {
@@ -118,7 +135,7 @@ for k in range(n):
 EOF
     # Warm the page cache, as in the reference figures.
     cat "$work/src/big.bin" >/dev/null
-    find "$work/src/small" -type f -exec cat {} + >/dev/null
+    if [ -d "$work/src/small" ]; then find "$work/src/small" -type f -exec cat {} + >/dev/null; fi
 }
 
 # start NAME PORT CMD...: a server in the server namespace (see lib.sh);
@@ -131,7 +148,8 @@ dest() { mkdir -p "$work/dst/$1" && chmod 1777 "$work/dst/$1" && echo "$work/dst
 start_fatpipe() {
     echo "fatpipe-bench-key-$$" >"$work/key"
     start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
-        --key-file "$work/key" --export "dst=$(dest fatpipe)" --export "dstb=$(dest fatpipe-buffered)" -q
+        --key-file "$work/key" --export "dst=$(dest fatpipe)" --export "dstb=$(dest fatpipe-buffered)" \
+        --export "dur=$(dest durable)" --export "src=$work/src" -q
 }
 
 start_servers() {
@@ -273,6 +291,59 @@ run_one() {
     tail -1 "$out.time"
 }
 
+# durable_one dd|push|pull RUN: prints the seconds dd or a `copy --sync` of
+# the big file into $work/dst/durable took (the fatpipe server's `dur`
+# export; a pull writes there from the client side), or "FAIL ..."/"BAD".
+durable_one() {
+    local what=$1 run=$2 d="$work/dst/durable" out="$work/out-durable-$1-$2" t0 t1
+    local -a cmd
+    local -a copy=(ip netns exec "$NS_C" "$FATPIPE" copy --port $PORT_FATPIPE --key-file "$work/key" -P "$STREAMS" -q --sync)
+    case $what in
+        dd) cmd=(dd if=/dev/zero of="$d/x" bs=4M count=$((BIG_MB / 4)) oflag=direct status=none) ;;
+        push) cmd=("${copy[@]}" "$work/src/big.bin" "$SERVER_IP:dur/") ;;
+        pull) cmd=("${copy[@]}" "$SERVER_IP:src/big.bin" "$d/") ;;
+    esac
+    rm -rf "${d:?}"/* "$d"/.fatpipe-*
+    sync
+    t0=$(date +%s.%N)
+    if ! "${cmd[@]}" >"$out" 2>"$out.err"; then
+        echo "FAIL $(tail -1 "$out.err" | tr -s ' \n' ' ' | cut -c1-100)"
+        return
+    fi
+    t1=$(date +%s.%N)
+    if [ "$what" != dd ] && ! cmp -s "$work/src/big.bin" "$d/big.bin"; then
+        echo "BAD (copy differs from source)"
+        return
+    fi
+    rm -rf "${d:?}"/*
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f\n", b - a }'
+}
+
+# durable: dd oflag=direct against fatpipe copy --sync push and pull, the
+# order rotating per run; medians and fatpipe/dd.
+durable() {
+    local kinds=(dd push pull) run i k r load
+    [ -n "${SERVER_PID[fatpipe]:-}" ] || start_fatpipe || die "fatpipe server did not start"
+    read -r load _ </proc/loadavg
+    echo
+    echo "durable copy: dd bs=4M oflag=direct vs fatpipe copy --sync -P $STREAMS, ${BIG_MB} MiB into $(df --output=source,fstype "$work" | tail -1 | tr -s ' '), load before: $load"
+    for run in $(seq "$RUNS"); do
+        for i in "${!kinds[@]}"; do
+            k=${kinds[$(((i + run - 1) % 3))]}
+            r=$(durable_one "$k" "$run")
+            echo "  durable run $run $k: $r"
+            echo "durable|$k|$r" >>"$work/res"
+        done
+    done
+    local dd push pull ddmb=$((BIG_MB / 4 * 4))
+    dd=$(awk -v s="$(col durable dd 1)" -v mb="$ddmb" 'BEGIN { if (s == "n/a" || s == 0) print "n/a"; else printf "%.2f", mb * 1048576 / s / 1e9 }')
+    push=$(rate big "$(col durable push 1)")
+    pull=$(rate big "$(col durable pull 1)")
+    echo "durable: dd $dd GB/s, push $push GB/s, pull $pull GB/s (medians of $RUNS); push/dd = $(ratio "$push" "$dd"), pull/dd = $(ratio "$pull" "$dd") (target >= 0.9)"
+    read -r load _ </proc/loadavg
+    echo "load after: $load"
+}
+
 col() { # col DATASET TOOL FIELD -> median of that field over good runs
     awk -F'|' -v d="$1" -v t="$2" '$1 == d && $2 == t && $3 ~ /^[0-9]/ { print $3 }' "$work/res" |
         awk -v f="$3" '{ print $f }' | median %.3f
@@ -353,6 +424,8 @@ main() {
     echo "fatpipe RSS target: <= 64 MiB plus buffers ($STREAMS streams x (256 KiB piece + socket buffers))"
     read -r load _ </proc/loadavg
     echo "load after: $load (other work on this machine skews results; rerun when idle)"
+    [ "$DURABLE" = 1 ] && durable
+    return 0
 }
 
 main "$@"

@@ -12,7 +12,9 @@
 //! the file's temporary while it is still in cache, then compare the chunk's
 //! digest. Only a chunk that matches is journaled and counted; one that does
 //! not is asked for again (a bounded number of times) and its resend
-//! overwrites the same bytes of the temporary file. A file lives under a temporary name until its
+//! overwrites the same bytes of the temporary file. With `--sync` the
+//! journal records wait for a grouped `fdatasync` (see [`crate::journal`]
+//! for the rule that keeps them true). A file lives under a temporary name until its
 //! last chunk is in; then mode and mtime are applied and it is renamed into
 //! place, so the final name only ever holds a complete, verified file. A
 //! small file (one chunk of at most 256 KiB) is verified in memory first and
@@ -40,7 +42,7 @@ use fatpipe_sys::OFlags;
 use crate::beneath::{self, Dir, Kind, ResolveError};
 use crate::hash::{Algo, Digest};
 use crate::io::{datasync, punch_hole, AlignedBuf, ALIGN};
-use crate::journal::{journal_name, part_name, Identity, Journal};
+use crate::journal::{journal_name, part_name, sync_group, Batch, Identity, Journal, SyncGroup};
 use crate::plan::{chunk_count, chunk_range, lock, to_ranges};
 use crate::relpath::RelPath;
 use crate::source::PIECE;
@@ -57,7 +59,8 @@ pub struct SinkOptions {
     pub chunk_size: u32,
     /// Checksum in force.
     pub algo: Algo,
-    /// `fdatasync` data before journaling, `fsync` before renaming.
+    /// `fdatasync` data before journaling (grouped: about 16 flushes per
+    /// file, see [`crate::journal::sync_group`]), `fsync` before renaming.
     pub sync: bool,
     /// Write aligned chunks with O_DIRECT.
     pub direct: bool,
@@ -128,6 +131,8 @@ struct OpenPart {
     file: Arc<File>,
     direct: Option<Arc<File>>,
     journal: Option<Journal>,
+    /// Chunks written but not yet journaled under `--sync`.
+    group: SyncGroup,
 }
 
 impl Sink {
@@ -330,12 +335,6 @@ impl Sink {
                 self.bad_chunk(h.file, slot, chunk);
                 continue;
             }
-            if self.opts.sync {
-                if let Err(e) = datasync(&file) {
-                    self.fail(h.file, slot, self.describe(h.file, e), true);
-                    continue;
-                }
-            }
             self.commit(h.file, slot, chunk, &file, Some(got));
         }
     }
@@ -522,9 +521,19 @@ impl Sink {
         {
             return;
         }
-        if let (Some(open), Some(d)) = (st.open.as_mut(), digest.as_ref()) {
+        let mut batch = None;
+        if let (Some(open), Some(d)) = (st.open.as_mut(), digest) {
             if let Some(j) = open.journal.as_mut() {
-                if let Err(e) = j.record(chunk, d) {
+                let r = if self.opts.sync {
+                    // Journaled after the group's flush (journal.rs's rule).
+                    batch = open
+                        .group
+                        .add(chunk, d, u64::from(len), self.group_of(slot));
+                    Ok(())
+                } else {
+                    j.record(chunk, &d)
+                };
+                if let Err(e) = r {
                     drop(st);
                     self.fail(idx, slot, format!("journal: {e}"), true);
                     return;
@@ -546,6 +555,8 @@ impl Sink {
                 .fetch_add(u64::from(len), Ordering::Relaxed);
         }
         if st.remaining == 0 {
+            // The fsync before the rename covers any chunks still waiting
+            // for a flush; the journal goes with the rename.
             let open = st.open.take();
             match self.finalize(idx, slot, open) {
                 Ok(()) => {
@@ -560,7 +571,45 @@ impl Sink {
                     self.fail(idx, slot, self.describe(idx, e), true);
                 }
             }
+        } else if let Some(batch) = batch {
+            drop(st);
+            self.flush_group(idx, slot, file, batch);
         }
+    }
+
+    /// Flushes a group of chunks to disk, then journals them (journal.rs's
+    /// rule: the batch was taken after its chunks' writes returned, so this
+    /// `fdatasync` covers them). Runs on the data thread whose chunk
+    /// filled the group, outside the file's lock, so the other streams keep
+    /// writing meanwhile; chunks they finish wait for the next flush.
+    fn flush_group(&self, idx: u32, slot: &Slot, file: &Arc<File>, mut batch: Batch) {
+        loop {
+            let synced = datasync(file);
+            let mut st = lock(&slot.st);
+            // Finished (its fsync covered the batch) or failed meanwhile.
+            let same = st.open.as_ref().is_some_and(|o| Arc::ptr_eq(&o.file, file));
+            if st.phase != Phase::Waiting || !same {
+                return;
+            }
+            let Some(open) = st.open.as_mut() else { return };
+            let r = synced.and_then(|()| match open.journal.as_mut() {
+                Some(j) => j.record_all(&batch),
+                None => Ok(()),
+            });
+            if let Err(e) = r {
+                drop(st);
+                self.fail(idx, slot, self.describe(idx, e), true);
+                return;
+            }
+            match open.group.flushed(self.group_of(slot)) {
+                Some(next) => batch = next,
+                None => return,
+            }
+        }
+    }
+
+    fn group_of(&self, slot: &Slot) -> u64 {
+        sync_group(slot.size, self.opts.chunk_size)
     }
 
     fn bad_chunk(&self, idx: u32, slot: &Slot, chunk: u32) {
@@ -827,6 +876,7 @@ impl Sink {
             direct: self.open_direct(parent, name, slot),
             file,
             journal: Some(journal),
+            group: SyncGroup::default(),
         }))
     }
 
@@ -866,6 +916,7 @@ impl Sink {
             direct: self.open_direct(&parent, &name, slot),
             file: Arc::new(file),
             journal,
+            group: SyncGroup::default(),
         })
     }
 

@@ -280,6 +280,51 @@ fn resume_after_sigkill_of_the_client() {
     assert_same_tree(&src, &exp.join("src"));
 }
 
+/// `--sync` journals chunks only after a grouped flush: a synced copy
+/// killed mid-file has journaled (flushed) chunks, and the re-run resumes
+/// from them.
+#[test]
+fn synced_copy_journals_flushed_groups_and_resumes_after_sigkill() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("f.bin"), 96 << 20, 11);
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+    let mut c = srv.copy(&dir);
+    c.args([
+        "-r",
+        "-q",
+        "--sync",
+        "--chunk-size",
+        "1M",
+        "--bwlimit",
+        "320M",
+    ])
+    .arg(&src)
+    .arg("127.0.0.1:data/")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    wait_for(Duration::from_secs(20), "a journal", || {
+        journal_has_records(&exp.join("src"))
+    });
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--sync", "--json", "--chunk-size", "1M"])
+            .arg(&src)
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 0);
+    let moved = json(&out)["bytes_transferred"].as_u64().unwrap();
+    assert!(
+        moved < 96 << 20,
+        "the re-run sent everything again ({moved} bytes)"
+    );
+    assert_same_tree(&src, &exp.join("src"));
+}
+
 #[test]
 fn resume_after_sigkill_of_the_server() {
     let dir = util::setup();
