@@ -235,6 +235,10 @@ fn socket_options_are_applied_and_reported() {
         &[
             "-t",
             "0.5",
+            // One stream: the pacing checked below is per stream, and with
+            // no -P auto-tuning may plan more when the probe is unsure.
+            "-P",
+            "1",
             "-M",
             "1000",
             "-C",
