@@ -242,16 +242,17 @@ fn for_a_loopback_server_audits_the_probed_path_and_the_peer() {
     // Loopback outruns this host's sender: the estimate is a lower bound,
     // and the target is that bound or the --rate default, whichever is
     // larger, with a note. On a loaded host the probe may instead find
-    // the sender was not the limit but its trains disagree: then the
-    // estimate is the target, said to be rough.
+    // the sender was not the limit: then the estimate is the target, said
+    // to be rough when its trains disagree.
     let probed = t.probed_rate.expect("a rate estimate on loopback");
     if t.rate_lower_bound {
         assert_eq!(a.target_rate, probed.max(10_000_000_000), "{t:?}");
         assert!(t.notes.iter().any(|n| n.contains("lower bound")), "{t:?}");
     } else {
-        assert!(t.rate_confidence.is_some_and(|c| c < 0.4), "{t:?}");
         assert_eq!(a.target_rate, probed, "{t:?}");
-        assert!(t.notes.iter().any(|n| n.contains("rough")), "{t:?}");
+        if t.rate_confidence.is_some_and(|c| c < 0.4) {
+            assert!(t.notes.iter().any(|n| n.contains("rough")), "{t:?}");
+        }
     }
     assert_eq!(t.loss_rate, Some(0.0));
     assert!(t.mtu.is_some_and(|m| m >= 16436), "{t:?}");
