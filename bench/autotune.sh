@@ -258,15 +258,22 @@ gridftp_one() {
     fi
     if [ "$rc" != 0 ]; then
         echo "globus-url-copy exited $rc: $(grep -m1 -i error "$out" || tail -1 "$out")" >"$out.bad"
-    elif [ "$(stat -c %s "$dst" 2>/dev/null || echo missing)" != "$COPY_BYTES" ]; then
-        echo "destination size $(stat -c %s "$dst" 2>/dev/null || echo missing) != $COPY_BYTES" >"$out.bad"
+    fi
+    settle_copy "$out" "$dst"
+    [ -e "$out.bad" ] || awk -v n="$COPY_BYTES" -v w="$wall" 'BEGIN { printf "%.6f\n", n * 8 / w / 1e9 }'
+}
+
+# settle_copy OUT DST: unless OUT.bad already says why the run failed,
+# checks that DST has COPY_BYTES (else writes OUT.bad); empties the
+# destination directory; prints nan when the run is bad.
+settle_copy() {
+    local out=$1 dst=$2 size
+    size=$(stat -c %s "$dst" 2>/dev/null || echo missing)
+    if [ ! -e "$out.bad" ] && [ "$size" != "$COPY_BYTES" ]; then
+        echo "destination size $size != $COPY_BYTES" >"$out.bad"
     fi
     find "$data/dst" -mindepth 1 -delete
-    if [ -e "$out.bad" ]; then
-        echo nan
-    else
-        awk -v n="$COPY_BYTES" -v w="$wall" 'BEGIN { printf "%.6f\n", n * 8 / w / 1e9 }'
-    fi
+    if [ -e "$out.bad" ]; then echo nan; fi
 }
 
 # copy_one OUT [BIN PORT [pull]]: one push of SRC_FILE (with FATPIPE to
@@ -295,15 +302,9 @@ copy_one() {
         '.files_verified == 1 and .files_failed == 0 and .bytes_total == $n and .bytes_transferred == $n' \
         "$out" >/dev/null 2>&1; then
         echo "copy JSON does not report one verified file of $COPY_BYTES bytes" >"$out.bad"
-    elif [ "$(stat -c %s "$dst" 2>/dev/null || echo missing)" != "$COPY_BYTES" ]; then
-        echo "destination size $(stat -c %s "$dst" 2>/dev/null || echo missing) != $COPY_BYTES" >"$out.bad"
     fi
-    find "$data/dst" -mindepth 1 -delete
-    if [ -e "$out.bad" ]; then
-        echo nan
-    else
-        jq -r --argjson wall "$wall" '.bytes_transferred * 8 / $wall / 1e9' "$out"
-    fi
+    settle_copy "$out" "$dst"
+    [ -e "$out.bad" ] || jq -r --argjson wall "$wall" '.bytes_transferred * 8 / $wall / 1e9' "$out"
 }
 
 # run_one TOOL OUT: prints the receiver's Gbit/s (or nan)
