@@ -166,11 +166,13 @@ fn tcp_tests_report_their_ramp_and_udp_tests_none() {
     ] {
         let r = json_test(&dir, port, args);
         let ramp = r.end.ramp.unwrap_or_else(|| panic!("{args:?}: no ramp"));
-        // Measured over one-second windows, so never under one second,
-        // and inside the test's time when it got there at all.
-        if let Some(secs) = ramp.secs {
-            assert!((0.99..=2.7).contains(&secs), "{args:?}: {ramp:?}");
-        }
+        // Measured over one-second windows, so never under one second;
+        // and some second of the test's second half carries about its
+        // mean, so 90 % of it is reached inside the test.
+        let secs = ramp
+            .secs
+            .unwrap_or_else(|| panic!("{args:?}: never reached 90 %: {ramp:?}"));
+        assert!((0.99..=2.7).contains(&secs), "{args:?}: {ramp:?}");
         // The final rate is delivered bytes over the second half: of the
         // order of the test's average (loopback's rate swings, so only
         // within a factor of four).
