@@ -999,6 +999,7 @@ fn sample_path_report() -> PathReport {
             bottleneck_rate: Some(1_000_000_000),
             loss_rate: 0.01,
             mtu: 1500,
+            loss_packets: 0,
         },
         plan: None,
         warnings: vec![],

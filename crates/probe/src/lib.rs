@@ -231,6 +231,7 @@ pub fn facts(o: &ProbeOutcome) -> PathFacts {
             lost as f64 / sent as f64
         },
         mtu: o.mtu.path_mtu.unwrap_or(0),
+        loss_packets: sent,
     }
 }
 

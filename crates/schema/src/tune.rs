@@ -24,6 +24,12 @@ pub struct PathFacts {
     pub loss_rate: f64,
     /// Path MTU in bytes (IP packet size); 0 when unknown (1500 is assumed).
     pub mtu: u32,
+    /// Probe packets `loss_rate` was counted over; 0 when unknown (a
+    /// rate given as a flag, or a result from before this field). The
+    /// planner sizes windows for the most loss so few packets cannot rule
+    /// out.
+    #[serde(default)]
+    pub loss_packets: u64,
 }
 
 /// One end's limits on what a TCP socket may buffer and which congestion

@@ -275,7 +275,26 @@ impl DataOpts {
         if let Some(r) = self.pacing_rate {
             let _ = fatpipe_sys::set_max_pacing_rate(s.tcp(), r / 8);
         }
+        if let (true, Some(lowat)) = (self.sends, self.buffer.map(unsent_backlog)) {
+            let _ = fatpipe_sys::set_notsent_lowat(s.tcp(), lowat);
+        }
     }
+}
+
+/// How much unsent data a sending data socket may queue beyond what is in
+/// flight (`TCP_NOTSENT_LOWAT`), given its planned buffer: a quarter of
+/// the buffer, at least 1 MiB.
+///
+/// Without it the kernel queues up to the whole send buffer (doubled by
+/// the kernel, so several round trips of a stream's share on a long
+/// path). Chunks are handed out from one queue, so at the end of a copy
+/// the streams whose sockets hold the most drain for seconds while the
+/// others are idle. Capped at a quarter of the buffer, a stream's backlog
+/// drains in well under a round trip of its share, and the writer is
+/// woken (at half the mark) long before the socket runs dry. The 1 MiB
+/// floor keeps fast streams with small buffers from waiting on wake-ups.
+pub fn unsent_backlog(buffer: u64) -> u64 {
+    (buffer / 4).max(256 << 10)
 }
 
 /// What the server sets on its data sockets: the same buffer at the other
@@ -316,8 +335,12 @@ pub fn preflight_request(
     } else {
         auto::Role::Receiver
     };
+    let mut preflight = auto::PreflightConfig::new(addr, options, role);
+    // A copy pays for its start-up in its wall clock: enough streams for
+    // slow start to fill the path in a few round trips.
+    preflight.policy.ramp_rtts = Some(fatpipe_tune::plan::RAMP_RTTS);
     auto::Request {
-        preflight: auto::PreflightConfig::new(addr, options, role),
+        preflight,
         overrides: auto::Overrides::default(),
         floor: Some(auto::Floor {
             streams: MIN_TUNED_STREAMS,

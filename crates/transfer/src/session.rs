@@ -1045,7 +1045,7 @@ pub fn run_sink(
 pub const MAX_ENTRIES: usize = 16_000_000;
 
 /// The most chunks (over all files) one receiving session tracks: a byte
-/// each, so 64 MiB of flags; 64 TiB at 1 MiB chunks.
+/// each, so 64 MiB of flags; 128 TiB at the default 2 MiB chunks.
 pub const MAX_SESSION_CHUNKS: u64 = 1 << 26;
 
 /// Adds a batch of received entries to the manifest's running cost
@@ -1102,7 +1102,7 @@ pub const MAX_FORCED_BUFFER: u64 = 256 << 20;
 
 /// Applies the client's socket settings to one of the server's data
 /// connections: the receive buffer on a push; send buffer, congestion
-/// control and pacing on a pull (the server sends). Best effort, like the
+/// control, pacing and the unsent backlog on a pull (the server sends). Best effort, like the
 /// client's own: a refused option leaves the kernel's default, which still
 /// copies correctly.
 fn apply_tuning(s: &Stream, t: &SocketTuning, direction: Direction) {
@@ -1118,6 +1118,9 @@ fn apply_tuning(s: &Stream, t: &SocketTuning, direction: Direction) {
         }
         if t.pacing > 0 {
             let _ = fatpipe_sys::set_max_pacing_rate(s.tcp(), t.pacing / 8);
+        }
+        if let Some(bytes) = planned_window(t) {
+            let _ = fatpipe_sys::set_notsent_lowat(s.tcp(), crate::service::unsent_backlog(bytes));
         }
     }
 }

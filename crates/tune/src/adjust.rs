@@ -987,6 +987,7 @@ mod tests {
                 bottleneck_rate: rate,
                 loss_rate: 0.0,
                 mtu: 1500,
+                loss_packets: 0,
             },
             plan: Plan {
                 streams: 4,

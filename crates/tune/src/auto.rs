@@ -264,6 +264,7 @@ pub fn blind(
         bottleneck_rate: None,
         loss_rate: 0.0,
         mtu,
+        loss_packets: 0,
     };
     let mut plan = plan_with(&facts, None, &local, &local, policy);
     let cap = local.rmem_max.min(local.wmem_max);
@@ -487,7 +488,8 @@ pub fn start_window(pre: &Preflight, s: &Settings, policy: &Policy) -> Option<(u
         return None;
     }
     let buffer = s.buffer?;
-    let (fraction, hold) = crate::plan::start_hold(&pre.facts, policy)?;
+    let congestion = s.congestion.as_deref().unwrap_or(&pre.plan.congestion);
+    let (fraction, hold) = crate::plan::start_hold(&pre.facts, congestion, policy)?;
     let window = (buffer as f64 * fraction) as u64;
     (window > 0).then_some((window, hold))
 }

@@ -51,14 +51,14 @@ const DEFAULT_STREAMS: u16 = 4;
 /// Chunks big files are cut into. A stream sends a whole chunk, so when the
 /// queue runs dry each stream still has up to one chunk to finish and the
 /// streams run out one by one over about `chunk × streams / rate`
-/// (`fatpipe_tune::ramp::tail_secs`: 0.64 s of a 2 GiB copy's 18 s with
-/// 8 MiB × 18 streams at 941 Mbit/s; each socket's unsent backlog adds to
-/// it, see docs/copy.md). 2 MiB would cut the chunks' share to a quarter,
-/// but did not show in the wall clock beside the lab's spread, and the
-/// durable write path was measured against `dd` with 8 MiB chunks (4 MiB
-/// writes), so the default stays. Not derived from the plan: a rerun must
-/// cut the same chunks to resume from the journal.
-const DEFAULT_CHUNK_SIZE: &str = "8M";
+/// (`fatpipe_tune::ramp::tail_secs`): 8 MiB × 26 streams at 941 Mbit/s
+/// would idle the link for about 0.9 s of a 2 GiB copy's 18 s, 2 MiB for
+/// 0.23 s. Copies plan more streams than tests (enough for slow start to
+/// fill the path in 5 round trips), so the chunk is small. Not derived
+/// from the plan: a rerun must cut the same chunks to resume from the
+/// journal. A receiving session tracks at most 2^26 chunks, so one copy
+/// of 2 MiB chunks takes at most 128 TiB (`--chunk-size 8M`: 512 TiB).
+const DEFAULT_CHUNK_SIZE: &str = "2M";
 /// Debug hook: print every sample and the adjuster's answer on stderr.
 const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 
@@ -1047,7 +1047,7 @@ mod tests {
             p.job.local_sources,
             vec![PathBuf::from("a"), PathBuf::from("b/")]
         );
-        assert_eq!(p.job.chunk_size, 8 << 20);
+        assert_eq!(p.job.chunk_size, 2 << 20);
 
         let p = plan(&args(&[
             "dtn:data/x",

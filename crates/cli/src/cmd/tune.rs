@@ -163,6 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bottleneck_rate: Some(target.rate),
                 loss_rate: p.loss_rate,
                 mtu: p.mtu.as_ref().ok().copied().or(nic_mtu).unwrap_or(1500),
+                loss_packets: 0,
             };
             let audit = PeerAudit {
                 server: name.to_string(),
@@ -177,6 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bottleneck_rate: Some(target.rate),
                 loss_rate: 0.0,
                 mtu: nic_mtu.unwrap_or(1500),
+                loss_packets: 0,
             },
             None,
             None,
