@@ -366,7 +366,8 @@ fn race<T: Send + 'static>(
 /// When a data connection's connect is dialled again: two round trips of
 /// the control connection's connect, and 100 ms for a busy host.
 fn redial_after(rtt: Duration) -> Duration {
-    rtt.saturating_mul(2).saturating_add(Duration::from_millis(100))
+    rtt.saturating_mul(2)
+        .saturating_add(Duration::from_millis(100))
 }
 
 /// Reads the server's one-frame answer to a data hello: `DataAck`, or the
