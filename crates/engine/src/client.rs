@@ -192,13 +192,11 @@ impl ClientSession {
         &self.cookie
     }
 
-    /// Dials a data connection labelled `tag`.
+    /// Dials a data connection labelled `tag` (a slow connect is dialled
+    /// again, see `connect_racing`). Returns once the server has attached
+    /// it to this session.
     pub fn open_data(&self, tag: u32) -> Result<Stream> {
-        let mut stream = self.hello_data(self.connect_racing()?, tag)?;
-        read_data_ack(&mut stream)?;
-        let _ = stream.set_read_timeout(None);
-        let _ = stream.set_write_timeout(None);
-        Ok(stream)
+        attached(self.hello_data(self.connect_racing()?, tag)?)
     }
 
     /// Dials a data connection labelled `tag`, letting `configure` set
@@ -209,11 +207,7 @@ impl ClientSession {
         tag: u32,
         configure: impl FnOnce(&Socket) -> io::Result<()>,
     ) -> Result<Stream> {
-        let mut stream = self.dial_data(tag, configure)?;
-        read_data_ack(&mut stream)?;
-        let _ = stream.set_read_timeout(None);
-        let _ = stream.set_write_timeout(None);
-        Ok(stream)
+        attached(self.dial_data(tag, configure)?)
     }
 
     /// Dials data connection `tag` and returns as soon as its hello is
@@ -309,6 +303,15 @@ impl ClientSession {
             .map_err(|e| EngineError::io("send data hello", e))?;
         Ok(stream)
     }
+}
+
+/// Waits for the server's acknowledgement of a data hello on `stream`,
+/// then clears the handshake timeouts.
+fn attached(mut stream: Stream) -> Result<Stream> {
+    read_data_ack(&mut stream)?;
+    let _ = stream.set_read_timeout(None);
+    let _ = stream.set_write_timeout(None);
+    Ok(stream)
 }
 
 /// Connect attempts a data connection may race (see `connect_racing`).
