@@ -434,7 +434,7 @@ pub fn loss_upper_bound(loss: f64, packets: u64) -> f64 {
         let m = k + 1.0;
         m * (1.0 - 1.0 / (9.0 * m) + 1.645 / (3.0 * m.sqrt())).powi(3) / n
     };
-    bound.clamp(loss, 1.0)
+    bound.max(loss).min(1.0)
 }
 
 /// Round trips a copy's slow start may take to fill the BDP: copy plans
@@ -930,6 +930,8 @@ mod tests {
         assert_eq!(loss_upper_bound(1e-3, 0), 1e-3);
         assert_eq!(loss_upper_bound(1.0, 10), 1.0);
         assert!(loss_upper_bound(0.5, 2) <= 1.0);
+        assert_eq!(loss_upper_bound(1.5, 10), 1.0);
+        assert!(loss_upper_bound(f64::NAN, 10).is_nan());
     }
 
     #[test]
