@@ -238,14 +238,20 @@ pub fn facts(o: &ProbeOutcome) -> PathFacts {
 /// How sure the probe is of its rate, for the planner and the JSON plan;
 /// `None` when no train gave an estimate.
 pub fn rate_confidence(o: &ProbeOutcome) -> Option<RateConfidence> {
-    o.rate.as_ref().map(|r| RateConfidence {
+    o.rate.as_ref().map(confidence_of)
+}
+
+/// An estimate's rate, interval and confidence as the planner and the
+/// `path` report both give them: whole bit/s, confidence to 0.01.
+fn confidence_of(r: &estimate::RateEstimate) -> RateConfidence {
+    RateConfidence {
         rate: r.rate.round() as u64,
         low: r.low.round() as u64,
         high: r.high.round() as u64,
         confidence: (r.confidence * 100.0).round() / 100.0,
         label: estimate::confidence_label(r.confidence).into(),
         lower_bound: r.sender_limited,
-    })
+    }
 }
 
 /// The parts of a finished probe the host audit (`tune --for HOST`) uses.
@@ -300,13 +306,14 @@ pub fn report(
                 format_rate(r.high)
             ));
         }
+        let c = confidence_of(r);
         BottleneckReport {
-            rate: r.rate.round() as u64,
-            low: r.low.round() as u64,
-            high: r.high.round() as u64,
-            confidence: (r.confidence * 100.0).round() / 100.0,
-            confidence_label: estimate::confidence_label(r.confidence).into(),
-            lower_bound: r.sender_limited,
+            rate: c.rate,
+            low: c.low,
+            high: c.high,
+            confidence: c.confidence,
+            confidence_label: c.label,
+            lower_bound: c.lower_bound,
             trains: r.trains,
             used: r.used,
             outliers: r.outliers,

@@ -1030,13 +1030,7 @@ pub(crate) mod tests {
         .unwrap();
         pre.plan.streams = 2;
         pre.plan.pacing_rate = Some(500_000_000);
-        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
-        let mut req = Request {
-            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
-            overrides: Overrides::default(),
-            floor: None,
-            rate_cap: None,
-        };
+        let mut req = request();
         // test: the plan as it is, the line is its reason.
         let t = settle(pre.clone(), &req);
         assert_eq!((t.settings.streams, t.record.streams), (2, 2));
@@ -1076,13 +1070,7 @@ pub(crate) mod tests {
             (e.rate, e.low, e.label.as_str()),
             (2_700_000_000, 1_200_000_000, "low")
         );
-        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
-        let req = Request {
-            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
-            overrides: Overrides::default(),
-            floor: None,
-            rate_cap: None,
-        };
+        let req = request();
         let t = settle(pre, &req);
         assert!(
             t.short
@@ -1099,19 +1087,24 @@ pub(crate) mod tests {
         assert_eq!(t.record.plan.window_rate, Some(5_100_000_000));
     }
 
+    /// A test's pre-flight request to a loopback server, with no flags.
+    fn request() -> Request {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
+        Request {
+            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
+            overrides: Overrides::default(),
+            floor: None,
+            rate_cap: None,
+        }
+    }
+
     #[test]
     fn the_short_line_says_what_was_chosen_for_which_path_on_one_line() {
         let l = limits(4 << 20, &["cubic", "bbr"], false);
         let mut o = outcome(228, Some(979e6), Ok(l.clone()));
         o.train_packets = (10_000, 9_995);
         let pre = from_outcome(&o, Ok(l), Role::Sender, &Policy::default(), true).unwrap();
-        let addr = SocketAddr::from(([127, 0, 0, 1], 5301));
-        let req = Request {
-            preflight: PreflightConfig::new(addr, ClientOptions::default(), Role::Sender),
-            overrides: Overrides::default(),
-            floor: None,
-            rate_cap: None,
-        };
+        let req = request();
         let t = settle(pre.clone(), &req);
         let s = &t.short;
         assert!(
