@@ -110,7 +110,10 @@ pub struct ServerSession {
     params: Vec<u8>,
     peer: SocketAddr,
     local: SocketAddr,
-    data: Receiver<DataConn>,
+    /// Behind a lock so that several threads of a service may wait for
+    /// data connections (a copy takes its late ones on a thread of their
+    /// own while it grows on another).
+    data: Mutex<Receiver<DataConn>>,
     shutdown: Shutdown,
     cookie: Cookie,
     report: Report,
@@ -167,16 +170,24 @@ impl ServerSession {
         self.local
     }
 
-    /// Waits up to `timeout` for the next data connection of this session.
+    /// Waits up to `timeout` for the next data connection of this session
+    /// (one waiter at a time: the others wait for it first).
     pub fn accept_data(&self, timeout: Duration) -> Result<DataConn> {
-        match self.data.recv_timeout(timeout) {
+        self.poll_data(timeout)?
+            .ok_or_else(|| EngineError::Timeout("waiting for a data connection".into()))
+    }
+
+    /// As [`accept_data`](Self::accept_data), but a wait that merely ran
+    /// out is `Ok(None)`, told apart from a session that can get no more
+    /// (for services that wait in slices, checking their own state).
+    pub fn poll_data(&self, timeout: Duration) -> Result<Option<DataConn>> {
+        let data = self.data.lock().unwrap_or_else(|p| p.into_inner());
+        match data.recv_timeout(timeout) {
             Ok(d) => {
                 self.started.store(true, Ordering::Relaxed);
-                Ok(d)
+                Ok(Some(d))
             }
-            Err(RecvTimeoutError::Timeout) => {
-                Err(EngineError::Timeout("waiting for a data connection".into()))
-            }
+            Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) if self.expired.load(Ordering::Relaxed) => {
                 Err(EngineError::Timeout(NOT_STARTED.into()))
             }
@@ -759,7 +770,7 @@ fn open_session(
         params,
         peer,
         local,
-        data: rx,
+        data: Mutex::new(rx),
         shutdown: shared.shutdown.clone(),
         cookie,
         report: Report::new(Arc::clone(&shared.observer), service_name, peer.ip()),

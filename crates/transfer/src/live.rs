@@ -19,7 +19,7 @@ use std::io;
 use std::net::Shutdown;
 
 use fatpipe_secure::Stream;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,13 +50,19 @@ impl CtrlSend for crate::sink::Sink {
 pub struct Pool {
     ctrl: Stream,
     data: Mutex<Vec<Stream>>,
+    /// Connections the session set up with or was granted since, some
+    /// perhaps still on their way (data flows on the first while the
+    /// others come).
+    promised: AtomicU16,
     down: AtomicBool,
     congestion: Mutex<Option<String>>,
 }
 
 impl Pool {
-    /// A pool of the control connection and the first data connections.
-    pub fn new(ctrl: &Stream, data: &[Stream]) -> io::Result<Pool> {
+    /// A pool of the control connection and the first data connections,
+    /// of `promised` in all at set-up (the others are [`add`](Pool::add)ed
+    /// as they come).
+    pub fn new(ctrl: &Stream, data: &[Stream], promised: u16) -> io::Result<Pool> {
         let data = data
             .iter()
             .map(Stream::try_clone)
@@ -64,6 +70,7 @@ impl Pool {
         Ok(Pool {
             ctrl: ctrl.try_clone()?,
             data: Mutex::new(data),
+            promised: AtomicU16::new(promised),
             down: AtomicBool::new(false),
             congestion: Mutex::new(None),
         })
@@ -85,9 +92,20 @@ impl Pool {
         Ok(())
     }
 
-    /// Data connections so far.
+    /// Counts `n` more connections granted mid-session, before they come.
+    pub fn promise(&self, n: u16) {
+        let _ = self
+            .promised
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
+                Some(p.saturating_add(n))
+            });
+    }
+
+    /// Data connections of the session: set up and granted, whether or
+    /// not all of them came yet.
     pub fn streams(&self) -> u16 {
-        lock(&self.data).len().min(usize::from(u16::MAX)) as u16
+        let here = lock(&self.data).len().min(usize::from(u16::MAX)) as u16;
+        here.max(self.promised.load(Ordering::SeqCst))
     }
 
     /// Shuts every connection down, waking every thread blocked on one.

@@ -23,7 +23,7 @@ use fatpipe_engine::{
 use fatpipe_schema::tune::AutoTune;
 use fatpipe_tune::auto;
 
-use crate::session::{self, Conn, CopyError, Export, Link, ServerConfig};
+use crate::session::{self, AcceptError, Conn, CopyError, Export, Link, ServerConfig};
 use crate::wire::SocketTuning;
 
 /// Streams an auto-tuned copy keeps at least: they also read, hash and
@@ -141,11 +141,12 @@ impl Service for CopyService {
             };
             &unproven
         };
-        let accept = |t: Duration| -> Result<Stream, String> {
-            session
-                .accept_data(t)
-                .map(|d| d.stream)
-                .map_err(|e| e.to_string())
+        let accept = |t: Duration| -> Result<Stream, AcceptError> {
+            match session.poll_data(t) {
+                Ok(Some(d)) => Ok(d.stream),
+                Ok(None) => Err(AcceptError::Timeout),
+                Err(e) => Err(AcceptError::Failed(e.to_string())),
+            }
         };
         session::serve(cfg, &accept)
             .map(|_| ())

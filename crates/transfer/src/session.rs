@@ -31,7 +31,7 @@ use std::net::Shutdown;
 use fatpipe_secure::Stream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,23 @@ pub const PREPARE_REUSE: Duration = Duration::from_secs(15);
 /// How often a sending server reports its TCP counters ([`Msg::Stats`]).
 pub const STATS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Why the server got no connection from its [`AcceptFn`].
+#[derive(Debug)]
+pub enum AcceptError {
+    /// None came within the time given.
+    Timeout,
+    /// None will come: the session or the server is over (one line why).
+    Failed(String),
+}
+
+/// Yields a server session's next connection, waiting at most the time
+/// given; called from several of the session's threads.
+pub type AcceptFn<'a> = dyn Fn(Duration) -> Result<Stream, AcceptError> + Sync + 'a;
+
+/// How long one wait for a late data connection lasts before the waiter
+/// checks whether the session is over.
+const LATE_SLICE: Duration = Duration::from_millis(50);
+
 /// How a running session gets more data connections.
 pub enum Grow<'a> {
     /// The server: grants [`Msg::AddStreams`] up to `max` data connections
@@ -73,7 +90,7 @@ pub enum Grow<'a> {
     /// setup timeout and the same data hello as at setup).
     Server {
         /// Yields the session's next connection, waiting at most the time given.
-        accept: &'a dyn Fn(Duration) -> Result<Stream, String>,
+        accept: &'a AcceptFn<'a>,
         /// The most data connections of the session.
         max: u16,
     },
@@ -99,8 +116,53 @@ pub type Tuner<'a> = dyn Fn(&Live) + Sync + 'a;
 pub type Prepare<'a> = dyn FnMut(&mut Job) -> Result<(), CopyError> + 'a;
 
 /// A session's data connections, dialled (client) or queued by the engine
-/// (server) while the manifest is exchanged; taken once, when needed.
-pub type DataConns<'a> = Box<dyn FnOnce() -> Result<Vec<Stream>, CopyError> + 'a>;
+/// (server) while the manifest is exchanged, and taken one by one as each
+/// is ready: data flows on the first while the others are on their way,
+/// so a lost SYN or data hello costs that stream a retransmission, not
+/// the whole session its start (on a 228 ms path with 1 % loss one of 32
+/// connections usually loses one, and everything waited 0.5–1 s for it).
+pub struct DataConns<'a> {
+    /// How many the session starts with (at least one).
+    pub count: u16,
+    /// The next one, waiting as long as set-up may take; `None` once the
+    /// flag is set (the session is over and wants no more).
+    pub next: NextConn<'a>,
+}
+
+/// How [`DataConns`] yields its next connection.
+pub type NextConn<'a> =
+    Box<dyn FnMut(&AtomicBool) -> Option<Result<Stream, CopyError>> + Send + 'a>;
+
+impl DataConns<'_> {
+    /// The first connection, however long set-up takes.
+    fn first(&mut self) -> Result<Stream, CopyError> {
+        (self.next)(&AtomicBool::new(false))
+            .unwrap_or_else(|| Err(CopyError::Failed("no data connection".into())))
+    }
+
+    /// Hands the connections after the first to `start` as they come,
+    /// until all came or `ended` is set. The first that fails, or that
+    /// `start` cannot take, goes to `fail` and stops the rest: the session
+    /// ends, as it did when set-up awaited every connection.
+    fn feed_late(
+        mut self,
+        ended: &AtomicBool,
+        start: impl Fn(Stream) -> io::Result<()>,
+        fail: impl FnOnce(CopyError),
+    ) {
+        for _ in 1..self.count {
+            match (self.next)(ended) {
+                None => return,
+                Some(Ok(s)) => {
+                    if let Err(e) = start(s) {
+                        return fail(net(e));
+                    }
+                }
+                Some(Err(e)) => return fail(e),
+            }
+        }
+    }
+}
 
 /// How a copy failed.
 #[derive(Debug, thiserror::Error)]
@@ -409,11 +471,8 @@ pub struct ServerConfig {
 
 /// Serves one copy session. `accept` yields this session's connections
 /// (copy-control first), waiting at most the given time.
-pub fn serve(
-    cfg: &ServerConfig,
-    accept: &dyn Fn(Duration) -> Result<Stream, String>,
-) -> Result<Summary, CopyError> {
-    let mut ctrl = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
+pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyError> {
+    let mut ctrl = accept(SETUP_TIMEOUT).map_err(accept_failed)?;
     // Small messages each awaiting an answer: Nagle would hold them back.
     ctrl.set_nodelay(true).map_err(net)?;
     // The client may hold the connection open while its pre-flight probe
@@ -468,27 +527,41 @@ pub fn serve(
     // Every data connection, at set-up and added later, gets the plan's
     // socket settings as it is taken: the receiver's window hold takes
     // its size from the buffer set here.
-    let tuned_accept = |timeout: Duration| -> Result<Stream, String> {
+    // Each is tuned before its hello is read: the client sends data right
+    // behind the hello (and the needs are already on their way), so the
+    // settings are in place before the data comes.
+    let tuned_accept = |timeout: Duration| -> Result<Stream, AcceptError> {
         let s = accept(timeout)?;
         apply_tuning(&s, &req.tuning, req.direction);
         Ok(s)
     };
-    let data: DataConns<'_> = Box::new(|| {
-        // Tune every connection before reading the hellos: the client
-        // sends data right behind its hello (and the needs are already on
-        // their way), so the settings are in place before the data comes.
-        let mut data = Vec::new();
-        for _ in 0..streams {
-            let s = tuned_accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
-            data.push(s);
-        }
-        for s in &mut data {
-            s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
-            expect_hello(s, Hello::Data)?;
-            s.set_read_timeout(None).map_err(net)?;
-        }
-        Ok(data)
-    });
+    let data = DataConns {
+        count: streams,
+        next: Box::new(|ended: &AtomicBool| {
+            let end = Instant::now() + SETUP_TIMEOUT;
+            // One queued is taken even when the session is over: the
+            // client may be waiting for its End (see `feed_late`). Past
+            // `ended`, one last wait of zero takes what came meanwhile.
+            let mut over = false;
+            loop {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Some(Err(accept_failed(AcceptError::Timeout)));
+                }
+                let slice = if over {
+                    Duration::ZERO
+                } else {
+                    left.min(LATE_SLICE)
+                };
+                match tuned_accept(slice) {
+                    Ok(mut s) => return Some(greeted(&mut s).map(|()| s)),
+                    Err(AcceptError::Timeout) if over => return None,
+                    Err(AcceptError::Timeout) => over = ended.load(Ordering::SeqCst),
+                    Err(e) => return Some(Err(accept_failed(e))),
+                }
+            }
+        }),
+    };
     let grow = Grow::Server {
         accept: &tuned_accept,
         max: MAX_STREAMS,
@@ -554,7 +627,7 @@ fn drain_after_refusal(ctrl: &mut Stream) {
 pub fn run_source(
     src: Arc<Source>,
     mut ctrl: Stream,
-    data: DataConns<'_>,
+    mut data: DataConns<'_>,
     grow: &Grow<'_>,
 ) -> Result<Summary, CopyError> {
     let mut needs = Vec::new();
@@ -571,23 +644,72 @@ pub fn run_source(
             other => return Err(CopyError::Failed(format!("expected needs, got {other:?}"))),
         }
     }
-    let data = data()?;
+    let first = data.first()?;
     src.plan(&needs);
     src.account_done_before(&needs);
     src.set_control(ctrl.try_clone().map_err(net)?);
-    let pool = Arc::new(Pool::new(&ctrl, &data).map_err(net)?);
+    let pool = Arc::new(Pool::new(&ctrl, std::slice::from_ref(&first), data.count).map_err(net)?);
     if let Grow::Client { live, .. } = grow {
         live.attach(Arc::clone(&pool), Arc::clone(&src) as Arc<dyn CtrlSend>);
     }
-    let mut threads: Vec<_> = data
-        .into_iter()
-        .map(|s| spawn_sender(&src, &pool, s))
-        .collect();
+    let threads = Mutex::new(vec![spawn_sender(&src, &pool, first)]);
+    let (ended, late_err) = (AtomicBool::new(false), Mutex::new(None));
+    let outcome = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            data.feed_late(
+                &ended,
+                |s| {
+                    pool.add(&s)?;
+                    lock(&threads).push(spawn_sender(&src, &pool, s));
+                    Ok(())
+                },
+                |e| {
+                    *lock(&late_err) = Some(e);
+                    src.stop();
+                    pool.all();
+                },
+            )
+        });
+        let outcome = source_loop(&src, &pool, &mut ctrl, grow, &threads);
+        ended.store(true, Ordering::SeqCst);
+        outcome
+    });
+    let outcome = match lock(&late_err).take() {
+        Some(e) => Err(e),
+        None => outcome,
+    };
+    if outcome.is_err() {
+        src.stop();
+        pool.all();
+    }
+    let mut send_err = None;
+    for t in threads.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        if let Ok(Err(e)) = t.join() {
+            send_err.get_or_insert(e);
+        }
+    }
+    outcome?;
+    let _ = ctrl.shutdown(Shutdown::Both);
+    src.done().ok_or_else(|| {
+        CopyError::Network(send_err.map_or("session ended early".into(), |e| e.to_string()))
+    })
+}
+
+/// The source's control loop: reports its counters (a sending server),
+/// grows on request, and hands the receiver's messages to `src` until it
+/// is done.
+fn source_loop(
+    src: &Arc<Source>,
+    pool: &Arc<Pool>,
+    ctrl: &mut Stream,
+    grow: &Grow<'_>,
+    threads: &Mutex<Vec<JoinHandle<io::Result<()>>>>,
+) -> Result<(), CopyError> {
     keepalive(ctrl.tcp());
     // A sending server reports its counters so the client can tune.
     let stats_stop = Arc::new(AtomicBool::new(false));
     let stats = matches!(grow, Grow::Server { .. }).then(|| {
-        let (src, pool, stop) = (Arc::clone(&src), Arc::clone(&pool), Arc::clone(&stats_stop));
+        let (src, pool, stop) = (Arc::clone(src), Arc::clone(pool), Arc::clone(&stats_stop));
         std::thread::spawn(move || {
             let step = Duration::from_millis(50);
             let mut next = Instant::now() + STATS_INTERVAL;
@@ -604,16 +726,16 @@ pub fn run_source(
         })
     });
     let outcome = loop {
-        let msg = match read_msg(&mut ctrl) {
+        let msg = match read_msg(ctrl) {
             Ok(m) => m,
             Err(e) => break Err(net(e)),
         };
         let added = match (msg, grow) {
             (Msg::AddStreams { n }, Grow::Server { accept, max }) => {
-                server_grow(n, *max, *accept, &pool, &*src)
+                server_grow(n, *max, *accept, pool, &**src)
             }
             (Msg::StreamsAdded { n }, Grow::Client { open, live }) => {
-                client_grow(n, *open, live, &pool)
+                client_grow(n, *open, live, pool)
             }
             (Msg::SetCongestion { name }, Grow::Server { .. }) => {
                 // Best effort: the next statistics show what took.
@@ -627,7 +749,7 @@ pub fn run_source(
             },
         };
         match added {
-            Ok(new) => threads.extend(new.into_iter().map(|s| spawn_sender(&src, &pool, s))),
+            Ok(new) => lock(threads).extend(new.into_iter().map(|s| spawn_sender(src, pool, s))),
             Err(e) => break Err(e),
         }
     };
@@ -635,21 +757,7 @@ pub fn run_source(
     if let Some(t) = stats {
         let _ = t.join();
     }
-    if outcome.is_err() {
-        src.stop();
-        pool.all();
-    }
-    let mut send_err = None;
-    for t in threads {
-        if let Ok(Err(e)) = t.join() {
-            send_err.get_or_insert(e);
-        }
-    }
-    outcome?;
-    let _ = ctrl.shutdown(Shutdown::Both);
-    src.done().ok_or_else(|| {
-        CopyError::Network(send_err.map_or("session ended early".into(), |e| e.to_string()))
-    })
+    outcome
 }
 
 /// Sends a source's manifest: its entries, what the walk skipped or
@@ -729,19 +837,18 @@ fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: Stream) -> JoinHandle<(
 fn server_grow(
     n: u16,
     max: u16,
-    accept: &dyn Fn(Duration) -> Result<Stream, String>,
+    accept: &AcceptFn<'_>,
     pool: &Pool,
     ctrl: &dyn CtrlSend,
 ) -> Result<Vec<Stream>, CopyError> {
     let grant = n.min(max.saturating_sub(pool.streams()));
+    pool.promise(grant);
     ctrl.send_control(&Msg::StreamsAdded { n: grant })
         .map_err(net)?;
     let mut out = Vec::new();
     for _ in 0..grant {
-        let mut s = accept(SETUP_TIMEOUT).map_err(CopyError::Network)?;
-        s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
-        expect_hello(&mut s, Hello::Data)?;
-        s.set_read_timeout(None).map_err(net)?;
+        let mut s = accept(SETUP_TIMEOUT).map_err(accept_failed)?;
+        greeted(&mut s)?;
         pool.add(&s).map_err(net)?;
         out.push(s);
     }
@@ -756,6 +863,7 @@ fn client_grow(
     pool: &Pool,
 ) -> Result<Vec<Stream>, CopyError> {
     let tags: Vec<u32> = (0..n).map(|_| live.next_tag()).collect();
+    pool.promise(n);
     let opened = open_data(open, &tags).and_then(|v| {
         for s in &v {
             pool.add(s).map_err(net)?;
@@ -767,6 +875,41 @@ fn client_grow(
         Err(e) => Err(e.to_string()),
     });
     opened
+}
+
+/// Dials the data connections `tags` on threads of `scope` (at most 32 at
+/// once), each with its data hello, and yields each as it is ready.
+fn dial_each<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    open: &'env (dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
+    tags: &'env [u32],
+) -> mpsc::Receiver<Result<Stream, CopyError>> {
+    let (tx, rx) = mpsc::channel();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for _ in 0..tags.len().min(32) {
+        let (tx, next) = (tx.clone(), Arc::clone(&next));
+        scope.spawn(move || {
+            while let Some(&tag) = tags.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let r = open(tag).and_then(|mut s| {
+                    s.write_all(&Hello::Data.encode()).map_err(net)?;
+                    Ok(s)
+                });
+                // Nobody takes it once the session is over: it is shut.
+                if let Err(mpsc::SendError(r)) = tx.send(r) {
+                    shut(r);
+                }
+            }
+        });
+    }
+    rx
+}
+
+/// Shuts a data connection the session will not use (dropping it is not
+/// enough while another handle to the socket lives).
+fn shut(r: Result<Stream, CopyError>) {
+    if let Ok(s) = r {
+        let _ = s.shutdown(Shutdown::Both);
+    }
 }
 
 /// Opens the data connections `tags` at once, each with its data hello:
@@ -828,7 +971,7 @@ pub struct SinkResult {
 /// connections and receives until complete, reports `Done`.
 pub fn run_sink(
     mut ctrl: Stream,
-    data: DataConns<'_>,
+    mut data: DataConns<'_>,
     opts: SinkOptions,
     progress: Arc<Progress>,
     map: &MapDest<'_>,
@@ -920,25 +1063,91 @@ pub fn run_sink(
         write_msg(&mut w, &Msg::NeedEnd).map_err(net)?;
         w.flush().map_err(net)?;
     }
-    let data = data()?;
-    let pool = Arc::new(Pool::new(&ctrl, &data).map_err(net)?);
-    let live = match grow {
-        Grow::Client { live, .. } => {
-            live.attach(Arc::clone(&pool), Arc::clone(&sink) as Arc<dyn CtrlSend>);
-            Some(Arc::clone(live))
+    let first = data.first()?;
+    let pool = Arc::new(Pool::new(&ctrl, std::slice::from_ref(&first), data.count).map_err(net)?);
+    if let Grow::Client { live, .. } = grow {
+        live.attach(Arc::clone(&pool), Arc::clone(&sink) as Arc<dyn CtrlSend>);
+    }
+    let threads = Mutex::new(vec![spawn_receiver(&sink, &pool, first)]);
+    let ended = AtomicBool::new(false);
+    let looped = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            data.feed_late(
+                &ended,
+                |s| {
+                    pool.add(&s)?;
+                    lock(&threads).push(spawn_receiver(&sink, &pool, s));
+                    Ok(())
+                },
+                |e| {
+                    sink.abort(format!("data connection: {e}"));
+                    pool.all();
+                },
+            )
+        });
+        let looped = sink_loop(&sink, &pool, &ctrl, grow, &threads);
+        ended.store(true, Ordering::SeqCst);
+        looped
+    });
+    let threads = threads.into_inner().unwrap_or_else(|p| p.into_inner());
+    let (result, reader) = match looped {
+        Ok(r) => r,
+        Err(e) => {
+            pool.all();
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(e);
         }
+    };
+    match result {
+        Ok(summary) => {
+            let sent = sink.send_done(&summary);
+            for t in threads {
+                let _ = t.join();
+            }
+            pool.all();
+            let _ = reader.join();
+            sent.map_err(net)?;
+            Ok(SinkResult {
+                summary,
+                failures: sink.failures(),
+                notes,
+            })
+        }
+        Err(why) => {
+            pool.all();
+            for t in threads {
+                let _ = t.join();
+            }
+            let _ = reader.join();
+            Err(CopyError::Network(why))
+        }
+    }
+}
+
+/// The sink's control loop: reads the sender's messages on a thread of
+/// its own, grows on request, and waits until the sink is complete or
+/// aborted. Returns how it ended and the reader, to be joined once the
+/// connections are shut.
+#[allow(clippy::type_complexity)]
+fn sink_loop(
+    sink: &Arc<Sink>,
+    pool: &Arc<Pool>,
+    ctrl: &Stream,
+    grow: &Grow<'_>,
+    threads: &Mutex<Vec<JoinHandle<()>>>,
+) -> Result<(Result<Summary, String>, JoinHandle<()>), CopyError> {
+    let live = match grow {
+        Grow::Client { live, .. } => Some(Arc::clone(live)),
         Grow::Server { .. } => None,
     };
-    let mut threads: Vec<_> = data
-        .into_iter()
-        .map(|s| spawn_receiver(&sink, &pool, s))
-        .collect();
     keepalive(ctrl.tcp());
     let (tx, rx) = mpsc::channel();
     let reader = {
-        let sk = Arc::clone(&sink);
+        let sk = Arc::clone(sink);
         let mut c = ctrl.try_clone().map_err(net)?;
-        let td = Arc::clone(&pool);
+        let td = Arc::clone(pool);
         let tx = tx.clone();
         std::thread::spawn(move || loop {
             let stop = |why: String| {
@@ -970,7 +1179,7 @@ pub fn run_sink(
         })
     };
     let waiter = {
-        let sk = Arc::clone(&sink);
+        let sk = Arc::clone(sink);
         std::thread::spawn(move || {
             let _ = tx.send(SinkEvent::Finished(sk.wait()));
         })
@@ -980,12 +1189,12 @@ pub fn run_sink(
             Ok(SinkEvent::Finished(r)) => break r,
             Ok(SinkEvent::Grow(n)) => {
                 let added = match grow {
-                    Grow::Server { accept, max } => server_grow(n, *max, *accept, &pool, &*sink),
-                    Grow::Client { open, live } => client_grow(n, *open, live, &pool),
+                    Grow::Server { accept, max } => server_grow(n, *max, *accept, pool, &**sink),
+                    Grow::Client { open, live } => client_grow(n, *open, live, pool),
                 };
                 match added {
                     Ok(new) => {
-                        threads.extend(new.into_iter().map(|s| spawn_receiver(&sink, &pool, s)))
+                        lock(threads).extend(new.into_iter().map(|s| spawn_receiver(sink, pool, s)))
                     }
                     Err(e) => {
                         sink.abort(format!("adding streams: {e}"));
@@ -1005,8 +1214,9 @@ pub fn run_sink(
         while live.asking() && Instant::now() < end {
             match rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(SinkEvent::Grow(n)) => {
-                    if let Ok(new) = client_grow(n, *open, live, &pool) {
-                        threads.extend(new.into_iter().map(|s| spawn_receiver(&sink, &pool, s)));
+                    if let Ok(new) = client_grow(n, *open, live, pool) {
+                        lock(threads)
+                            .extend(new.into_iter().map(|s| spawn_receiver(sink, pool, s)));
                     }
                     break;
                 }
@@ -1015,30 +1225,7 @@ pub fn run_sink(
             }
         }
     }
-    match result {
-        Ok(summary) => {
-            let sent = sink.send_done(&summary);
-            for t in threads {
-                let _ = t.join();
-            }
-            pool.all();
-            let _ = reader.join();
-            sent.map_err(net)?;
-            Ok(SinkResult {
-                summary,
-                failures: sink.failures(),
-                notes,
-            })
-        }
-        Err(why) => {
-            pool.all();
-            for t in threads {
-                let _ = t.join();
-            }
-            let _ = reader.join();
-            Err(CopyError::Network(why))
-        }
-    }
+    Ok((result, reader))
 }
 
 /// The most manifest entries one session accepts.
@@ -1579,7 +1766,7 @@ fn client_session(
     let tags: Vec<u32> = (1..=u32::from(streams)).collect();
     let data_open = std::sync::OnceLock::new();
     std::thread::scope(|scope| {
-        let dialing = scope.spawn(|| open_data(&open, &tags));
+        let dialed = dial_each(scope, &open, &tags);
         // The server may walk a large tree before answering a pull.
         ctrl.set_read_timeout(Some(Duration::from_secs(600)))
             .map_err(net)?;
@@ -1606,15 +1793,34 @@ fn client_session(
         report.marks.accepted.get_or_insert_with(Instant::now);
         let first_open = report.marks.data_open.is_none();
         let data_open = &data_open;
-        let data: DataConns<'_> = Box::new(move || {
-            let conns = dialing
-                .join()
-                .unwrap_or_else(|_| Err(CopyError::Failed("a dialing thread panicked".into())));
-            if first_open {
-                let _ = data_open.set(Instant::now());
-            }
-            conns
-        });
+        let (mut taken, total) = (0, tags.len());
+        let data = DataConns {
+            count: streams,
+            next: Box::new(move |ended: &AtomicBool| loop {
+                // A connection that comes once the session is over is
+                // shut: the server may no longer take it and send on it,
+                // and its receiver there must not wait for an End.
+                if ended.load(Ordering::SeqCst) {
+                    while let Ok(r) = dialed.try_recv() {
+                        shut(r);
+                    }
+                    return None;
+                }
+                match dialed.recv_timeout(LATE_SLICE) {
+                    Ok(r) => {
+                        taken += 1;
+                        if taken == total && first_open {
+                            let _ = data_open.set(Instant::now());
+                        }
+                        return Some(r);
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Some(Err(CopyError::Failed("a dialing thread stopped".into())))
+                    }
+                }
+            }),
+        };
         let live = Arc::new(Live::new(job.direction, accept));
         let grow = Grow::Client {
             open: &open,
@@ -1721,6 +1927,25 @@ fn merge_failures(into: &mut Vec<Failure>, new: Vec<Failure>) {
     into.extend(new);
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads a data connection's hello, within the set-up timeout.
+fn greeted(s: &mut Stream) -> Result<(), CopyError> {
+    s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+    expect_hello(s, Hello::Data)?;
+    s.set_read_timeout(None).map_err(net)
+}
+
+/// The server's error for a connection that did not come.
+fn accept_failed(e: AcceptError) -> CopyError {
+    CopyError::Network(match e {
+        AcceptError::Timeout => "timed out waiting for a connection".into(),
+        AcceptError::Failed(why) => why,
+    })
+}
+
 fn expect_hello(s: &mut Stream, want: Hello) -> Result<(), CopyError> {
     let mut b = [0u8; 8];
     s.read_exact(&mut b).map_err(net)?;
@@ -1753,7 +1978,7 @@ fn fail(e: io::Error) -> CopyError {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
     use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Mutex;
@@ -1763,11 +1988,14 @@ mod tests {
         addr: std::net::SocketAddr,
         opened: Arc<Mutex<Vec<Stream>>>,
         on_connect: Option<Box<dyn Fn() + Send + Sync>>,
+        /// A data connection dialled only after a wait (a lost SYN).
+        slow_tag: Option<(u32, Duration)>,
     }
 
     struct TestConn {
         addr: std::net::SocketAddr,
         opened: Arc<Mutex<Vec<Stream>>>,
+        slow_tag: Option<(u32, Duration)>,
     }
 
     impl Link for TestLink {
@@ -1778,12 +2006,16 @@ mod tests {
             Ok(Box::new(TestConn {
                 addr: self.addr,
                 opened: Arc::clone(&self.opened),
+                slow_tag: self.slow_tag,
             }))
         }
     }
 
     impl Conn for TestConn {
-        fn open(&self, _tag: u32) -> Result<Stream, CopyError> {
+        fn open(&self, tag: u32) -> Result<Stream, CopyError> {
+            if let Some((_, wait)) = self.slow_tag.filter(|&(t, _)| t == tag) {
+                std::thread::sleep(wait);
+            }
             let s = Stream::from(std::net::TcpStream::connect(self.addr).map_err(net)?);
             self.opened.lock().unwrap().push(s.try_clone().unwrap());
             Ok(s)
@@ -1810,25 +2042,58 @@ mod tests {
         let results = Arc::new(Mutex::new(Vec::new()));
         let (st, rs) = (Arc::clone(&stop), Arc::clone(&results));
         std::thread::spawn(move || {
-            let accept = |t: Duration| -> Result<Stream, String> {
+            // Plain TCP has no cookie to route a connection to its session,
+            // as the engine does; the sessions here come one at a time, so
+            // the hello does: a session's first connection is its control
+            // connection (data connections of the one before, which ended
+            // without taking them, are closed), and a control connection
+            // that comes while a session takes data ones is the next
+            // session's, kept for it.
+            let want_control = AtomicBool::new(true);
+            let next_control: Mutex<Option<TcpStream>> = Mutex::new(None);
+            let hello = |s: &TcpStream| {
+                let mut b = [0u8; 8];
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                let n = s.peek(&mut b).unwrap_or(0);
+                s.set_read_timeout(None).unwrap();
+                (n == 8).then(|| Hello::decode(&b).ok()).flatten()
+            };
+            let accept = |t: Duration| -> Result<Stream, AcceptError> {
+                let control = want_control.swap(false, Ordering::SeqCst);
+                if control {
+                    if let Some(s) = next_control.lock().unwrap().take() {
+                        return Ok(Stream::from(s));
+                    }
+                }
                 let end = Instant::now() + t;
                 loop {
                     if st.load(Ordering::SeqCst) {
-                        return Err("stopped".into());
+                        return Err(AcceptError::Failed("stopped".into()));
                     }
                     match l.accept() {
                         Ok((s, _)) => {
                             s.set_nonblocking(false).unwrap();
-                            return Ok(Stream::from(s));
+                            match (control, hello(&s)) {
+                                (true, Some(Hello::Data)) => continue,
+                                (false, Some(Hello::Control)) => {
+                                    *next_control.lock().unwrap() = Some(s);
+                                    return Err(AcceptError::Timeout);
+                                }
+                                _ => return Ok(Stream::from(s)),
+                            }
+                        }
+                        Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
+                            return Err(AcceptError::Failed(e.to_string()))
                         }
                         Err(_) if Instant::now() < end => {
                             std::thread::sleep(Duration::from_millis(2))
                         }
-                        Err(e) => return Err(e.to_string()),
+                        Err(_) => return Err(AcceptError::Timeout),
                     }
                 }
             };
             while !st.load(Ordering::SeqCst) {
+                want_control.store(true, Ordering::SeqCst);
                 let r = serve(&cfg, &accept);
                 if st.load(Ordering::SeqCst) {
                     break;
@@ -1841,6 +2106,7 @@ mod tests {
                 addr,
                 opened: Arc::new(Mutex::new(Vec::new())),
                 on_connect: None,
+                slow_tag: None,
             },
             stop,
             results,
@@ -2190,6 +2456,7 @@ mod tests {
             addr: l.local_addr().unwrap(),
             opened: Arc::default(),
             on_connect: None,
+            slow_tag: None,
         };
         drop(l);
         let mut j = job(Direction::Push, "data", &[""]);
@@ -2477,6 +2744,60 @@ mod tests {
         let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
         assert_eq!(rep.summary.files_verified, 1);
         assert_eq!(snapshot(src.path()), snapshot(exp.path()));
+    }
+
+    #[test]
+    fn data_flows_on_the_first_connections_while_a_late_one_is_dialled() {
+        // One of three data connections connects only after `LATE`. Half
+        // way through that wait, most of the file must have moved (both
+        // ends took the first connections as they came), and the copy
+        // must complete intact, whichever way it goes.
+        const LATE: Duration = Duration::from_secs(4);
+        const SIZE: usize = 96 << 20;
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("f"), pseudo_random(SIZE, 9)).unwrap();
+        for direction in [Direction::Push, Direction::Pull] {
+            let exp = tempfile::tempdir().unwrap();
+            let dst = tempfile::tempdir().unwrap();
+            let (export_dir, mut j) = match direction {
+                Direction::Push => {
+                    let mut j = job(Direction::Push, "data", &[""]);
+                    j.local_sources = vec![src.path().join("f")];
+                    (exp.path(), j)
+                }
+                Direction::Pull => {
+                    let mut j = job(Direction::Pull, "data", &["f"]);
+                    j.local_dest = dst.path().to_path_buf();
+                    (src.path(), j)
+                }
+            };
+            j.chunk_size = 1 << 20;
+            let mut srv = server(cfg(vec![export("data", export_dir, false)]));
+            srv.link.slow_tag = Some((2, LATE));
+            let progress = Arc::new(Progress::default());
+            let watch = {
+                let p = Arc::clone(&progress);
+                std::thread::spawn(move || {
+                    std::thread::sleep(LATE / 2);
+                    p.bytes.load(Ordering::Relaxed)
+                })
+            };
+            let rep = run_client(&srv.link, &j, progress, &|_| {}).unwrap();
+            let moved = watch.join().unwrap();
+            assert!(
+                moved >= SIZE as u64 / 2,
+                "{direction:?}: {moved} bytes moved before the late connection"
+            );
+            assert_eq!(rep.summary.files_verified, 1, "{direction:?}");
+            let landed = match direction {
+                Direction::Push => exp.path().join("f"),
+                Direction::Pull => dst.path().join("f"),
+            };
+            assert!(
+                std::fs::read(src.path().join("f")).unwrap() == std::fs::read(landed).unwrap(),
+                "{direction:?}: the copy differs"
+            );
+        }
     }
 
     #[test]
