@@ -249,7 +249,8 @@ pub struct Marks {
     pub prepared: Option<Instant>,
     /// The server accepted the request.
     pub accepted: Option<Instant>,
-    /// Every data connection the request asked for was open.
+    /// Every data connection the request asked for was open (data flows
+    /// on each as it opens, so this may come after the first byte).
     pub data_open: Option<Instant>,
     /// The last session ended with every file verified or failed.
     pub done: Option<Instant>,
