@@ -143,7 +143,9 @@ impl DataConns<'_> {
     /// Hands the connections after the first to `start` as they come,
     /// until all came or `ended` is set. The first that fails, or that
     /// `start` cannot take, goes to `fail` and stops the rest: the session
-    /// ends, as it did when set-up awaited every connection.
+    /// ends, as it did when set-up awaited every connection. Once `ended`
+    /// is set (the session's outcome is decided) a failure is no longer
+    /// one: the peer may be closing what it no longer needs.
     fn feed_late(
         mut self,
         ended: &AtomicBool,
@@ -151,15 +153,18 @@ impl DataConns<'_> {
         fail: impl FnOnce(CopyError),
     ) {
         for _ in 1..self.count {
-            match (self.next)(ended) {
+            let failed = match (self.next)(ended) {
                 None => return,
-                Some(Ok(s)) => {
-                    if let Err(e) = start(s) {
-                        return fail(net(e));
-                    }
-                }
-                Some(Err(e)) => return fail(e),
+                Some(Ok(s)) => match start(s) {
+                    Ok(()) => continue,
+                    Err(e) => net(e),
+                },
+                Some(Err(e)) => e,
+            };
+            if !ended.load(Ordering::SeqCst) {
+                fail(failed);
             }
+            return;
         }
     }
 }
@@ -473,13 +478,34 @@ pub struct ServerConfig {
 /// Serves one copy session. `accept` yields this session's connections
 /// (copy-control first), waiting at most the given time.
 pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyError> {
-    let mut ctrl = accept(SETUP_TIMEOUT).map_err(accept_failed)?;
+    // The engine acknowledges a connection before it queues it, so on a
+    // loaded host a data connection the client dialled after the control
+    // connection's acknowledgement can be queued first: those that come
+    // before the control connection are kept, greeted, for the session.
+    let mut early = Vec::new();
+    let mut ctrl = loop {
+        let mut s = accept(SETUP_TIMEOUT).map_err(accept_failed)?;
+        // The client may hold the connection open while its pre-flight
+        // probe runs (seconds) before the request comes: well within this.
+        s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+        let mut b = [0u8; 8];
+        s.read_exact(&mut b).map_err(net)?;
+        match Hello::decode(&b) {
+            Ok(Hello::Control) => break s,
+            Ok(Hello::Data) if early.len() < usize::from(MAX_STREAMS) => {
+                s.set_read_timeout(None).map_err(net)?;
+                early.push(s);
+            }
+            Ok(Hello::Data) => {
+                return Err(CopyError::Failed(format!(
+                    "more than {MAX_STREAMS} data connections before the control connection"
+                )))
+            }
+            Err(e) => return Err(CopyError::Failed(e.to_string())),
+        }
+    };
     // Small messages each awaiting an answer: Nagle would hold them back.
     ctrl.set_nodelay(true).map_err(net)?;
-    // The client may hold the connection open while its pre-flight probe
-    // runs (seconds) before the request comes: well within this.
-    ctrl.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
-    expect_hello(&mut ctrl, Hello::Control)?;
     let req = match read_msg(&mut ctrl).map_err(net)? {
         Msg::Request(r) => r,
         other => {
@@ -536,9 +562,15 @@ pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyE
         apply_tuning(&s, &req.tuning, req.direction);
         Ok(s)
     };
+    for s in &early {
+        apply_tuning(s, &req.tuning, req.direction);
+    }
     let data = DataConns {
         count: streams,
-        next: Box::new(|ended: &AtomicBool| {
+        next: Box::new(move |ended: &AtomicBool| {
+            if let Some(s) = early.pop() {
+                return Some(Ok(s));
+            }
             let end = Instant::now() + SETUP_TIMEOUT;
             // One queued is taken even when the session is over: the
             // client may be waiting for its End (see `feed_late`). Past
@@ -905,11 +937,13 @@ fn dial_each<'scope, 'env>(
     rx
 }
 
-/// Shuts a data connection the session will not use (dropping it is not
-/// enough while another handle to the socket lives).
+/// Ends a data connection the session will not use with a FIN (dropping
+/// it is not enough while another handle to the socket lives): the server
+/// reads its hello, then its end, with nothing to report (a reset could
+/// reach it first and read as a failure).
 fn shut(r: Result<Stream, CopyError>) {
     if let Ok(s) = r {
-        let _ = s.shutdown(Shutdown::Both);
+        let _ = s.shutdown(Shutdown::Write);
     }
 }
 
@@ -1087,11 +1121,18 @@ pub fn run_sink(
             )
         });
         let looped = sink_loop(&sink, &pool, &ctrl, grow, &threads);
+        // `Done` goes out before the late connections are given up (the
+        // client shuts those that come after): the sender must know the
+        // copy is complete before it sees one close.
+        let sent = match &looped {
+            Ok((Ok(summary), _)) => Some(sink.send_done(summary)),
+            _ => None,
+        };
         ended.store(true, Ordering::SeqCst);
-        looped
+        looped.map(|(result, reader)| (result, reader, sent))
     });
     let threads = threads.into_inner().unwrap_or_else(|p| p.into_inner());
-    let (result, reader) = match looped {
+    let (result, reader, sent) = match looped {
         Ok(r) => r,
         Err(e) => {
             pool.all();
@@ -1103,7 +1144,7 @@ pub fn run_sink(
     };
     match result {
         Ok(summary) => {
-            let sent = sink.send_done(&summary);
+            let sent = sent.unwrap_or_else(|| sink.send_done(&summary));
             for t in threads {
                 let _ = t.join();
             }
