@@ -210,6 +210,23 @@ impl ClientSession {
         attached(self.dial_data(tag, configure)?)
     }
 
+    /// Dials data connection `tag`, sends `first` right behind its hello
+    /// (the service's own greeting, a round trip before it could follow
+    /// the acknowledgement), and returns once the server has attached it.
+    /// For a server that reads the data hello without reading past it, as
+    /// [`open_data_early`](Self::open_data_early).
+    pub fn open_data_then(&self, tag: u32, first: &[u8]) -> Result<Stream> {
+        let mut stream = self.hello_data(self.connect_racing()?, tag)?;
+        // Without it Nagle holds a small `first` back until the hello is
+        // acknowledged, the round trip this saves.
+        let _ = stream.set_nodelay(true);
+        stream
+            .write_all(first)
+            .map_err(|e| EngineError::io("send after the data hello", e))?;
+        let _ = stream.set_nodelay(false);
+        attached(stream)
+    }
+
     /// Dials data connection `tag` and returns as soon as its hello is
     /// sent, a round trip before [`open_data`](Self::open_data) would: what
     /// the caller writes next travels right behind the hello. For a

@@ -225,6 +225,11 @@ impl Conn for EngineConn {
         let s = self.0.open_data_early(tag).map_err(classify)?;
         Ok(self.tuned(tag, s))
     }
+
+    fn open_greeted(&self, tag: u32, hello: &[u8]) -> Result<Stream, CopyError> {
+        let s = self.0.open_data_then(tag, hello).map_err(classify)?;
+        Ok(self.tuned(tag, s))
+    }
 }
 
 /// What auto-tuning sets on this end's data sockets; the server's share

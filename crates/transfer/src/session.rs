@@ -202,6 +202,16 @@ pub trait Conn: Send + Sync {
     fn open_early(&self, tag: u32) -> Result<Stream, CopyError> {
         self.open(tag)
     }
+
+    /// Opens connection `tag` with `hello` (the copy protocol's) sent
+    /// right behind the opening handshake, and returns once the server
+    /// attached it: a round trip before `open` and then the hello would
+    /// let the server read it. By default `open`, then the hello.
+    fn open_greeted(&self, tag: u32, hello: &[u8]) -> Result<Stream, CopyError> {
+        let mut s = self.open(tag)?;
+        s.write_all(hello).map_err(net)?;
+        Ok(s)
+    }
 }
 
 /// What the client was asked to do.
@@ -923,10 +933,7 @@ fn dial_each<'scope, 'env>(
         let (tx, next) = (tx.clone(), Arc::clone(&next));
         scope.spawn(move || {
             while let Some(&tag) = tags.get(next.fetch_add(1, Ordering::Relaxed)) {
-                let r = open(tag).and_then(|mut s| {
-                    s.write_all(&Hello::Data.encode()).map_err(net)?;
-                    Ok(s)
-                });
+                let r = open(tag);
                 // Nobody takes it once the session is over: it is shut.
                 if let Err(mpsc::SendError(r)) = tx.send(r) {
                     shut(r);
@@ -954,11 +961,7 @@ fn open_data(
     open: &(dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
     tags: &[u32],
 ) -> Result<Vec<Stream>, CopyError> {
-    let one = |tag: u32| -> Result<Stream, CopyError> {
-        let mut s = open(tag)?;
-        s.write_all(&Hello::Data.encode()).map_err(net)?;
-        Ok(s)
-    };
+    let one = open;
     let mut out = Vec::with_capacity(tags.len());
     // At most 32 dials in flight.
     for group in tags.chunks(32) {
@@ -1735,11 +1738,10 @@ fn pull_into_dir(remote: &[Vec<u8>]) -> bool {
 /// Connects, opens the control connection and sends its hello.
 fn client_open(link: &dyn Link) -> Result<(Box<dyn Conn>, Stream), CopyError> {
     let conn = link.connect()?;
-    let mut ctrl = conn.open(0)?;
+    let ctrl = conn.open_greeted(0, &Hello::Control.encode())?;
     // Small messages each awaiting an answer: Nagle would hold one back
     // until the server's delayed ACK of the one before.
     ctrl.set_nodelay(true).map_err(net)?;
-    ctrl.write_all(&Hello::Control.encode()).map_err(net)?;
     Ok((conn, ctrl))
 }
 
@@ -1795,14 +1797,18 @@ fn client_session(
     // round trips (connect, the engine's cookie check).
     let streams = job.streams.clamp(1, MAX_STREAMS);
     let conn = &*conn;
-    // Pushed data follows each data connection's opening without waiting
-    // for the server to attach it: the needs are back by then.
+    // Each data connection's hello follows its opening handshake without
+    // waiting for the server's acknowledgement, and so does pushed data:
+    // the needs are back by then.
     let push = job.direction == Direction::Push;
-    let open = |tag: u32| {
+    let hello = Hello::Data.encode();
+    let open = move |tag: u32| {
         if push {
-            conn.open_early(tag)
+            let mut s = conn.open_early(tag)?;
+            s.write_all(&hello).map_err(net)?;
+            Ok(s)
         } else {
-            conn.open(tag)
+            conn.open_greeted(tag, &hello)
         }
     };
     let tags: Vec<u32> = (1..=u32::from(streams)).collect();
