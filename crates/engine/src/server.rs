@@ -481,7 +481,7 @@ struct Shared {
     summary: Mutex<Summariser>,
     /// Each session's data queue, and whether the session is encrypted
     /// (its data connections must be too).
-    cookies: Mutex<HashMap<Cookie, (SyncSender<DataConn>, bool)>>,
+    cookies: Mutex<HashMap<Cookie, Route>>,
     shutdown: Shutdown,
     logger: Logger,
     observer: Arc<dyn Observer>,
@@ -491,6 +491,16 @@ struct Shared {
     live: Mutex<HashMap<Cookie, Live>>,
     /// Set by the drain once every session ended or was aborted.
     drained: AtomicBool,
+}
+
+/// Where a session's data connections go: its queue, whether the session
+/// is encrypted, and the lock that keeps acknowledgements and queueing in
+/// one order (see `attach_data`).
+#[derive(Clone)]
+struct Route {
+    queue: SyncSender<DataConn>,
+    encrypted: bool,
+    order: Arc<Mutex<()>>,
 }
 
 /// Data connections a session may have waiting before more are refused.
@@ -747,7 +757,14 @@ fn open_session(
     let cookie: Cookie = random_bytes();
     let (tx, rx) = mpsc::sync_channel(DATA_BACKLOG);
     let encrypted = stream.is_encrypted();
-    lock(&shared.cookies).insert(cookie, (tx, encrypted));
+    lock(&shared.cookies).insert(
+        cookie,
+        Route {
+            queue: tx,
+            encrypted,
+            order: Arc::new(Mutex::new(())),
+        },
+    );
     let _cookie_guard = CookieGuard(shared, cookie);
     conn.accept(Instant::now(), cookie);
     if flush(&mut conn, &mut stream).is_err() {
@@ -827,7 +844,12 @@ fn attach_data(
     tag: u32,
 ) {
     let route = lock(&shared.cookies).get(&cookie).cloned();
-    let Some((tx, encrypted)) = route else {
+    let Some(Route {
+        queue: tx,
+        encrypted,
+        order,
+    }) = route
+    else {
         conn.reject(ErrorCode::BadCookie, "no live session holds this cookie");
         let _ = flush(&mut conn, &mut stream);
         return;
@@ -857,6 +879,14 @@ fn attach_data(
             return;
         }
     };
+    // The acknowledgement goes out before the connection is queued (the
+    // service may write to it at once), so without this lock a connection
+    // the client dialled after reading another's acknowledgement could be
+    // queued first, and a service that takes its first connection as its
+    // control connection would take a data one (seen on a loaded host).
+    // Held from this ack until the queueing below: whatever the client
+    // dials after reading it queues behind.
+    let _order = lock(&order);
     conn.attach();
     if flush(&mut conn, &mut stream).is_err() {
         return;

@@ -488,34 +488,16 @@ pub struct ServerConfig {
 /// Serves one copy session. `accept` yields this session's connections
 /// (copy-control first), waiting at most the given time.
 pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyError> {
-    // The engine acknowledges a connection before it queues it, so on a
-    // loaded host a data connection the client dialled after the control
-    // connection's acknowledgement can be queued first: those that come
-    // before the control connection are kept, greeted, for the session.
-    let mut early = Vec::new();
-    let mut ctrl = loop {
-        let mut s = accept(SETUP_TIMEOUT).map_err(accept_failed)?;
-        // The client may hold the connection open while its pre-flight
-        // probe runs (seconds) before the request comes: well within this.
-        s.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
-        let mut b = [0u8; 8];
-        s.read_exact(&mut b).map_err(net)?;
-        match Hello::decode(&b) {
-            Ok(Hello::Control) => break s,
-            Ok(Hello::Data) if early.len() < usize::from(MAX_STREAMS) => {
-                s.set_read_timeout(None).map_err(net)?;
-                early.push(s);
-            }
-            Ok(Hello::Data) => {
-                return Err(CopyError::Failed(format!(
-                    "more than {MAX_STREAMS} data connections before the control connection"
-                )))
-            }
-            Err(e) => return Err(CopyError::Failed(e.to_string())),
-        }
-    };
+    // The control connection comes first: the client dials the data
+    // connections once it is acknowledged, and the engine queues them in
+    // that order.
+    let mut ctrl = accept(SETUP_TIMEOUT).map_err(accept_failed)?;
     // Small messages each awaiting an answer: Nagle would hold them back.
     ctrl.set_nodelay(true).map_err(net)?;
+    // The client may hold the connection open while its pre-flight probe
+    // runs (seconds) before the request comes: well within this.
+    ctrl.set_read_timeout(Some(SETUP_TIMEOUT)).map_err(net)?;
+    expect_hello(&mut ctrl, Hello::Control)?;
     let req = match read_msg(&mut ctrl).map_err(net)? {
         Msg::Request(r) => r,
         other => {
@@ -572,15 +554,9 @@ pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyE
         apply_tuning(&s, &req.tuning, req.direction);
         Ok(s)
     };
-    for s in &early {
-        apply_tuning(s, &req.tuning, req.direction);
-    }
     let data = DataConns {
         count: streams,
-        next: Box::new(move |ended: &AtomicBool| {
-            if let Some(s) = early.pop() {
-                return Some(Ok(s));
-            }
+        next: Box::new(|ended: &AtomicBool| {
             let end = Instant::now() + SETUP_TIMEOUT;
             // One queued is taken even when the session is over: the
             // client may be waiting for its End (see `feed_late`). Past
