@@ -930,33 +930,15 @@ fn shut(r: Result<Stream, CopyError>) {
     }
 }
 
-/// Opens the data connections `tags` at once, each with its data hello:
-/// every one costs a few round trips (connect, the engine's cookie check),
-/// which one after another would add seconds on a long path.
+/// Opens the data connections `tags` at once ([`dial_each`]), each with
+/// its data hello: every one costs a few round trips (connect, the
+/// engine's cookie check), which one after another would add seconds on a
+/// long path. The first failure is the result; the others are shut.
 fn open_data(
     open: &(dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
     tags: &[u32],
 ) -> Result<Vec<Stream>, CopyError> {
-    let one = open;
-    let mut out = Vec::with_capacity(tags.len());
-    // At most 32 dials in flight.
-    for group in tags.chunks(32) {
-        let opened: Vec<Result<Stream, CopyError>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = group.iter().map(|&t| sc.spawn(move || one(t))).collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(CopyError::Failed("a dialing thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
-        for r in opened {
-            out.push(r?);
-        }
-    }
-    Ok(out)
+    std::thread::scope(|scope| dial_each(scope, open, tags).into_iter().collect())
 }
 
 enum SinkEvent {
@@ -1099,19 +1081,21 @@ pub fn run_sink(
                 },
             )
         });
-        let looped = sink_loop(&sink, &pool, &ctrl, grow, &threads);
         // `Done` goes out before the late connections are given up (the
         // client shuts those that come after): the sender must know the
         // copy is complete before it sees one close.
-        let sent = match &looped {
-            Ok((Ok(summary), _)) => Some(sink.send_done(summary)),
-            _ => None,
-        };
+        let looped = sink_loop(&sink, &pool, &ctrl, grow, &threads).map(|(result, reader)| {
+            let sent = result.map(|summary| {
+                let sent = sink.send_done(&summary);
+                (summary, sent)
+            });
+            (sent, reader)
+        });
         ended.store(true, Ordering::SeqCst);
-        looped.map(|(result, reader)| (result, reader, sent))
+        looped
     });
     let threads = threads.into_inner().unwrap_or_else(|p| p.into_inner());
-    let (result, reader, sent) = match looped {
+    let (result, reader) = match looped {
         Ok(r) => r,
         Err(e) => {
             pool.all();
@@ -1122,8 +1106,7 @@ pub fn run_sink(
         }
     };
     match result {
-        Ok(summary) => {
-            let sent = sent.unwrap_or_else(|| sink.send_done(&summary));
+        Ok((summary, sent)) => {
             for t in threads {
                 let _ = t.join();
             }
