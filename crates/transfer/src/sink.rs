@@ -31,7 +31,7 @@
 use fatpipe_secure::Stream;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, BufRead, Read};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -249,14 +249,21 @@ impl Sink {
     }
 
     /// Receives chunks from one data connection until its `End`.
+    ///
+    /// Headers and digests come through a small buffer, which also batches
+    /// the reads of many small files; a chunk's data is read from the socket
+    /// straight into the aligned piece that is hashed and written
+    /// ([`read_direct`]). Read through a piece-sized buffer, every byte was
+    /// copied once more in user space (13 % of a pushing server's CPU at
+    /// 1.6 GB/s into O_DIRECT, where the server was the bottleneck).
     pub fn receive(&self, stream: Stream) -> io::Result<()> {
         let mut hold = self
             .opts
             .window
             .and_then(|w| fatpipe_sys::WindowHold::new(stream.tcp(), w))
             .map(|h| h.starting_at(self.opts.start));
-        let mut stream = io::BufReader::with_capacity(PIECE, stream);
-        let mut buf = AlignedBuf::new(PIECE);
+        let mut stream = io::BufReader::with_capacity(HEADER_BUFFER, stream);
+        let mut buf = AlignedBuf::new(WRITE_UNIT);
         let mut hdr = [0u8; HEADER_LEN];
         let mut digest = [0u8; 32];
         let dl = self.opts.algo.digest_len();
@@ -270,7 +277,7 @@ impl Sink {
             if h.kind == ChunkKind::Data && slot.chunks == 1 && h.len as usize <= PIECE {
                 // A whole small file in one piece: verify it in memory first.
                 let len = h.len as usize;
-                stream.read_exact(&mut buf.bytes_mut()[..len])?;
+                read_direct(&mut stream, &mut buf.bytes_mut()[..len])?;
                 stream.read_exact(&mut digest[..dl])?;
                 let data = &buf.bytes_mut()[..len];
                 let got = self.opts.algo.digest(h.offset, data);
@@ -296,33 +303,35 @@ impl Sink {
                 }
                 continue;
             }
-            // Piece by piece: each piece is hashed and written while it is
-            // still in cache. A chunk that then fails its check has written
-            // bytes only into the temporary file, at its own offsets, which
-            // the resend overwrites; it is never journaled.
+            // Piece by piece: each piece is hashed while it is still in
+            // cache, and gathered into writes of up to WRITE_UNIT (fewer,
+            // larger requests: see WRITE_UNIT). A chunk that then fails its
+            // check has written bytes only into the temporary file, at its
+            // own offsets, which the resend overwrites; it is never
+            // journaled.
             let mut hasher = self.opts.algo.start(h.offset, u64::from(h.len));
             let mut write_err = None;
-            let mut pos = 0usize;
-            while pos < h.len as usize {
-                let p = (h.len as usize - pos).min(PIECE);
-                let piece = &mut buf.bytes_mut()[..p];
-                stream.read_exact(piece)?;
+            let (mut pos, mut held) = (0usize, 0usize);
+            let len = h.len as usize;
+            while pos < len {
+                let p = (len - pos).min(PIECE).min(WRITE_UNIT - held);
+                let piece = &mut buf.bytes_mut()[held..held + p];
+                read_direct(&mut stream, piece)?;
                 if let Some(h) = hold.as_mut() {
                     h.tick(stream.get_ref().tcp());
                 }
                 hasher.update(piece);
-                if let (Some((file, direct)), None) = (&target, &write_err) {
-                    let off = h.offset + pos as u64;
-                    let r = match direct {
-                        Some(df) if p.is_multiple_of(ALIGN) && off.is_multiple_of(ALIGN as u64) => {
-                            self.direct_used.store(true, Ordering::Relaxed);
-                            df.write_all_at(piece, off)
-                        }
-                        _ => file.write_all_at(piece, off),
-                    };
-                    write_err = r.err();
-                }
+                held += p;
                 pos += p;
+                if held < WRITE_UNIT && pos < len {
+                    continue;
+                }
+                if let (Some((file, direct)), None) = (&target, &write_err) {
+                    let off = h.offset + (pos - held) as u64;
+                    let data = &buf.bytes_mut()[..held];
+                    write_err = self.write_gathered(file, direct.as_ref(), data, off).err();
+                }
+                held = 0;
             }
             stream.read_exact(&mut digest[..dl])?;
             let Some((file, _)) = target else { continue };
@@ -337,6 +346,30 @@ impl Sink {
             }
             self.commit(h.file, slot, chunk, &file, Some(got));
         }
+    }
+
+    /// Writes `data` at `off`: the aligned part through O_DIRECT when the
+    /// file has a direct handle and `off` is aligned, an odd tail (a file's
+    /// last bytes) through the page cache.
+    fn write_gathered(
+        &self,
+        file: &File,
+        direct: Option<&Arc<File>>,
+        data: &[u8],
+        off: u64,
+    ) -> io::Result<()> {
+        let aligned = match direct {
+            Some(_) if off.is_multiple_of(ALIGN as u64) => data.len() / ALIGN * ALIGN,
+            _ => 0,
+        };
+        if let (Some(df), true) = (direct, aligned > 0) {
+            self.direct_used.store(true, Ordering::Relaxed);
+            df.write_all_at(&data[..aligned], off)?;
+        }
+        if aligned < data.len() {
+            file.write_all_at(&data[aligned..], off + aligned as u64)?;
+        }
+        Ok(())
     }
 
     /// Marks a file failed because the sender could not read it.
@@ -1005,10 +1038,83 @@ fn lock_part(file: &File) -> io::Result<()> {
     }
 }
 
+/// The most bytes of a chunk gathered into one write. On this project's
+/// virtual disk four writers of 256 KiB O_DIRECT requests took 3.45 s for
+/// 4 GiB, of 1 MiB 2.38 s, of 2 MiB 2.24 s (`dd` with 4 MiB alone: 2.48 s):
+/// each request has a cost of its own. 1 MiB per stream stays small next
+/// to the stream's socket buffers.
+const WRITE_UNIT: usize = 4 * PIECE;
+
+/// Bytes a data connection's reader buffers: a chunk header and digest,
+/// or a few small files, per read; big chunks bypass it ([`read_direct`]).
+const HEADER_BUFFER: usize = 64 * 1024;
+
+/// Fills `dst` from `r`: whatever `r` has buffered first, the rest read
+/// from the socket straight into `dst` (once the buffer is drained, reading
+/// past it keeps the byte order).
+fn read_direct<R: Read>(r: &mut io::BufReader<R>, dst: &mut [u8]) -> io::Result<()> {
+    let n = r.buffer().len().min(dst.len());
+    dst[..n].copy_from_slice(&r.buffer()[..n]);
+    r.consume(n);
+    if n < dst.len() {
+        r.get_mut().read_exact(&mut dst[n..])?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::journal::Journal;
+
+    /// A reader that hands out at most `step` bytes per read and counts
+    /// the reads, like a socket with little waiting.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+        reads: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            self.reads += 1;
+            let n = out.len().min(self.step).min(self.data.len() - self.at);
+            out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn read_direct_keeps_the_byte_order_across_the_buffer_and_the_socket() {
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let src = Trickle {
+            data: data.clone(),
+            at: 0,
+            step: 100_000,
+            reads: 0,
+        };
+        let mut r = io::BufReader::with_capacity(HEADER_BUFFER, src);
+        // A header through the buffer (which reads ahead into the data),
+        // then a big piece, a small one, and a piece bigger than the rest.
+        let mut hdr = [0u8; 32];
+        r.read_exact(&mut hdr).unwrap();
+        let mut big = vec![0u8; 300_000];
+        read_direct(&mut r, &mut big).unwrap();
+        // The buffer's one fill, then the rest of the big piece straight
+        // from the socket at 100 kB a read, not 64 KiB at a time.
+        assert_eq!(r.get_ref().reads, 1 + 3);
+        let mut small = vec![0u8; 10];
+        read_direct(&mut r, &mut small).unwrap();
+        let mut got = hdr.to_vec();
+        got.extend_from_slice(&big);
+        got.extend_from_slice(&small);
+        assert_eq!(got, data[..got.len()]);
+        let mut rest = vec![0u8; data.len() - got.len() + 1];
+        let err = read_direct(&mut r, &mut rest).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
 
     fn entry(path: &str, kind: EntryKind, mtime_s: i64) -> Entry {
         Entry {
