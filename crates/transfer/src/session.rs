@@ -1107,9 +1107,10 @@ pub fn run_sink(
     };
     match result {
         Ok((summary, sent)) => {
-            for t in threads {
-                let _ = t.join();
-            }
+            // Each stream's End follows its last chunk, which has come: the
+            // receivers end at once, unless the sender keeps a connection
+            // open without its End, which must not hold a thread forever.
+            join_within(threads, END_GRACE, || pool.all());
             pool.all();
             let _ = reader.join();
             sent.map_err(net)?;
@@ -1127,6 +1128,26 @@ pub fn run_sink(
             let _ = reader.join();
             Err(CopyError::Network(why))
         }
+    }
+}
+
+/// How long a complete sink waits for each stream's End before it shuts
+/// the streams that have not ended.
+const END_GRACE: Duration = Duration::from_secs(5);
+
+/// Joins `threads`, calling `give_up` (which must make them return) if any
+/// is still running after `grace`.
+fn join_within(threads: Vec<JoinHandle<()>>, grace: Duration, give_up: impl FnOnce()) {
+    let until = Instant::now() + grace;
+    while !threads.iter().all(|t| t.is_finished()) {
+        if Instant::now() >= until {
+            give_up();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for t in threads {
+        let _ = t.join();
     }
 }
 
@@ -2224,6 +2245,36 @@ mod tests {
             keyed: true,
             sendfile: true,
         }
+    }
+
+    #[test]
+    fn a_receiver_whose_stream_never_ends_is_shut_after_the_grace() {
+        // One receiver ends at once; the other blocks until it is shut
+        // (as a socket read would until `pool.all()`).
+        let (shut_tx, shut_rx) = mpsc::channel::<()>();
+        let threads = vec![
+            std::thread::spawn(|| {}),
+            std::thread::spawn(move || {
+                let _ = shut_rx.recv();
+            }),
+        ];
+        let started = Instant::now();
+        let gave_up = std::cell::Cell::new(false);
+        join_within(threads, Duration::from_millis(200), || {
+            gave_up.set(true);
+            drop(shut_tx);
+        });
+        assert!(gave_up.get());
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        // Receivers that end in time are joined without giving up.
+        let threads = vec![std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(20))
+        })];
+        let gave_up = std::cell::Cell::new(false);
+        join_within(threads, Duration::from_secs(5), || gave_up.set(true));
+        assert!(!gave_up.get());
     }
 
     #[test]
