@@ -325,6 +325,10 @@ fn the_observer_hears_sessions_refusals_and_failed_authentication() {
     assert!(connect(addr, Some(&k), "nope", b"").is_err());
     assert!(connect(addr, Some(&k), "echo", b"refuse").is_err());
     let s = connect(addr, Some(&k), "echo", b"x").unwrap();
+    // The server reports the start after it sent the Accept, on the
+    // session's thread: wait for it, or a loaded host can report the next
+    // connection's refusal first (seen once in CI).
+    tally_until(&tally, |s| s.iter().any(|l| l == "start echo"));
     assert!(connect(addr, Some(&k), "echo", b"").is_err());
     // The refusal is reported after the client hears it.
     tally_until(&tally, |s| s.iter().any(|l| l == "refused busy"));
