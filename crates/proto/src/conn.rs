@@ -253,8 +253,6 @@ pub struct ClientConn {
     /// No byte has come from the server yet: the first one tells whether
     /// it speaks this protocol at all.
     silent: bool,
-    /// `Open` has been queued (at once for a client without a key).
-    opened: bool,
     out: Vec<u8>,
     events: VecDeque<ClientEvent>,
 }
@@ -276,7 +274,6 @@ impl ClientConn {
             state: ClientState::AwaitServerHello,
             decoder: FrameDecoder::new(),
             silent: true,
-            opened: false,
             out: Vec::new(),
             events: VecDeque::new(),
         };
@@ -436,16 +433,10 @@ impl ClientConn {
                     }
                     // Without the key the client may still open what the
                     // server serves keyless (public exports); the server
-                    // refuses anything else with AuthRequired.
-                    (true, None) => {
-                        self.send_open();
-                        self.state = ClientState::AwaitAccept;
-                    }
+                    // refuses anything else with AuthRequired. Its Open
+                    // went with the hello.
+                    (_, None) => self.state = ClientState::AwaitAccept,
                     (false, Some(_)) => self.fail(ConnError::ServerUnauthenticated, true),
-                    (false, None) => {
-                        self.send_open();
-                        self.state = ClientState::AwaitAccept;
-                    }
                 }
             }
             (ClientState::AwaitServerAuth { server_nonce }, Message::ServerAuth { mac }) => {
@@ -479,9 +470,6 @@ impl ClientConn {
     }
 
     fn send_open(&mut self) {
-        if std::mem::replace(&mut self.opened, true) {
-            return;
-        }
         let open = Message::Open {
             service: self.config.service.clone(),
             params: self.config.params.clone(),
