@@ -288,10 +288,14 @@ fn iperf3_client_udp_counts_agree_with_the_stock_server() {
     let sent = up.packets_sent.unwrap_or(0);
     assert!(sent > 500, "{up:?}");
     // Received and lost make up what was sent; the server stops counting
-    // at TEST_END, so a datagram in flight may be missing (and iperf3
-    // counts a reordered one as lost as well).
+    // at TEST_END, so datagrams still in flight or unread then are missing:
+    // as many as the client sends in the 10 ms a loaded host may take
+    // between its last datagram and the server reading TEST_END (2 streams
+    // at 20 Mbit/s of 1200-byte datagrams: 41; a loaded CI host missed 3
+    // where 2 were allowed). iperf3 counts a reordered one as lost as well.
+    let in_flight = 2 * 20_000_000 / (8 * 1200) / 100;
     assert!(
-        got <= sent && sent - got <= lost + 2,
+        got <= sent && sent - got <= lost + in_flight,
         "sent {sent}, server got {got} and lost {lost}"
     );
     assert!(lost <= sent / 20, "loopback lost {lost} of {sent}");
