@@ -176,11 +176,7 @@ pub fn plan_with(
     };
     // An hour bounds any real round trip and keeps Duration from panicking.
     let rtt = Duration::from_secs_f64(rtt_secs.min(3600.0));
-    let loss = if path.loss_rate.is_finite() {
-        path.loss_rate.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+    let loss = seen_loss(path);
     let max_streams = policy.max_streams.max(1);
     let mss = mss_for(path.mtu);
     let congestion = choose_congestion(&sender.congestion, loss, path.bottleneck_rate.is_some());
@@ -271,10 +267,9 @@ pub fn plan_with(
     };
     let buffer_streams = need.div_ceil(per_stream_cap);
     if headroom > policy.headroom.max(1.0) + 1e-9 {
-        let start = format!("{:.2}", start_headroom(policy.headroom, seen_loss(path)));
+        let start = (start_headroom(policy.headroom, loss) * 100.0).round() / 100.0;
         notes.push(format!(
-            "window {headroom:.1} × BDP ({} × through start-up): after a loss the buffers also hold out-of-order and unacknowledged data",
-            start.trim_end_matches('0').trim_end_matches('.')
+            "window {headroom:.1} × BDP ({start} × through start-up): after a loss the buffers also hold out-of-order and unacknowledged data"
         ));
     }
     let others = buffer_streams.max(loss_streams.count).max(1);
@@ -381,8 +376,19 @@ pub fn loss_headroom(base: f64, loss: f64) -> f64 {
     if loss.is_nan() || loss <= 1e-4 {
         return base;
     }
-    let decade = |from: f64| ((loss / from).log10()).clamp(0.0, 1.0);
-    base * (1.0 + decade(1e-4) + 2.0 / 3.0 * decade(1e-3))
+    base * (1.0 + decades_above(loss, 1e-4) + 2.0 / 3.0 * decades_above(loss, 1e-3))
+}
+
+/// How far `loss` lies above `from` in decades, from 0 (at or below it, or
+/// not a number) to 1 (ten times it or more): the log-linear step the
+/// window rules share.
+fn decades_above(loss: f64, from: f64) -> f64 {
+    let d = (loss / from).log10();
+    if d.is_nan() {
+        0.0
+    } else {
+        d.clamp(0.0, 1.0)
+    }
 }
 
 /// The loss a plan sizes its windows for: with BBR on a path where the
@@ -517,14 +523,7 @@ pub const HOLD_HOLE_ROOM: f64 = 0.3;
 /// runs in four batches). 1.95 × BDP stays below the 2 × BDP that
 /// over-fills a 1-BDP queue.
 pub fn start_headroom(base: f64, loss: f64) -> f64 {
-    let clean = loss_headroom(base, 0.0);
-    let decade = (loss / 1e-3).log10();
-    let holes = if decade.is_finite() {
-        decade.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
-    clean * (1.0 + HOLD_HOLE_ROOM * holes)
+    loss_headroom(base, 0.0) * (1.0 + HOLD_HOLE_ROOM * decades_above(loss, 1e-3))
 }
 
 /// The window each stream is held at during the sender's start-up, as a

@@ -277,10 +277,14 @@ fn iperf3_client_omit_and_text_output() {
 
 #[test]
 fn iperf3_client_udp_counts_agree_with_the_stock_server() {
+    const RATE: u64 = 20_000_000; // bit/s per stream
+    const LEN: u64 = 1200;
+    const STREAMS: u64 = 2;
     let dir = setup();
+    let (rate, len, streams) = (RATE.to_string(), LEN.to_string(), STREAMS.to_string());
     let (r, s) = against_stock(
         &dir,
-        &["-u", "-b", "20m", "-l", "1200", "-P", "2", "-t", "1"],
+        &["-u", "-b", &rate, "-l", &len, "-P", &streams, "-t", "1"],
     );
     let up = sum(&r, Direction::Up);
     let got = s["end"]["sum"]["packets"].as_u64().unwrap_or(0);
@@ -290,10 +294,10 @@ fn iperf3_client_udp_counts_agree_with_the_stock_server() {
     // Received and lost make up what was sent; the server stops counting
     // at TEST_END, so datagrams still in flight or unread then are missing:
     // as many as the client sends in the 10 ms a loaded host may take
-    // between its last datagram and the server reading TEST_END (2 streams
-    // at 20 Mbit/s of 1200-byte datagrams: 41; a loaded CI host missed 3
-    // where 2 were allowed). iperf3 counts a reordered one as lost as well.
-    let in_flight = 2 * 20_000_000 / (8 * 1200) / 100;
+    // between its last datagram and the server reading TEST_END (41 here;
+    // a loaded CI host missed 3 where 2 were allowed). iperf3 counts a
+    // reordered one as lost as well.
+    let in_flight = STREAMS * RATE / (8 * LEN) / 100;
     assert!(
         got <= sent && sent - got <= lost + in_flight,
         "sent {sent}, server got {got} and lost {lost}"
@@ -302,8 +306,8 @@ fn iperf3_client_udp_counts_agree_with_the_stock_server() {
     within(
         "bytes",
         up.bytes_sent,
-        bytes(&s, "sum_received") + lost * 1200,
-        2 * 1200,
+        bytes(&s, "sum_received") + lost * LEN,
+        in_flight * LEN,
     );
     assert_eq!(up.lost, Some(lost), "the loss is the server's count");
     let (r, s) = against_stock(&dir, &["-u", "-b", "20m", "-R", "-t", "1"]);
