@@ -8,7 +8,12 @@
 //! re-run finds them.
 //!
 //! The journal starts with a header naming the source file's size and mtime,
-//! the chunk size and the checksum; a re-run whose source differs discards it.
+//! the chunk size and the checksum; a re-run whose source or checksum
+//! differs discards it. A re-run with another chunk size keeps it: the
+//! receiver re-verifies the old chunks, keeps every new chunk that lies
+//! wholly within verified ones ([`crate::plan::rechunk`]) and writes the
+//! journal again for the new size ([`Journal::replace`]), because the
+//! chunk size of an auto-tuned copy follows the probed path.
 //! Each record is written with one `write(2)` on an `O_APPEND` descriptor,
 //! after the chunk's `pwrite`, so after a SIGKILL the page cache holds the
 //! data of every journaled chunk. Against power loss `--sync` orders an
@@ -86,6 +91,15 @@ pub struct Identity {
     pub algo: Algo,
 }
 
+/// A journal as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loaded {
+    /// The chunk size its records count in.
+    pub chunk_size: u32,
+    /// The chunks it records, in the order written.
+    pub records: Vec<(u32, Digest)>,
+}
+
 /// An open journal being appended to.
 #[derive(Debug)]
 pub struct Journal {
@@ -120,8 +134,31 @@ impl Journal {
         Ok(Journal { file })
     }
 
-    /// Reads the chunks recorded in `name`, if it exists and matches `id`.
-    pub fn load(dir: &Dir, name: &[u8], id: &Identity) -> io::Result<Option<Vec<(u32, Digest)>>> {
+    /// Writes a journal for `id` holding `records` in place of `name`'s:
+    /// written under a temporary name and renamed over it, so a crash
+    /// leaves the old journal or the new one, never a part of either.
+    /// Returns it open for appending.
+    pub fn replace(
+        dir: &Dir,
+        name: &[u8],
+        id: &Identity,
+        records: &[(u32, Digest)],
+    ) -> io::Result<Journal> {
+        let mut tmp = name.to_vec();
+        tmp.extend_from_slice(b".new");
+        let mut journal = Journal::create(dir, &tmp, id)?;
+        journal.record_all(records)?;
+        journal.sync()?;
+        dir.rename_at(&tmp, name)?;
+        Ok(journal)
+    }
+
+    /// Reads the chunks recorded in `name`, if it exists and matches `id`
+    /// in all but the chunk size; the chunk size it was written with comes
+    /// back with them (a journal naming a chunk larger than any session's,
+    /// [`CHUNK_LIMITS`](crate::session::CHUNK_LIMITS), is not used: the
+    /// resume reads a chunk into one buffer).
+    pub fn load(dir: &Dir, name: &[u8], id: &Identity) -> io::Result<Option<Loaded>> {
         let mut file = match dir.open_at(name, OFlags::RDONLY, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -129,7 +166,13 @@ impl Journal {
         };
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        if bytes.len() < HEADER_LEN || bytes[..HEADER_LEN] != encode_header(id) {
+        if bytes.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let chunk_size = u32::from_le_bytes([bytes[28], bytes[29], bytes[30], bytes[31]]);
+        if !(1..=crate::session::CHUNK_LIMITS.1).contains(&chunk_size)
+            || bytes[..HEADER_LEN] != encode_header(&Identity { chunk_size, ..*id })
+        {
             return Ok(None);
         }
         let mut out = Vec::new();
@@ -148,7 +191,10 @@ impl Journal {
                 None => break,
             }
         }
-        Ok(Some(out))
+        Ok(Some(Loaded {
+            chunk_size,
+            records: out,
+        }))
     }
 
     /// Records a verified chunk with one `write(2)`.
@@ -245,7 +291,7 @@ mod tests {
             size: 100,
             mtime_s: 5,
             mtime_ns: 6,
-            chunk_size: 10,
+            chunk_size: 64 << 10,
             algo: Algo::Xxh3,
         };
         let jn = journal_name(b"file");
@@ -262,7 +308,7 @@ mod tests {
             j.sync().unwrap();
         }
         assert_eq!(
-            Journal::load(&dir, &jn, &id).unwrap().unwrap(),
+            Journal::load(&dir, &jn, &id).unwrap().unwrap().records,
             vec![(0, d1), (1, d2)]
         );
         // A flushed group goes in with one write and reads back in order.
@@ -273,7 +319,7 @@ mod tests {
             j.record_all(&[(3, d3), (2, d4)]).unwrap();
         }
         assert_eq!(
-            Journal::load(&dir, &jn, &id).unwrap().unwrap(),
+            Journal::load(&dir, &jn, &id).unwrap().unwrap().records,
             vec![(0, d1), (1, d2), (3, d3), (2, d4)]
         );
         let path = t.path().join(std::str::from_utf8(&jn).unwrap());
@@ -283,17 +329,75 @@ mod tests {
         // A torn record (a crash mid-append) is dropped, the rest kept.
         bytes.extend_from_slice(&[1, 2, 3]);
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(Journal::load(&dir, &jn, &id).unwrap().unwrap().len(), 2);
+        assert_eq!(
+            Journal::load(&dir, &jn, &id)
+                .unwrap()
+                .unwrap()
+                .records
+                .len(),
+            2
+        );
         // A damaged record stops the replay there.
         bytes[HEADER_LEN + RECORD_LEN + 7] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(
-            Journal::load(&dir, &jn, &id).unwrap().unwrap(),
+            Journal::load(&dir, &jn, &id).unwrap().unwrap().records,
             vec![(0, d1)]
         );
-        // A changed source invalidates it.
+        // A changed source or checksum invalidates it.
         let other = Identity { size: 101, ..id };
         assert!(Journal::load(&dir, &jn, &other).unwrap().is_none());
+        let other = Identity {
+            algo: Algo::Blake3,
+            ..id
+        };
+        assert!(Journal::load(&dir, &jn, &other).unwrap().is_none());
+        // Another chunk size does not: it comes back with the records.
+        let other = Identity {
+            chunk_size: 1 << 20,
+            ..id
+        };
+        let got = Journal::load(&dir, &jn, &other).unwrap().unwrap();
+        assert_eq!((got.chunk_size, got.records), (64 << 10, vec![(0, d1)]));
+        // A header naming a chunk size no session could use is not trusted
+        // (it sizes the buffer the resume reads into).
+        for bad in [0u32, (64 << 20) + 1, u32::MAX] {
+            let mut b = bytes.clone();
+            b[28..32].copy_from_slice(&bad.to_le_bytes());
+            std::fs::write(&path, &b).unwrap();
+            assert!(Journal::load(&dir, &jn, &id).unwrap().is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn replace_swaps_in_a_whole_journal_for_the_new_chunk_size() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = Dir::open(t.path()).unwrap();
+        let old = Identity {
+            size: 4 << 20,
+            mtime_s: 5,
+            mtime_ns: 6,
+            chunk_size: 2 << 20,
+            algo: Algo::Xxh3,
+        };
+        let jn = journal_name(b"file");
+        let d = |c: u32| Algo::Xxh3.digest(u64::from(c), b"x");
+        Journal::create(&dir, &jn, &old)
+            .unwrap()
+            .record(1, &d(1))
+            .unwrap();
+        let new = Identity {
+            chunk_size: 1 << 20,
+            ..old
+        };
+        let mut j = Journal::replace(&dir, &jn, &new, &[(2, d(2)), (3, d(3))]).unwrap();
+        j.record(0, &d(0)).unwrap();
+        let got = Journal::load(&dir, &jn, &new).unwrap().unwrap();
+        assert_eq!(got.chunk_size, 1 << 20);
+        assert_eq!(got.records, vec![(2, d(2)), (3, d(3)), (0, d(0))]);
+        // Nothing is left under the temporary name.
+        let names = dir.read_dir().unwrap();
+        assert_eq!(names, vec![jn.clone()], "{names:?}");
     }
 
     #[test]

@@ -369,6 +369,9 @@ pub struct CopyTuning {
     pub data: DataOpts,
     /// The server's data sockets (sent in the request).
     pub server: SocketTuning,
+    /// The chunk size for the path ([`crate::plan::auto_chunk_size`]), used
+    /// unless `--chunk-size` gives one.
+    pub chunk_size: u32,
     /// For the JSON (`adjusting`: the in-flight adjuster always runs).
     pub record: AutoTune,
 }
@@ -394,10 +397,18 @@ impl CopyTuning {
         }
         record.streams = u32::from(streams);
         record.adjusting = true;
+        // The largest rate the probe could not rule out: a doubtful
+        // estimate errs toward the larger chunks of fast paths.
+        let plan = &t.preflight.plan;
+        let rate = plan
+            .window_rate
+            .or(t.preflight.facts.bottleneck_rate)
+            .map(|r| bwlimit.map_or(r, |cap| r.min(cap)));
         CopyTuning {
             streams,
             data,
             server,
+            chunk_size: crate::plan::auto_chunk_size(rate, u32::from(streams)),
             record,
         }
     }

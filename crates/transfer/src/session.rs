@@ -293,6 +293,9 @@ pub struct Report {
     pub encryption: Option<fatpipe_secure::Encryption>,
     /// Data connections used.
     pub streams: u16,
+    /// The chunk size the sessions used (the job's, or what its
+    /// [`Prepare`] chose).
+    pub chunk_size: u32,
     /// Files in the manifest.
     pub files_total: u64,
     /// Bytes in the manifest.
@@ -1748,6 +1751,7 @@ fn client_session(
         }
     }
     report.marks.prepared.get_or_insert_with(Instant::now);
+    report.chunk_size = job.chunk_size;
     let job = &*job;
     write_msg(
         &mut ctrl,

@@ -866,7 +866,11 @@ impl Sink {
     }
 
     /// Reopens an interrupted file's part and journal; marks chunks that
-    /// still verify. `None` when there is nothing usable.
+    /// still verify. `None` when there is nothing usable. A journal written
+    /// with another chunk size (an auto-tuned copy's size follows the path)
+    /// is carried over: its chunks are verified in its own size, and each
+    /// chunk of this session's size that lies wholly within verified ones
+    /// is hashed anew and kept, in a journal rewritten for this size.
     fn resume(
         &self,
         idx: u32,
@@ -877,7 +881,7 @@ impl Sink {
     ) -> io::Result<Option<OpenPart>> {
         let id = self.identity_of(idx, slot);
         let jn = journal_name(name);
-        let Some(records) = Journal::load(parent, &jn, &id)? else {
+        let Some(loaded) = Journal::load(parent, &jn, &id)? else {
             return Ok(None);
         };
         let file = match parent.open_at(&part_name(name), OFlags::RDWR, 0) {
@@ -889,21 +893,34 @@ impl Sink {
         if beneath::fstat(&file)?.size != slot.size {
             return Ok(None);
         }
-        let mut buf = AlignedBuf::new(self.opts.chunk_size as usize);
-        for (chunk, digest) in records {
-            let Some((off, len)) = chunk_range(slot.size, self.opts.chunk_size, chunk) else {
-                continue;
-            };
-            let data = &mut buf.bytes_mut()[..len as usize];
-            if crate::io::pread_exact(&file, data, off).is_ok()
-                && self.opts.algo.digest(off, data) == digest
-            {
+        let old = loaded.chunk_size;
+        let verified = self.verify_chunks(&file, slot.size, old, &loaded.records);
+        let journal = if old == self.opts.chunk_size {
+            for chunk in verified {
                 if let Some(h) = have.get_mut(chunk as usize) {
                     *h = true;
                 }
             }
-        }
-        let journal = Journal::reopen(parent, &jn)?;
+            Journal::reopen(parent, &jn)?
+        } else {
+            let new = self.opts.chunk_size;
+            let mut buf = AlignedBuf::new(new as usize);
+            let mut records = Vec::new();
+            for chunk in crate::plan::rechunk(slot.size, old, &verified, new) {
+                let Some((off, len)) = chunk_range(slot.size, new, chunk) else {
+                    continue;
+                };
+                let data = &mut buf.bytes_mut()[..len as usize];
+                if crate::io::pread_exact(&file, data, off).is_err() {
+                    continue;
+                }
+                if let Some(h) = have.get_mut(chunk as usize) {
+                    *h = true;
+                    records.push((chunk, self.opts.algo.digest(off, data)));
+                }
+            }
+            Journal::replace(parent, &jn, &id, &records)?
+        };
         let file = Arc::new(file);
         Ok(Some(OpenPart {
             direct: self.open_direct(parent, name, slot),
@@ -911,6 +928,31 @@ impl Sink {
             journal: Some(journal),
             group: SyncGroup::default(),
         }))
+    }
+
+    /// The journaled chunks (cut at `chunk_size`) whose bytes in `file`
+    /// still match their digests.
+    fn verify_chunks(
+        &self,
+        file: &File,
+        size: u64,
+        chunk_size: u32,
+        records: &[(u32, Digest)],
+    ) -> Vec<u32> {
+        let mut buf = AlignedBuf::new(chunk_size as usize);
+        let mut good = Vec::new();
+        for (chunk, digest) in records {
+            let Some((off, len)) = chunk_range(size, chunk_size, *chunk) else {
+                continue;
+            };
+            let data = &mut buf.bytes_mut()[..len as usize];
+            if crate::io::pread_exact(file, data, off).is_ok()
+                && self.opts.algo.digest(off, data) == *digest
+            {
+                good.push(*chunk);
+            }
+        }
+        good
     }
 
     fn identity_of(&self, idx: u32, slot: &Slot) -> Identity {
@@ -989,6 +1031,13 @@ impl Sink {
         }
         if slot.chunks > 1 {
             parent.unlink_at(&journal_name(&name))?;
+        } else if slot.size > u64::from(crate::session::CHUNK_LIMITS.0) {
+            // One chunk now, but an earlier run with smaller chunks may
+            // have left a journal (an auto-tuned chunk follows the path).
+            match parent.unlink_at(&journal_name(&name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -1240,6 +1289,86 @@ mod tests {
         );
         assert_eq!(progress.bytes.load(Ordering::Relaxed), 100 + 4096);
         assert!(!sink.is_complete());
+    }
+
+    #[test]
+    fn resume_carries_a_journal_of_another_chunk_size_over() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let file = |size| EntryKind::File {
+            size,
+            sparse: false,
+        };
+        // (journal's chunk size, chunks it verified, the byte damaged on
+        // disk since, what this session at 4096 still needs, and keeps).
+        let cases: [(u32, &[u32], usize, Vec<(u32, u32)>, Vec<u32>); 3] = [
+            // Larger old chunks: [0,8192) verified covers new 0 and 1; the
+            // damaged [8192,10000) covers nothing.
+            (8192, &[0, 1], 9000, vec![(2, 3)], vec![0, 1]),
+            // Smaller old chunks: new chunk 1 ([4096,8192)) needs old 2 and
+            // 3; 3 was damaged, so only chunks 0 and 2 are kept.
+            (2048, &[0, 1, 2, 3, 4], 7000, vec![(1, 2)], vec![0, 2]),
+            // Sizes that do not divide: [0,3000) [3000,6000) [6000,9000)
+            // [9000,10000), the second damaged: new 0 needs old 0 and 1.
+            (3000, &[0, 1, 2, 3], 4000, vec![(0, 2)], vec![2]),
+        ];
+        for (old, verified, damage, needs_want, kept) in cases {
+            let t = tempfile::tempdir().unwrap();
+            let base = t.path();
+            let dir = Dir::open(base).unwrap();
+            let part = dir
+                .open_at(&part_name(b"f"), OFlags::RDWR | OFlags::CREATE, 0o600)
+                .unwrap();
+            part.write_all_at(&data, 0).unwrap();
+            let id = Identity {
+                size: 10_000,
+                mtime_s: 2000,
+                mtime_ns: 0,
+                chunk_size: old,
+                algo: Algo::Xxh3,
+            };
+            let mut j = Journal::create(&dir, &journal_name(b"f"), &id).unwrap();
+            for &c in verified {
+                let (off, len) = chunk_range(10_000, old, c).unwrap();
+                let bytes = &data[off as usize..(off + u64::from(len)) as usize];
+                j.record(c, &Algo::Xxh3.digest(off, bytes)).unwrap();
+            }
+            part.write_all_at(b"X", damage as u64).unwrap();
+            drop((j, part));
+            let (_sink, needs) = Sink::prepare(
+                Dir::open(base).unwrap(),
+                vec![entry("f", file(10_000), 2000)],
+                opts(),
+                Arc::new(Progress::default()),
+            )
+            .unwrap();
+            assert_eq!(
+                needs,
+                vec![Need {
+                    file: 0,
+                    ranges: needs_want
+                }],
+                "old chunk {old}"
+            );
+            // The journal now counts in this session's chunks, with digests
+            // of this size's cut.
+            let now = Identity {
+                chunk_size: 4096,
+                ..id
+            };
+            let got = Journal::load(&dir, &journal_name(b"f"), &now)
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.chunk_size, 4096);
+            let want: Vec<(u32, Digest)> = kept
+                .iter()
+                .map(|&c| {
+                    let (off, len) = chunk_range(10_000, 4096, c).unwrap();
+                    let bytes = &data[off as usize..(off + u64::from(len)) as usize];
+                    (c, Algo::Xxh3.digest(off, bytes))
+                })
+                .collect();
+            assert_eq!(got.records, want, "old chunk {old}");
+        }
     }
 
     #[test]

@@ -58,7 +58,7 @@ const DEFAULT_STREAMS: u16 = 4;
 /// from the plan: a rerun must cut the same chunks to resume from the
 /// journal. A receiving session tracks at most 2^26 chunks, so one copy
 /// of 2 MiB chunks takes at most 128 TiB (`--chunk-size 8M`: 512 TiB).
-const DEFAULT_CHUNK_SIZE: &str = "2M";
+const DEFAULT_CHUNK_SIZE: &str = "auto";
 /// Debug hook: print every sample and the adjuster's answer on stderr.
 const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 
@@ -97,7 +97,9 @@ pub struct Args {
     /// Chunk checksum: `fast` (xxh3-128) or `strong` (BLAKE3).
     #[arg(long, default_value = "fast", value_parser = ["fast", "strong"])]
     pub verify: String,
-    /// Chunk size (64K..64M): big files are cut into chunks all streams share.
+    /// Chunk size (64K..64M): big files are cut into chunks all streams
+    /// share. `auto`: 512K to 2M by the probed rate per stream (2M when
+    /// auto-tuning is off); an interrupted copy resumes at any size.
     #[arg(long, default_value = DEFAULT_CHUNK_SIZE)]
     pub chunk_size: String,
     /// Cap the sending rate, e.g. 500M or 2g (bits per second).
@@ -164,8 +166,10 @@ pub struct JobSpec {
     pub local_sources: Vec<PathBuf>,
     /// Local destination (pull).
     pub local_dest: PathBuf,
-    /// Chunk size.
+    /// Chunk size (the auto size's start when `auto_chunk`).
     pub chunk_size: u32,
+    /// The plan chooses the chunk size (`--chunk-size auto`).
+    pub auto_chunk: bool,
     /// Rate cap, bit/s.
     pub bwlimit: Option<u64>,
     /// Checksum.
@@ -235,7 +239,12 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
             session::MAX_STREAMS
         )));
     }
-    let chunk = units::parse_size(&args.chunk_size).map_err(|e| usage(e.to_string()))?;
+    let auto_chunk = args.chunk_size == "auto";
+    let chunk = if auto_chunk {
+        u64::from(fatpipe_transfer::plan::AUTO_CHUNK_RANGE.1)
+    } else {
+        units::parse_size(&args.chunk_size).map_err(|e| usage(e.to_string()))?
+    };
     let (lo, hi) = session::CHUNK_LIMITS;
     if chunk < u64::from(lo) || chunk > u64::from(hi) {
         return Err(usage(format!(
@@ -268,6 +277,7 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
         local_sources: vec![],
         local_dest: PathBuf::new(),
         chunk_size: chunk as u32,
+        auto_chunk,
         bwlimit,
         strong: args.verify == "strong",
     };
@@ -426,6 +436,9 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
                     Some(t) => {
                         let _ = tuning.set(CopyTuner::new(&t, job.bwlimit));
                         job.streams = t.streams;
+                        if plan.job.auto_chunk {
+                            job.chunk_size = t.chunk_size;
+                        }
                         job.tuning = t.server;
                         link.set_data(t.data);
                         *lock(auto) = Some(t.record);
@@ -643,7 +656,7 @@ fn to_schema(args: &Args, plan: &Plan, job: &Job, r: &session::Report) -> CopyRe
         sources: args.paths[..n - 1].iter().map(show).collect(),
         destination: show(&args.paths[n - 1]),
         streams: u32::from(r.streams),
-        chunk_size: u64::from(job.chunk_size),
+        chunk_size: u64::from(r.chunk_size),
         checksum: job.algo.name().into(),
         sync: job.sync,
         direct: job.direct,
@@ -1048,6 +1061,7 @@ mod tests {
             vec![PathBuf::from("a"), PathBuf::from("b/")]
         );
         assert_eq!(p.job.chunk_size, 2 << 20);
+        assert!(p.job.auto_chunk);
 
         let p = plan(&args(&[
             "dtn:data/x",
@@ -1073,6 +1087,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.job.bwlimit, Some(500_000_000));
         assert_eq!(p.job.chunk_size, 1 << 20);
+        assert!(!p.job.auto_chunk);
     }
 
     #[test]

@@ -280,6 +280,48 @@ fn resume_after_sigkill_of_the_client() {
     assert_same_tree(&src, &exp.join("src"));
 }
 
+/// An auto-tuned copy's chunk size follows the path, so a re-run may cut
+/// the file differently: the receiver keeps what the old journal verified
+/// (cut at 512 KiB) in the new cut (2 MiB) rather than sending it again.
+#[test]
+fn resume_keeps_verified_data_when_the_chunk_size_changes() {
+    let dir = util::setup();
+    let src = mkdir(&dir.path().join("src"));
+    random_file(&src.join("f.bin"), 96 << 20, 13);
+    let exp = mkdir(&dir.path().join("export"));
+    let srv = server(&dir, &[export("data", &exp)]);
+    let mut c = srv.copy(&dir);
+    c.args(["-r", "-q", "--chunk-size", "512K", "--bwlimit", "320M"])
+        .arg(&src)
+        .arg("127.0.0.1:data/")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    wait_for(Duration::from_secs(20), "a journal", || {
+        journal_has_records(&exp.join("src"))
+    });
+    // Long enough for several 2 MiB runs of 512 KiB chunks.
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let out = util::run(
+        srv.copy(&dir)
+            .args(["-r", "--json", "--chunk-size", "2M"])
+            .arg(&src)
+            .arg("127.0.0.1:data/"),
+    );
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["chunk_size"].as_u64(), Some(2 << 20));
+    let moved = j["bytes_transferred"].as_u64().unwrap();
+    assert!(
+        moved <= (96 << 20) - (4 << 20),
+        "the re-run kept less than two new chunks ({moved} bytes sent)"
+    );
+    // The tree compare also fails on a journal or part left behind.
+    assert_same_tree(&src, &exp.join("src"));
+}
+
 /// `--sync` journals chunks only after a grouped flush: a synced copy
 /// killed mid-file has journaled (flushed) chunks, and the re-run resumes
 /// from them.
