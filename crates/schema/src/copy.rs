@@ -151,6 +151,11 @@ pub struct CopyTimeline {
     /// The rate of the data's second half (bit/s), what the ramp is
     /// measured against.
     pub final_rate: Option<u64>,
+    /// Push: when a data stream first found no chunk left to send; from
+    /// then on streams run dry one by one and drain their windows, so the
+    /// path runs below its rate until `done_at` (the sender is the server
+    /// on a pull, and the wire does not report it).
+    pub first_stream_idle_at: Option<f64>,
     /// When the last payload byte moved (sent, or verified on disk).
     pub last_byte_at: Option<f64>,
     /// When the session ended with every file verified or failed.

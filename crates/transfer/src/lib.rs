@@ -62,6 +62,11 @@ pub struct Progress {
     /// write to a data socket, or the receiver's first chunk verified and
     /// on disk (for the copy's start-up timeline).
     pub first_at: OnceLock<Instant>,
+    /// When a sending stream first found no work left to take (the queue
+    /// had handed out units and was empty): from then on the path runs
+    /// below its rate while the last chunks and windows drain. Only the
+    /// sending end sees it.
+    pub first_idle_at: OnceLock<Instant>,
 }
 
 impl Progress {

@@ -189,6 +189,7 @@ pub struct Queue {
 struct QState {
     units: VecDeque<Unit>,
     closed: bool,
+    handed_out: bool,
 }
 
 impl Queue {
@@ -198,6 +199,7 @@ impl Queue {
             state: Mutex::new(QState {
                 units: units.into(),
                 closed: false,
+                handed_out: false,
             }),
             ready: Condvar::new(),
         }
@@ -213,13 +215,27 @@ impl Queue {
     /// The next unit; waits while the queue is empty but open. `None` once
     /// closed.
     pub fn pop(&self) -> Option<Unit> {
+        self.pop_or_idle(|| {})
+    }
+
+    /// [`Queue::pop`], calling `idle` when it is about to wait on a queue
+    /// that has already handed out work (not while it waits for the
+    /// first needs): a stream has run out of work.
+    pub fn pop_or_idle(&self, idle: impl FnOnce()) -> Option<Unit> {
+        let mut idle = Some(idle);
         let mut s = lock(&self.state);
         loop {
             if s.closed {
                 return None;
             }
             if let Some(u) = s.units.pop_front() {
+                s.handed_out = true;
                 return Some(u);
+            }
+            if s.handed_out {
+                if let Some(f) = idle.take() {
+                    f();
+                }
             }
             s = self.ready.wait(s).unwrap_or_else(|e| e.into_inner());
         }
@@ -378,5 +394,38 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         q.close();
         assert_eq!(waiter.join().unwrap(), None);
+    }
+
+    #[test]
+    fn a_stream_is_idle_only_once_the_queue_has_handed_out_work() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let u = |f| Unit {
+            chunks: vec![ChunkRef { file: f, chunk: 0 }],
+        };
+        let idle = Arc::new(AtomicU32::new(0));
+        let q = Arc::new(Queue::default());
+        // Waiting for the first needs is not idleness.
+        let (q2, i2) = (Arc::clone(&q), Arc::clone(&idle));
+        let first = std::thread::spawn(move || {
+            q2.pop_or_idle(|| {
+                i2.fetch_add(1, Ordering::SeqCst);
+            })
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        q.push_front(u(1));
+        assert_eq!(first.join().unwrap(), Some(u(1)));
+        assert_eq!(idle.load(Ordering::SeqCst), 0);
+        // Now an empty queue is: the stream says so once, however long it
+        // waits, and still gets a later resend.
+        let (q2, i2) = (Arc::clone(&q), Arc::clone(&idle));
+        let waiter = std::thread::spawn(move || {
+            q2.pop_or_idle(|| {
+                i2.fetch_add(1, Ordering::SeqCst);
+            })
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        q.push_front(u(2));
+        assert_eq!(waiter.join().unwrap(), Some(u(2)));
+        assert_eq!(idle.load(Ordering::SeqCst), 1);
     }
 }

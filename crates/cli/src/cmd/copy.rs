@@ -845,6 +845,7 @@ fn timeline(
         first_byte_on_disk_at: first.filter(|_| !push),
         ramp_secs: ramp.and_then(|r| r.secs),
         final_rate: ramp.map(|r| r.final_rate as u64),
+        first_stream_idle_at: at(progress.first_idle_at.get().copied()).filter(|_| push),
         last_byte_at: last,
         done_at: at(marks.done),
         adjust_at: auto

@@ -191,6 +191,7 @@ fn copy_without_flags_is_auto_tuned_and_no_auto_is_not() {
         t.accepted_at,
         t.data_open_at,
         t.first_byte_sent_at,
+        t.first_stream_idle_at,
         t.last_byte_at,
         t.done_at,
     ];

@@ -246,6 +246,7 @@ fn lab_copy_of_256mib_at_228ms_finishes_within_the_path_bound() {
         "request_at",
         "accepted_at",
         "first_byte_sent_at",
+        "first_stream_idle_at",
         "last_byte_at",
         "done_at",
     ];
