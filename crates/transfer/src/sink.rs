@@ -1298,20 +1298,52 @@ mod tests {
             size,
             sparse: false,
         };
-        // (journal's chunk size, chunks it verified, the byte damaged on
-        // disk since, what this session at 4096 still needs, and keeps).
-        let cases: [(u32, &[u32], usize, Vec<(u32, u32)>, Vec<u32>); 3] = [
+        /// An earlier run's journal, and what this session at 4096 makes
+        /// of it.
+        struct Case {
+            old: u32,
+            verified: &'static [u32],
+            damage: usize,
+            needs: Vec<(u32, u32)>,
+            kept: Vec<u32>,
+        }
+        let cases = [
             // Larger old chunks: [0,8192) verified covers new 0 and 1; the
             // damaged [8192,10000) covers nothing.
-            (8192, &[0, 1], 9000, vec![(2, 3)], vec![0, 1]),
+            Case {
+                old: 8192,
+                verified: &[0, 1],
+                damage: 9000,
+                needs: vec![(2, 3)],
+                kept: vec![0, 1],
+            },
             // Smaller old chunks: new chunk 1 ([4096,8192)) needs old 2 and
             // 3; 3 was damaged, so only chunks 0 and 2 are kept.
-            (2048, &[0, 1, 2, 3, 4], 7000, vec![(1, 2)], vec![0, 2]),
+            Case {
+                old: 2048,
+                verified: &[0, 1, 2, 3, 4],
+                damage: 7000,
+                needs: vec![(1, 2)],
+                kept: vec![0, 2],
+            },
             // Sizes that do not divide: [0,3000) [3000,6000) [6000,9000)
             // [9000,10000), the second damaged: new 0 needs old 0 and 1.
-            (3000, &[0, 1, 2, 3], 4000, vec![(0, 2)], vec![2]),
+            Case {
+                old: 3000,
+                verified: &[0, 1, 2, 3],
+                damage: 4000,
+                needs: vec![(0, 2)],
+                kept: vec![2],
+            },
         ];
-        for (old, verified, damage, needs_want, kept) in cases {
+        for Case {
+            old,
+            verified,
+            damage,
+            needs: needs_want,
+            kept,
+        } in cases
+        {
             let t = tempfile::tempdir().unwrap();
             let base = t.path();
             let dir = Dir::open(base).unwrap();
