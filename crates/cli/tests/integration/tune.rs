@@ -254,7 +254,10 @@ fn for_a_loopback_server_audits_the_probed_path_and_the_peer() {
             assert!(t.notes.iter().any(|n| n.contains("rough")), "{t:?}");
         }
     }
-    assert_eq!(t.loss_rate, Some(0.0));
+    // Loopback loses nothing on the wire, but a receiver descheduled on a
+    // loaded host can overflow its socket buffer (CI saw 1 of ~2,000
+    // probe packets dropped): the loss is reported, and small.
+    assert!(t.loss_rate.is_some_and(|l| l < 0.01), "{t:?}");
     assert!(t.mtu.is_some_and(|m| m >= 16436), "{t:?}");
     assert!(a
         .findings
