@@ -404,28 +404,25 @@ mod tests {
         };
         let idle = Arc::new(AtomicU32::new(0));
         let q = Arc::new(Queue::default());
+        // A stream waiting on the queue until `unit` is pushed, counting
+        // the times it says it is idle.
+        let pop_after_a_while = |unit: Unit| {
+            let (q2, i2) = (Arc::clone(&q), Arc::clone(&idle));
+            let waiter = std::thread::spawn(move || {
+                q2.pop_or_idle(|| {
+                    i2.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            q.push_front(unit);
+            waiter.join().unwrap()
+        };
         // Waiting for the first needs is not idleness.
-        let (q2, i2) = (Arc::clone(&q), Arc::clone(&idle));
-        let first = std::thread::spawn(move || {
-            q2.pop_or_idle(|| {
-                i2.fetch_add(1, Ordering::SeqCst);
-            })
-        });
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        q.push_front(u(1));
-        assert_eq!(first.join().unwrap(), Some(u(1)));
+        assert_eq!(pop_after_a_while(u(1)), Some(u(1)));
         assert_eq!(idle.load(Ordering::SeqCst), 0);
         // Now an empty queue is: the stream says so once, however long it
         // waits, and still gets a later resend.
-        let (q2, i2) = (Arc::clone(&q), Arc::clone(&idle));
-        let waiter = std::thread::spawn(move || {
-            q2.pop_or_idle(|| {
-                i2.fetch_add(1, Ordering::SeqCst);
-            })
-        });
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        q.push_front(u(2));
-        assert_eq!(waiter.join().unwrap(), Some(u(2)));
+        assert_eq!(pop_after_a_while(u(2)), Some(u(2)));
         assert_eq!(idle.load(Ordering::SeqCst), 1);
     }
 }

@@ -238,6 +238,33 @@ fn big_file_push_and_pull() {
     assert_same_tree(&src, &exp);
 }
 
+/// Starts a push of `src` throttled to ~40 MB/s (so a kill lands mid-file)
+/// with `args`, waits until the receiver has journaled chunks and `settle`
+/// more, and kills the client (SIGKILL).
+fn push_killed_mid_file(
+    dir: &Dir,
+    srv: &Server,
+    src: &Path,
+    exp: &Path,
+    args: &[&str],
+    settle: Duration,
+) {
+    let mut c = srv.copy(dir);
+    c.args(["-r", "-q", "--bwlimit", "320M"])
+        .args(args)
+        .arg(src)
+        .arg("127.0.0.1:data/")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    wait_for(Duration::from_secs(20), "a journal", || {
+        journal_has_records(&exp.join("src"))
+    });
+    std::thread::sleep(settle);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
 #[test]
 fn resume_after_sigkill_of_the_client() {
     let dir = util::setup();
@@ -246,19 +273,8 @@ fn resume_after_sigkill_of_the_client() {
     std::fs::write(src.join("small"), b"small").unwrap();
     let exp = mkdir(&dir.path().join("export"));
     let srv = server(&dir, &[export("data", &exp)]);
-    // Slow enough (~40 MB/s) that the kill lands mid-file.
-    let mut c = srv.copy(&dir);
-    c.args(["-r", "-q", "--chunk-size", "1M", "--bwlimit", "320M"])
-        .arg(&src)
-        .arg("127.0.0.1:data/")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = c.spawn().unwrap();
-    wait_for(Duration::from_secs(20), "a journal", || {
-        journal_has_records(&exp.join("src"))
-    });
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    let args = ["--chunk-size", "1M"];
+    push_killed_mid_file(&dir, &srv, &src, &exp, &args, Duration::ZERO);
     assert!(
         !exp.join("src/f.bin").exists(),
         "a partial file is under its final name"
@@ -290,20 +306,9 @@ fn resume_keeps_verified_data_when_the_chunk_size_changes() {
     random_file(&src.join("f.bin"), 96 << 20, 13);
     let exp = mkdir(&dir.path().join("export"));
     let srv = server(&dir, &[export("data", &exp)]);
-    let mut c = srv.copy(&dir);
-    c.args(["-r", "-q", "--chunk-size", "512K", "--bwlimit", "320M"])
-        .arg(&src)
-        .arg("127.0.0.1:data/")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = c.spawn().unwrap();
-    wait_for(Duration::from_secs(20), "a journal", || {
-        journal_has_records(&exp.join("src"))
-    });
-    // Long enough for several 2 MiB runs of 512 KiB chunks.
-    std::thread::sleep(Duration::from_millis(500));
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    // Half a second more: several 2 MiB runs of 512 KiB chunks.
+    let args = ["--chunk-size", "512K"];
+    push_killed_mid_file(&dir, &srv, &src, &exp, &args, Duration::from_millis(500));
     let out = util::run(
         srv.copy(&dir)
             .args(["-r", "--json", "--chunk-size", "2M"])
@@ -332,26 +337,8 @@ fn synced_copy_journals_flushed_groups_and_resumes_after_sigkill() {
     random_file(&src.join("f.bin"), 96 << 20, 11);
     let exp = mkdir(&dir.path().join("export"));
     let srv = server(&dir, &[export("data", &exp)]);
-    let mut c = srv.copy(&dir);
-    c.args([
-        "-r",
-        "-q",
-        "--sync",
-        "--chunk-size",
-        "1M",
-        "--bwlimit",
-        "320M",
-    ])
-    .arg(&src)
-    .arg("127.0.0.1:data/")
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    let mut child = c.spawn().unwrap();
-    wait_for(Duration::from_secs(20), "a journal", || {
-        journal_has_records(&exp.join("src"))
-    });
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    let args = ["--sync", "--chunk-size", "1M"];
+    push_killed_mid_file(&dir, &srv, &src, &exp, &args, Duration::ZERO);
     let out = util::run(
         srv.copy(&dir)
             .args(["-r", "--sync", "--json", "--chunk-size", "1M"])
