@@ -145,6 +145,24 @@ pub fn rechunk(size: u64, old: u32, verified: &[u32], new: u32) -> Vec<u32> {
     out
 }
 
+/// `chunk`, doubled as often as needed but not past `max`, so that files of
+/// `sizes` make at most `bound` chunks: an auto-tuned push raises a chunk
+/// chosen for the path rather than have the receiver refuse a manifest
+/// past its bound.
+pub fn chunk_to_fit(sizes: &[u64], chunk: u32, bound: u64, max: u32) -> u32 {
+    let count = |c: u32| {
+        sizes
+            .iter()
+            .map(|&s| chunk_count(s, c))
+            .fold(0u64, u64::saturating_add)
+    };
+    let mut c = chunk.max(1);
+    while c < max && count(c) > bound {
+        c = c.saturating_mul(2).min(max);
+    }
+    c
+}
+
 /// The chunk size an auto-tuned copy uses when none is given: about
 /// [`AUTO_CHUNK_SECS`] of one stream's share of the path's rate, rounded
 /// down to a power of two within [`AUTO_CHUNK_RANGE`]; the range's top
@@ -321,6 +339,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn chunk_to_fit_doubles_until_the_manifest_is_within_the_bound() {
+        // 100 bytes in 4-byte chunks is 25; within 10 at 16 (7 chunks).
+        assert_eq!(chunk_to_fit(&[100], 4, 10, 1 << 20), 16);
+        // Already within: unchanged; several files count together.
+        assert_eq!(chunk_to_fit(&[100], 4, 25, 1 << 20), 4);
+        assert_eq!(chunk_to_fit(&[50, 50, 0], 4, 10, 1 << 20), 16);
+        // Never past the largest chunk, even if it still does not fit.
+        assert_eq!(chunk_to_fit(&[100], 4, 1, 8), 8);
+        // 40 TiB at 512 KiB is past 2^26 chunks; 1 MiB fits.
+        assert_eq!(
+            chunk_to_fit(&[40 << 40], 512 << 10, 1 << 26, 64 << 20),
+            1 << 20
+        );
     }
 
     #[test]

@@ -240,6 +240,10 @@ pub struct Job {
     pub streams: u16,
     /// Chunk size.
     pub chunk_size: u32,
+    /// The chunk size was chosen for the path, not given: a push whose
+    /// manifest would pass [`MAX_SESSION_CHUNKS`] at it doubles it until
+    /// it fits ([`crate::plan::chunk_to_fit`]).
+    pub chunk_may_grow: bool,
     /// Rate cap (bits/s) for the sending side when it is this client.
     pub bwlimit: Option<u64>,
     /// Socket settings the server applies to its data connections.
@@ -1751,6 +1755,18 @@ fn client_session(
         }
     }
     report.marks.prepared.get_or_insert_with(Instant::now);
+    if let (true, Direction::Push, Some(m)) = (job.chunk_may_grow, job.direction, local) {
+        let sizes: Vec<u64> = m
+            .entries
+            .iter()
+            .filter_map(|e| match e.kind {
+                EntryKind::File { size, .. } => Some(size),
+                _ => None,
+            })
+            .collect();
+        job.chunk_size =
+            crate::plan::chunk_to_fit(&sizes, job.chunk_size, MAX_SESSION_CHUNKS, CHUNK_LIMITS.1);
+    }
     report.chunk_size = job.chunk_size;
     let job = &*job;
     write_msg(
@@ -2168,6 +2184,7 @@ mod tests {
             algo: Algo::Xxh3,
             streams: 3,
             chunk_size: 64 * 1024,
+            chunk_may_grow: false,
             bwlimit: None,
             tuning: SocketTuning::default(),
             retries: 3,

@@ -376,6 +376,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         algo,
         streams: args.parallel.unwrap_or(DEFAULT_STREAMS),
         chunk_size: spec.chunk_size,
+        chunk_may_grow: spec.auto_chunk,
         bwlimit: spec.bwlimit,
         tuning: SocketTuning::default(),
         retries: args.retries,
