@@ -240,10 +240,11 @@ pub struct Job {
     pub streams: u16,
     /// Chunk size.
     pub chunk_size: u32,
-    /// The chunk size was chosen for the path, not given: a push whose
+    /// The chunk size is the path's to choose, not given (`--chunk-size
+    /// auto`): a [`Prepare`] sets it from the plan, and a push whose
     /// manifest would pass [`MAX_SESSION_CHUNKS`] at it doubles it until
     /// it fits ([`crate::plan::chunk_to_fit`]).
-    pub chunk_may_grow: bool,
+    pub auto_chunk: bool,
     /// Rate cap (bits/s) for the sending side when it is this client.
     pub bwlimit: Option<u64>,
     /// Socket settings the server applies to its data connections.
@@ -1755,7 +1756,7 @@ fn client_session(
         }
     }
     report.marks.prepared.get_or_insert_with(Instant::now);
-    if let (true, Direction::Push, Some(m)) = (job.chunk_may_grow, job.direction, local) {
+    if let (true, Direction::Push, Some(m)) = (job.auto_chunk, job.direction, local) {
         let sizes: Vec<u64> = m
             .entries
             .iter()
@@ -2184,7 +2185,7 @@ mod tests {
             algo: Algo::Xxh3,
             streams: 3,
             chunk_size: 64 * 1024,
-            chunk_may_grow: false,
+            auto_chunk: false,
             bwlimit: None,
             tuning: SocketTuning::default(),
             retries: 3,

@@ -376,7 +376,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         algo,
         streams: args.parallel.unwrap_or(DEFAULT_STREAMS),
         chunk_size: spec.chunk_size,
-        chunk_may_grow: spec.auto_chunk,
+        auto_chunk: spec.auto_chunk,
         bwlimit: spec.bwlimit,
         tuning: SocketTuning::default(),
         retries: args.retries,
@@ -437,7 +437,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
                     Some(t) => {
                         let _ = tuning.set(CopyTuner::new(&t, job.bwlimit));
                         job.streams = t.streams;
-                        if plan.job.auto_chunk {
+                        if job.auto_chunk {
                             job.chunk_size = t.chunk_size;
                         }
                         job.tuning = t.server;
