@@ -88,6 +88,14 @@ impl Progress {
             let _ = self.first_at.set(Instant::now());
         }
     }
+
+    /// Marks now as when a sending stream first ran out of work, if none
+    /// was marked.
+    pub fn ran_dry(&self) {
+        if self.first_idle_at.get().is_none() {
+            let _ = self.first_idle_at.set(Instant::now());
+        }
+    }
 }
 
 /// One file that could not be copied, and why (one line).

@@ -907,16 +907,10 @@ impl Sink {
             let mut buf = AlignedBuf::new(new as usize);
             let mut records = Vec::new();
             for chunk in crate::plan::rechunk(slot.size, old, &verified, new) {
-                let Some((off, len)) = chunk_range(slot.size, new, chunk) else {
-                    continue;
-                };
-                let data = &mut buf.bytes_mut()[..len as usize];
-                if crate::io::pread_exact(&file, data, off).is_err() {
-                    continue;
-                }
-                if let Some(h) = have.get_mut(chunk as usize) {
+                let d = self.digest_on_disk(&file, slot.size, new, chunk, &mut buf);
+                if let (Some(d), Some(h)) = (d, have.get_mut(chunk as usize)) {
                     *h = true;
-                    records.push((chunk, self.opts.algo.digest(off, data)));
+                    records.push((chunk, d));
                 }
             }
             Journal::replace(parent, &jn, &id, &records)?
@@ -940,19 +934,28 @@ impl Sink {
         records: &[(u32, Digest)],
     ) -> Vec<u32> {
         let mut buf = AlignedBuf::new(chunk_size as usize);
-        let mut good = Vec::new();
-        for (chunk, digest) in records {
-            let Some((off, len)) = chunk_range(size, chunk_size, *chunk) else {
-                continue;
-            };
-            let data = &mut buf.bytes_mut()[..len as usize];
-            if crate::io::pread_exact(file, data, off).is_ok()
-                && self.opts.algo.digest(off, data) == *digest
-            {
-                good.push(*chunk);
-            }
-        }
-        good
+        records
+            .iter()
+            .filter(|&&(c, d)| self.digest_on_disk(file, size, chunk_size, c, &mut buf) == Some(d))
+            .map(|&(c, _)| c)
+            .collect()
+    }
+
+    /// The digest of chunk `chunk` of `file` (cut at `chunk_size`) as its
+    /// bytes are now, read through `buf`; `None` past the end or when they
+    /// cannot be read.
+    fn digest_on_disk(
+        &self,
+        file: &File,
+        size: u64,
+        chunk_size: u32,
+        chunk: u32,
+        buf: &mut AlignedBuf,
+    ) -> Option<Digest> {
+        let (off, len) = chunk_range(size, chunk_size, chunk)?;
+        let data = &mut buf.bytes_mut()[..len as usize];
+        crate::io::pread_exact(file, data, off).ok()?;
+        Some(self.opts.algo.digest(off, data))
     }
 
     fn identity_of(&self, idx: u32, slot: &Slot) -> Identity {

@@ -24,7 +24,6 @@ use std::collections::HashSet;
 use std::io::{self, BufWriter, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::beneath;
 use crate::hash::Algo;
@@ -228,10 +227,7 @@ impl Source {
     pub fn send(&self, stream: Stream) -> io::Result<()> {
         let mut w = BufWriter::with_capacity(PIECE, stream);
         let mut buf = AlignedBuf::new(PIECE);
-        let idle = || {
-            let _ = self.progress.first_idle_at.set(Instant::now());
-        };
-        while let Some(unit) = self.queue.pop_or_idle(idle) {
+        while let Some(unit) = self.queue.pop_or_idle(|| self.progress.ran_dry()) {
             self.stall
                 .check("bytes", self.progress.bytes.load(Ordering::Relaxed));
             for c in unit.chunks {
