@@ -144,13 +144,20 @@ impl Journal {
         id: &Identity,
         records: &[(u32, Digest)],
     ) -> io::Result<Journal> {
-        let mut tmp = name.to_vec();
-        tmp.extend_from_slice(b".new");
+        let tmp = replacement_name(name);
         let mut journal = Journal::create(dir, &tmp, id)?;
         journal.record_all(records)?;
         journal.sync()?;
         dir.rename_at(&tmp, name)?;
         Ok(journal)
+    }
+
+    /// Removes what a [`replace`](Self::replace) cut short by a crash left
+    /// (its temporary file; the old journal is still in place). A resume
+    /// that keeps the old journal calls this, since no later replace of
+    /// the same name would reuse and rename the file.
+    pub fn remove_unfinished_replace(dir: &Dir, name: &[u8]) -> io::Result<()> {
+        dir.unlink_at(&replacement_name(name))
     }
 
     /// Reads the chunks recorded in `name`, if it exists and matches `id`
@@ -250,6 +257,13 @@ impl SyncGroup {
         self.bytes = 0;
         Some(std::mem::take(&mut self.waiting))
     }
+}
+
+/// Where [`Journal::replace`] writes before renaming over `name`.
+fn replacement_name(name: &[u8]) -> Vec<u8> {
+    let mut tmp = name.to_vec();
+    tmp.extend_from_slice(b".new");
+    tmp
 }
 
 fn temp_name(name: &[u8], suffix: &str) -> Vec<u8> {
@@ -398,6 +412,15 @@ mod tests {
         // Nothing is left under the temporary name.
         let names = dir.read_dir().unwrap();
         assert_eq!(names, vec![jn.clone()], "{names:?}");
+
+        // A crash between writing the replacement and renaming it leaves
+        // both; the old journal still loads, and the leftover goes.
+        Journal::create(&dir, &replacement_name(&jn), &old).unwrap();
+        assert_eq!(dir.read_dir().unwrap().len(), 2);
+        assert!(Journal::load(&dir, &jn, &new).unwrap().is_some());
+        Journal::remove_unfinished_replace(&dir, &jn).unwrap();
+        Journal::remove_unfinished_replace(&dir, &jn).unwrap();
+        assert_eq!(dir.read_dir().unwrap(), vec![jn.clone()]);
     }
 
     #[test]

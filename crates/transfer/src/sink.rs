@@ -901,6 +901,7 @@ impl Sink {
                     *h = true;
                 }
             }
+            Journal::remove_unfinished_replace(parent, &jn)?;
             Journal::reopen(parent, &jn)?
         } else {
             let new = self.opts.chunk_size;
@@ -1223,6 +1224,16 @@ mod tests {
         j.record(2, &Algo::Xxh3.digest(8192, &data[8192..]))
             .unwrap();
         drop((j, part));
+        // An earlier carry-over to another chunk size crashed before its
+        // rename: the resume at the journal's own size removes what it left.
+        let mut leftover = journal_name(b"half");
+        leftover.extend_from_slice(b".new");
+        std::fs::write(
+            base.join("d")
+                .join(String::from_utf8_lossy(&leftover).as_ref()),
+            b"x",
+        )
+        .unwrap();
 
         let entries = vec![
             entry("d", EntryKind::Dir, 0),
@@ -1290,6 +1301,10 @@ mod tests {
             !base.join("d/half").exists(),
             "incomplete file under its final name"
         );
+        assert!(!base
+            .join("d")
+            .join(String::from_utf8_lossy(&leftover).as_ref())
+            .exists());
         assert_eq!(progress.bytes.load(Ordering::Relaxed), 100 + 4096);
         assert!(!sink.is_complete());
     }
