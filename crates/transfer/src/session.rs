@@ -181,6 +181,11 @@ pub enum CopyError {
     /// Anything else that retrying would not fix (exit 1).
     #[error("{0}")]
     Failed(String),
+    /// A pull whose chunk auto-tuning chose got a manifest of more chunks
+    /// than the receiver's bound at that size: the client asks again at
+    /// this one, which fits (never returned from [`run_client`]).
+    #[error("the manifest needs chunks of {} or more; the client asks again", fatpipe_schema::units::format_bytes_iec(u64::from(*.0)))]
+    Rechunk(u32),
 }
 
 /// A way to start sessions with a server (the engine, or loopback in tests).
@@ -241,9 +246,10 @@ pub struct Job {
     /// Chunk size.
     pub chunk_size: u32,
     /// The chunk size is the path's to choose, not given (`--chunk-size
-    /// auto`): a [`Prepare`] sets it from the plan, and a push whose
-    /// manifest would pass [`MAX_SESSION_CHUNKS`] at it doubles it until
-    /// it fits ([`crate::plan::chunk_to_fit`]).
+    /// auto`): a [`Prepare`] sets it from the plan, and a manifest that
+    /// would pass [`MAX_SESSION_CHUNKS`] at it has it doubled until it
+    /// fits ([`fitting_chunk`]): before a push's request, and on a pull by
+    /// asking again once the server's manifest came.
     pub auto_chunk: bool,
     /// Rate cap (bits/s) for the sending side when it is this client.
     pub bwlimit: Option<u64>,
@@ -392,6 +398,15 @@ pub fn run_client_prepared(
                 report.reconnects = attempt;
                 report.elapsed = started.elapsed();
                 return Ok(report);
+            }
+            // Not a failure: nothing was moved at the size that did not fit.
+            Err(CopyError::Rechunk(chunk)) if chunk > job.chunk_size => {
+                on_retry(&format!(
+                    "the server's manifest has more than {MAX_SESSION_CHUNKS} chunks of {}; asking again with {} chunks",
+                    fatpipe_schema::units::format_bytes_iec(u64::from(job.chunk_size)),
+                    fatpipe_schema::units::format_bytes_iec(u64::from(chunk)),
+                ));
+                job.chunk_size = chunk;
             }
             Err(CopyError::Network(why)) if attempt < job.retries => {
                 attempt += 1;
@@ -618,7 +633,7 @@ pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyE
         } => {
             let opts = sink_options(&req);
             let map = move |entries: &[Entry]| map_beneath(&root, dest.as_ref(), into_dir, entries);
-            run_sink(ctrl, data, opts, progress, &map, &grow).map(|r| r.summary)
+            run_sink(ctrl, data, opts, progress, &map, &grow, false).map(|r| r.summary)
         }
     }
 }
@@ -973,6 +988,10 @@ pub struct SinkResult {
 
 /// Takes the manifest, plans, sends the needs, then takes the data
 /// connections and receives until complete, reports `Done`.
+///
+/// `chunk_may_grow`: the receiving client of a pull whose chunk auto-tuning
+/// chose; a manifest past [`MAX_SESSION_CHUNKS`] at `opts.chunk_size` then
+/// ends the session with [`CopyError::Rechunk`] instead of a refusal.
 pub fn run_sink(
     mut ctrl: Stream,
     mut data: DataConns<'_>,
@@ -980,6 +999,7 @@ pub fn run_sink(
     progress: Arc<Progress>,
     map: &MapDest<'_>,
     grow: &Grow<'_>,
+    chunk_may_grow: bool,
 ) -> Result<SinkResult, CopyError> {
     let mut entries = Vec::new();
     let mut notes = Vec::new();
@@ -1013,7 +1033,11 @@ pub fn run_sink(
     }
     // The receiver keeps a flag per chunk of every file: a manifest naming
     // a 2^60-byte file must not make it allocate gigabytes.
-    if let Err(e) = check_session_chunks(&entries, opts.chunk_size) {
+    if let Err(refused) = check_session_chunks(&entries, opts.chunk_size) {
+        let fit = Some(fitting_chunk(&entries, opts.chunk_size))
+            .filter(|&c| chunk_may_grow && c > opts.chunk_size)
+            .filter(|&c| check_session_chunks(&entries, c).is_ok());
+        let e = fit.map_or(refused, CopyError::Rechunk);
         let _ = write_msg(
             &mut ctrl,
             &Msg::Abort {
@@ -1304,6 +1328,19 @@ fn check_session_chunks(entries: &[Entry], chunk_size: u32) -> Result<u64, CopyE
         )));
     }
     Ok(chunks)
+}
+
+/// `chunk`, doubled until the files of `entries` make at most
+/// [`MAX_SESSION_CHUNKS`] chunks, within [`CHUNK_LIMITS`].
+fn fitting_chunk(entries: &[Entry], chunk: u32) -> u32 {
+    let sizes: Vec<u64> = entries
+        .iter()
+        .filter_map(|e| match e.kind {
+            EntryKind::File { size, .. } => Some(size),
+            _ => None,
+        })
+        .collect();
+    crate::plan::chunk_to_fit(&sizes, chunk, MAX_SESSION_CHUNKS, CHUNK_LIMITS.1)
 }
 
 enum ServerPlan {
@@ -1757,16 +1794,7 @@ fn client_session(
     }
     report.marks.prepared.get_or_insert_with(Instant::now);
     if let (true, Direction::Push, Some(m)) = (job.auto_chunk, job.direction, local) {
-        let sizes: Vec<u64> = m
-            .entries
-            .iter()
-            .filter_map(|e| match e.kind {
-                EntryKind::File { size, .. } => Some(size),
-                _ => None,
-            })
-            .collect();
-        job.chunk_size =
-            crate::plan::chunk_to_fit(&sizes, job.chunk_size, MAX_SESSION_CHUNKS, CHUNK_LIMITS.1);
+        job.chunk_size = fitting_chunk(&m.entries, job.chunk_size);
     }
     report.chunk_size = job.chunk_size;
     let job = &*job;
@@ -1953,7 +1981,7 @@ fn client_roles(
                 summary,
                 failures,
                 notes,
-            } = run_sink(ctrl, data, opts, p2, &map, grow)?;
+            } = run_sink(ctrl, data, opts, p2, &map, grow, job.auto_chunk)?;
             report.notes = notes;
             report.files_total = progress
                 .total_files
@@ -2569,6 +2597,51 @@ mod tests {
         assert!(matches!(r, Err(CopyError::Failed(_))), "{r:?}");
         assert_eq!(*calls.lock().unwrap(), 2);
         assert_eq!(*retried.lock().unwrap(), 2);
+    }
+
+    /// A receiving client tracks at most 2^26 chunks: a pull past that at
+    /// the auto-tuned size asks again with chunks that fit, as a push fits
+    /// its own before asking; a given size is refused with one line.
+    #[test]
+    fn an_auto_chunked_pull_past_the_chunk_bound_asks_again_with_larger_chunks() {
+        let exp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(exp.path().join("huge")).unwrap();
+        // 33 TiB in sparse files: past 2^26 chunks of 512 KiB (32 TiB),
+        // within 2^26 of 1 MiB.
+        for name in ["a", "b", "c"] {
+            std::fs::File::create(exp.path().join("huge").join(name))
+                .unwrap()
+                .set_len(11 << 40)
+                .unwrap();
+        }
+        let srv = server(cfg(vec![export("data", exp.path(), true)]));
+        let back = tempfile::tempdir().unwrap();
+        let mut j = job(Direction::Pull, "data", &["huge"]);
+        // Past the manifest's check the destination fails (its parent is
+        // missing), so none of the 33 TiB moves.
+        j.local_dest = back.path().join("missing/huge");
+        j.chunk_size = 512 << 10;
+        let said = Mutex::new(Vec::<String>::new());
+        let on_retry = |m: &str| said.lock().unwrap().push(m.to_string());
+        match run_client(&srv.link, &j, Arc::default(), &on_retry) {
+            Err(CopyError::Failed(m)) => {
+                assert!(m.contains("use larger chunks"), "{m}")
+            }
+            other => panic!("a given chunk size must be refused, got {other:?}"),
+        }
+        assert!(said.lock().unwrap().is_empty());
+
+        j.auto_chunk = true;
+        match run_client(&srv.link, &j, Arc::default(), &on_retry) {
+            Err(CopyError::Usage(m)) => assert!(m.contains("missing"), "{m}"),
+            other => panic!("expected the destination's error, got {other:?}"),
+        }
+        let said = said.lock().unwrap();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].ends_with("asking again with 1 MiB chunks"),
+            "{said:?}"
+        );
     }
 
     #[test]
