@@ -154,8 +154,8 @@ impl Journal {
 
     /// Removes what a [`replace`](Self::replace) cut short by a crash left
     /// (its temporary file; the old journal is still in place). A resume
-    /// that keeps the old journal calls this, since no later replace of
-    /// the same name would reuse and rename the file.
+    /// that keeps the old journal calls this: only another change of the
+    /// chunk size would write that name again and rename it.
     pub fn remove_unfinished_replace(dir: &Dir, name: &[u8]) -> io::Result<()> {
         dir.unlink_at(&replacement_name(name))
     }

@@ -249,7 +249,7 @@ fn lab_ping_rtt_matches_the_setting_at_idle() {
         // forwarder thread woken late held every echo of one run 0.2-1.2 ms
         // past the setting. So the setting is judged by the fastest echo,
         // which a lab that got its delay wrong cannot reach, and the typical
-        // echo only has to stay within 2 % of it.
+        // echo only has to stay within 2 % of the setting.
         let fastest = rtts.iter().copied().fold(f64::INFINITY, f64::min);
         assert!(
             (49.5..=50.5).contains(&fastest),
