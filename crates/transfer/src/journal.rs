@@ -48,6 +48,9 @@ use crate::hash::{Algo, Digest};
 
 const MAGIC: &[u8; 8] = b"FPJRNL01";
 const HEADER_LEN: usize = 36;
+/// Where the header holds the chunk size: a journal is read back whatever
+/// its chunk size, so `load` takes the size from here before it compares.
+const CHUNK_SIZE_AT: std::ops::Range<usize> = 28..32;
 const RECORD_LEN: usize = 41;
 
 /// Most bytes of a file written between two `fdatasync`s under `--sync`:
@@ -176,7 +179,9 @@ impl Journal {
         if bytes.len() < HEADER_LEN {
             return Ok(None);
         }
-        let chunk_size = u32::from_le_bytes([bytes[28], bytes[29], bytes[30], bytes[31]]);
+        let mut field = [0u8; 4];
+        field.copy_from_slice(&bytes[CHUNK_SIZE_AT]);
+        let chunk_size = u32::from_le_bytes(field);
         if !(1..=crate::session::CHUNK_LIMITS.1).contains(&chunk_size)
             || bytes[..HEADER_LEN] != encode_header(&Identity { chunk_size, ..*id })
         {
@@ -260,7 +265,7 @@ impl SyncGroup {
 }
 
 /// Where [`Journal::replace`] writes before renaming over `name`.
-fn replacement_name(name: &[u8]) -> Vec<u8> {
+pub(crate) fn replacement_name(name: &[u8]) -> Vec<u8> {
     let mut tmp = name.to_vec();
     tmp.extend_from_slice(b".new");
     tmp
@@ -288,7 +293,7 @@ fn encode_header(id: &Identity) -> [u8; HEADER_LEN] {
     b[8..16].copy_from_slice(&id.size.to_le_bytes());
     b[16..24].copy_from_slice(&id.mtime_s.to_le_bytes());
     b[24..28].copy_from_slice(&id.mtime_ns.to_le_bytes());
-    b[28..32].copy_from_slice(&id.chunk_size.to_le_bytes());
+    b[CHUNK_SIZE_AT].copy_from_slice(&id.chunk_size.to_le_bytes());
     b[32] = id.algo.code();
     b
 }
@@ -377,7 +382,7 @@ mod tests {
         // (it sizes the buffer the resume reads into).
         for bad in [0u32, (64 << 20) + 1, u32::MAX] {
             let mut b = bytes.clone();
-            b[28..32].copy_from_slice(&bad.to_le_bytes());
+            b[CHUNK_SIZE_AT].copy_from_slice(&bad.to_le_bytes());
             std::fs::write(&path, &b).unwrap();
             assert!(Journal::load(&dir, &jn, &id).unwrap().is_none(), "{bad}");
         }
