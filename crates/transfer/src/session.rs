@@ -2054,6 +2054,7 @@ fn fail(e: io::Error) -> CopyError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::{journal_name, part_name};
     use std::collections::BTreeMap;
     use std::net::{TcpListener, TcpStream};
     use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
@@ -2597,6 +2598,41 @@ mod tests {
         assert!(matches!(r, Err(CopyError::Failed(_))), "{r:?}");
         assert_eq!(*calls.lock().unwrap(), 2);
         assert_eq!(*retried.lock().unwrap(), 2);
+    }
+
+    /// A file that is one chunk at this session's size may still have a
+    /// journal and a part from a run that cut it smaller (an auto-tuned
+    /// chunk follows the path): they go when the file takes its name, on
+    /// both ways a one-chunk file is stored (a small one whole into an
+    /// unnamed file, a larger one through its part).
+    #[test]
+    fn a_one_chunk_file_drops_what_an_earlier_smaller_cut_left() {
+        let src = tempfile::tempdir().unwrap();
+        let exp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(src.path().join("t")).unwrap();
+        std::fs::create_dir(exp.path().join("t")).unwrap();
+        let mut stale = Vec::new();
+        for (name, size) in [("small", 100_000), ("large", 300_000)] {
+            std::fs::write(src.path().join("t").join(name), pseudo_random(size, 3)).unwrap();
+            for temp in [journal_name(name.as_bytes()), part_name(name.as_bytes())] {
+                let p = exp.path().join("t").join(String::from_utf8(temp).unwrap());
+                std::fs::write(&p, b"an earlier run's, at 64 KiB chunks").unwrap();
+                stale.push(p);
+            }
+        }
+        let srv = server(cfg(vec![export("data", exp.path(), false)]));
+        let mut j = job(Direction::Push, "data", &[""]);
+        j.local_sources = vec![src.path().join("t")];
+        j.chunk_size = 512 << 10;
+        let rep = run_client(&srv.link, &j, Arc::default(), &|_| {}).unwrap();
+        assert_eq!(rep.summary.files_verified, 2);
+        assert_eq!(
+            snapshot(&src.path().join("t")),
+            snapshot(&exp.path().join("t"))
+        );
+        for p in stale {
+            assert!(!p.exists(), "{} was left", p.display());
+        }
     }
 
     /// A receiving client tracks at most 2^26 chunks: a pull past that at

@@ -525,6 +525,9 @@ impl Sink {
         if parent.link_fd_at(&file, &name).is_err() {
             return false;
         }
+        // The file is whole under its name; what an earlier run left beside
+        // it is only litter, so failing to remove it fails nothing.
+        let _ = self.drop_leftovers(&parent, &name, slot, true);
         let mut st = lock(&slot.st);
         if st.phase == Phase::Waiting {
             st.phase = Phase::Done;
@@ -1033,14 +1036,19 @@ impl Sink {
         if self.opts.sync {
             parent.sync()?;
         }
-        if slot.chunks > 1 {
-            parent.unlink_at(&journal_name(&name))?;
-        } else if slot.size > u64::from(crate::session::CHUNK_LIMITS.0) {
-            // One chunk now, but an earlier run with smaller chunks may
-            // have left a journal (an auto-tuned chunk follows the path).
-            match parent.unlink_at(&journal_name(&name)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
+        self.drop_leftovers(&parent, &name, slot, false)
+    }
+
+    /// Once `name` holds the whole file, removes its journal, and with
+    /// `part` its temporary file. A file of one chunk now may still have
+    /// both from an earlier run that cut it smaller (an auto-tuned chunk
+    /// follows the path; the user may give another); one no larger than
+    /// the smallest chunk never had either. A missing one is fine.
+    fn drop_leftovers(&self, parent: &Dir, name: &[u8], slot: &Slot, part: bool) -> io::Result<()> {
+        if slot.chunks > 1 || slot.size > u64::from(crate::session::CHUNK_LIMITS.0) {
+            parent.unlink_at(&journal_name(name))?;
+            if part {
+                parent.unlink_at(&part_name(name))?;
             }
         }
         Ok(())
@@ -1226,8 +1234,7 @@ mod tests {
         drop((j, part));
         // An earlier carry-over to another chunk size crashed before its
         // rename: the resume at the journal's own size removes what it left.
-        let mut leftover = journal_name(b"half");
-        leftover.extend_from_slice(b".new");
+        let leftover = crate::journal::replacement_name(&journal_name(b"half"));
         std::fs::write(
             base.join("d")
                 .join(String::from_utf8_lossy(&leftover).as_ref()),
