@@ -1,7 +1,8 @@
 //! `fatpipe server`: one daemon for tests and transfers, many clients at once.
 //!
-//! Binds, prints `listening on IP:PORT` as its first stdout line (scripts
-//! and tests read it; with `--port 0` it is how they learn the port; with
+//! Binds, installs its SIGTERM/SIGINT handler, and only then prints
+//! `listening on IP:PORT` as its first stdout line (scripts and tests read
+//! it as "ready": every port is bound and a signal drains; with `--port 0` it is how they learn the port; with
 //! `--metrics`, `metrics on IP:PORT` follows, then with `--iperf3-port`
 //! `iperf3 listening on IP:PORT`), then serves until SIGTERM or
 //! SIGINT, on which it drains (the engine refuses new sessions, running
@@ -168,6 +169,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(name) = &args.user {
         drop_privileges(name, &args.exports)?;
     }
+    // The handler is in place before the first line: a script or test that
+    // signals the server as soon as it reads that line gets the drain, not
+    // the default death.
+    let stop = server.shutdown_handle();
+    fatpipe_sys::process::on_termination(move |signal| {
+        logger(&format!("{signal}: shutting down"));
+        stop.trigger();
+    })?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
     if let Some((registry, addr)) = &metrics {
@@ -179,11 +188,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     out.flush()?;
     drop(out);
-    let stop = server.shutdown_handle();
-    fatpipe_sys::process::on_termination(move |signal| {
-        logger(&format!("{signal}: shutting down"));
-        stop.trigger();
-    })?;
     if let Some(s) = iperf3 {
         s.spawn()?;
     }
