@@ -2857,9 +2857,17 @@ mod tests {
         });
         let mut c = cfg(exports);
         let srv = server(c.clone());
-        let usage = |j: &Job, link: &TestLink| match run_client(link, j, Arc::default(), &|_| {}) {
-            Err(CopyError::Usage(m)) => m,
-            other => panic!("expected a usage error, got {other:?}"),
+        let usage = |j: &Job, link: &TestLink| {
+            let r = run_client(link, j, Arc::default(), &|_| {});
+            // The harness's clones of the client's connections go with it,
+            // as the client's own did: the server, draining after its
+            // refusal until the client closes, must see the close (kept,
+            // each refusal cost its 3 s drain limit: 30 s for this test).
+            link.opened.lock().unwrap().clear();
+            match r {
+                Err(CopyError::Usage(m)) => m,
+                other => panic!("expected a usage error, got {other:?}"),
+            }
         };
         for dest in ["out/x", "out/", "../x", "/etc/x", "a/../../x"] {
             let mut j = job(Direction::Push, "data", &[dest]);
@@ -3022,7 +3030,7 @@ mod tests {
     #[test]
     fn a_full_disk_fails_that_file_alone_and_a_rerun_completes() {
         if !fatpipe_sys::process::is_root() {
-            eprintln!("skipping: mounting a small tmpfs needs root");
+            crate::skip_test("mounting a small tmpfs needs root");
             return;
         }
         let mnt = tempfile::tempdir().unwrap();
@@ -3032,7 +3040,7 @@ mod tests {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            eprintln!("skipping: cannot mount tmpfs here");
+            crate::skip_test("cannot mount tmpfs here");
             return;
         }
         struct Unmount(String);
