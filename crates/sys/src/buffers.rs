@@ -249,7 +249,7 @@ mod tests {
     fn force_bypasses_host_cap_when_privileged() {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         let Some(cap) = core_cap("rmem_max") else {
-            eprintln!("skipped: rmem_max unreadable");
+            crate::skip_test("rmem_max unreadable");
             return;
         };
         let want = (cap * 2).clamp(4 << 20, MAX_REQUEST);
@@ -287,7 +287,7 @@ mod tests {
         let want = 1 << 20;
         set_recv_buffer(&receiver, want, false).unwrap();
         let Some(hold) = WindowHold::new(&receiver, want) else {
-            eprintln!("skipped: no TCP_WINDOW_CLAMP here");
+            crate::skip_test("no TCP_WINDOW_CLAMP here");
             return;
         };
         let full = hold.window();
@@ -319,7 +319,7 @@ mod tests {
         let want = 512 * 1024;
         set_recv_buffer(&receiver, want, false).unwrap();
         let Some(mut hold) = WindowHold::new(&receiver, want) else {
-            eprintln!("skipped: no TCP_WINDOW_CLAMP here");
+            crate::skip_test("no TCP_WINDOW_CLAMP here");
             return;
         };
         let window = hold.window();
@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(total, 256 * 64 * 1024);
         assert_eq!(clamp, window);
         if widest == 0 {
-            eprintln!("skipped: tcp_info has no snd_wnd here");
+            crate::skip_test("tcp_info has no snd_wnd here");
             return;
         }
         // The window scale rounds the advertised window up by < 2^wscale.

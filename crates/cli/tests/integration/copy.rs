@@ -239,15 +239,15 @@ fn big_file_push_and_pull() {
 }
 
 /// Starts a push of `src` throttled to ~40 MB/s (so a kill lands mid-file)
-/// with `args`, waits until the receiver has journaled chunks and `settle`
-/// more, and kills the client (SIGKILL).
+/// with `args`, waits until the receiver has journaled `records` chunks
+/// (at least 4), and kills the client (SIGKILL).
 fn push_killed_mid_file(
     dir: &Dir,
     srv: &Server,
     src: &Path,
     exp: &Path,
     args: &[&str],
-    settle: Duration,
+    records: u64,
 ) {
     let mut c = srv.copy(dir);
     c.args(["-r", "-q", "--bwlimit", "320M"])
@@ -257,10 +257,9 @@ fn push_killed_mid_file(
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let mut child = c.spawn().unwrap();
-    wait_for(Duration::from_secs(20), "a journal", || {
-        journal_has_records(&exp.join("src"))
+    wait_for(Duration::from_secs(20), "journaled chunks", || {
+        util::journal_records(&exp.join("src")) >= records.max(4)
     });
-    std::thread::sleep(settle);
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 }
@@ -290,7 +289,7 @@ fn resume_after_sigkill_of_the_client() {
     let exp = mkdir(&dir.path().join("export"));
     let srv = server(&dir, &[export("data", &exp)]);
     let args = ["--chunk-size", "1M"];
-    push_killed_mid_file(&dir, &srv, &src, &exp, &args, Duration::ZERO);
+    push_killed_mid_file(&dir, &srv, &src, &exp, &args, 4);
     assert!(
         !exp.join("src/f.bin").exists(),
         "a partial file is under its final name"
@@ -314,9 +313,9 @@ fn resume_keeps_verified_data_when_the_chunk_size_changes() {
     random_file(&src.join("f.bin"), 96 << 20, 13);
     let exp = mkdir(&dir.path().join("export"));
     let srv = server(&dir, &[export("data", &exp)]);
-    // Half a second more: several 2 MiB runs of 512 KiB chunks.
+    // 40 chunks of 512 KiB (20 MiB): several whole 2 MiB runs of them.
     let args = ["--chunk-size", "512K"];
-    push_killed_mid_file(&dir, &srv, &src, &exp, &args, Duration::from_millis(500));
+    push_killed_mid_file(&dir, &srv, &src, &exp, &args, 40);
     let j = rerun_push(&dir, &srv, &src, &exp, &["--chunk-size", "2M"]);
     assert_eq!(j["chunk_size"].as_u64(), Some(2 << 20));
     let moved = j["bytes_transferred"].as_u64().unwrap();
@@ -337,7 +336,7 @@ fn synced_copy_journals_flushed_groups_and_resumes_after_sigkill() {
     let exp = mkdir(&dir.path().join("export"));
     let srv = server(&dir, &[export("data", &exp)]);
     let args = ["--sync", "--chunk-size", "1M"];
-    push_killed_mid_file(&dir, &srv, &src, &exp, &args, Duration::ZERO);
+    push_killed_mid_file(&dir, &srv, &src, &exp, &args, 4);
     let moved = rerun_push(&dir, &srv, &src, &exp, &args)["bytes_transferred"]
         .as_u64()
         .unwrap();

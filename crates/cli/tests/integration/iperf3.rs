@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use fatpipe_schema::test::{Direction, TestReport};
 use serde_json::Value;
 
-use crate::util::{assert_exit, run, setup, Dir, Guard};
+use crate::util::{self, assert_exit, run, setup, wait_for, Dir, Guard};
 
 /// A TCP and UDP port nothing listens on right now.
 fn free_port() -> u16 {
@@ -56,14 +56,9 @@ impl StockServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn iperf3 -s (apt-get install iperf3)");
-        let start = Instant::now();
-        while !listening(port) {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "iperf3 -s did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for(Duration::from_secs(5), "iperf3 -s to listen", || {
+            listening(port)
+        });
         StockServer { child, port }
     }
 
@@ -143,11 +138,9 @@ fn iperf3_server_is_recognised_within_a_second_and_named() {
         .spawn()
         .expect("spawn iperf3 -s");
     let _srv = Guard(child);
-    let start = Instant::now();
-    while !listening(port) {
-        assert!(start.elapsed() < Duration::from_secs(5));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for(Duration::from_secs(5), "iperf3 -s to listen", || {
+        listening(port)
+    });
     for extra in [&[][..], &["--no-auto"]] {
         let t0 = Instant::now();
         let out = run(dir
@@ -494,10 +487,18 @@ fn iperf3_sessions_past_the_limit_are_told_busy() {
         v["error"].as_str().unwrap_or_default().contains("busy"),
         "{v}"
     );
-    // The stalled session ends at the timeout; the next client is served.
+    // The stalled session ends when its holder goes; the next client is
+    // served (the server may take a moment to see the close: a busy reply
+    // until then).
     drop(hold);
-    std::thread::sleep(Duration::from_millis(200));
-    let out = run(&mut stock_client(port, &["-t", "1"]));
+    let mut out = None;
+    util::within(Duration::from_secs(5), || {
+        let o = run(&mut stock_client(port, &["-t", "1"]));
+        let served = o.status.success();
+        out = Some(o);
+        served
+    });
+    let out = out.expect("ran the client");
     assert_exit(&out, 0);
     assert!(bytes(&client_json(&out), "sum_received") > 0);
 }
@@ -570,13 +571,14 @@ fn lab_iperf3_client_agrees_with_stock_iperf3_on_one_server() {
     let b = lab.addr(End::B).to_string();
     let srv = lab
         .command(End::B, "iperf3")
-        .args(["-s", "-B", &b, "-p", "5201"])
-        .stdout(Stdio::null())
+        .args(["-s", "-B", &b, "-p", "5201", "--forceflush"])
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("iperf3 -s in the lab");
-    let _srv = Guard(srv);
-    std::thread::sleep(Duration::from_millis(500));
+    let mut srv = Guard(srv);
+    let mut lines = util::Lines::read(srv.0.stdout.take().expect("iperf3 stdout"));
+    lines.wait_for(Duration::from_secs(10), "Server listening");
     for dir_args in [&[][..], &["-R"]] {
         let mut fp = lab.command(End::A, crate::util::bin());
         fp.args([
@@ -622,7 +624,7 @@ fn lab_iperf3_client_agrees_with_stock_iperf3_on_one_server() {
             ours / 1e6
         );
     }
-    drop(_srv);
+    drop(srv);
     drop(lab);
 }
 
@@ -716,14 +718,9 @@ fn iperf3_auth_fatpipe_client_against_a_stock_server() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn iperf3 -s");
-        let start = Instant::now();
-        while !listening(port) {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "iperf3 -s did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for(Duration::from_secs(5), "iperf3 -s to listen", || {
+            listening(port)
+        });
         (Guard(child), port)
     };
     let test = |port: u16, password: &str| {

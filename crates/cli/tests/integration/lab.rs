@@ -8,7 +8,7 @@
 
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::util::{self, assert_exit, Guard};
 
@@ -108,17 +108,6 @@ fn assert_gone(name: &str, pids: &[u32]) {
     );
 }
 
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    f()
-}
-
 /// Round-trip times in ms reported by `ping`.
 /// `ping` runs at real-time priority like the forwarder, so the test
 /// measures the link and not how long a busy CI machine takes to schedule
@@ -149,27 +138,30 @@ fn iperf3_json(lab: &LabGuard, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["iperf3", "-c", &b];
     all.extend_from_slice(args);
     all.push("-J");
-    // The server may take a moment to listen. iperf3 3.12 exits 0 even when
-    // it could not connect, so the JSON's "error" decides.
-    let mut last = serde_json::Value::Null;
-    for _ in 0..30 {
-        let out = util::run(&mut lab.exec("a", &all));
-        last = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-        if out.status.success() && last.get("error").is_none() && last.get("end").is_some() {
-            return last;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("iperf3 client never ran: {last}");
+    // The server listens ([`iperf3_server`] waited for it). iperf3 3.12
+    // exits 0 even when it could not connect, so the JSON's "error" decides.
+    let out = util::run(&mut lab.exec("a", &all));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(
+        out.status.success() && v.get("error").is_none() && v.get("end").is_some(),
+        "iperf3 client failed: {v}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    v
 }
 
+/// A stock `iperf3 -s -1` in end b, returned once it says it listens
+/// (`--forceflush`: its lines reach the pipe as printed).
 fn iperf3_server(lab: &LabGuard, port: &str) -> Guard {
-    Guard(
-        lab.exec("b", &["iperf3", "-s", "-1", "-p", port])
-            .stdout(Stdio::null())
+    let mut g = Guard(
+        lab.exec("b", &["iperf3", "-s", "-1", "--forceflush", "-p", port])
+            .stdout(Stdio::piped())
             .spawn()
             .expect("spawn iperf3 -s"),
-    )
+    );
+    let mut lines = util::Lines::read(g.0.stdout.take().expect("iperf3 stdout"));
+    lines.wait_for(Duration::from_secs(10), "Server listening");
+    g
 }
 
 #[test]
@@ -190,7 +182,7 @@ fn lab_without_root_says_so_and_exits_2() {
     // Another test thread forking while the copy was open for writing
     // keeps it busy for a moment (ETXTBSY, exit 126): try again.
     let mut out = None;
-    for _ in 0..50 {
+    util::within(Duration::from_secs(5), || {
         let o = util::run(
             Command::new("setpriv")
                 .args([
@@ -203,12 +195,10 @@ fn lab_without_root_says_so_and_exits_2() {
                 .args(["lab", "up", "it-noroot", "--rtt", "10ms"])
                 .current_dir("/"),
         );
-        if o.status.code() != Some(126) {
-            out = Some(o);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        let ran = o.status.code() != Some(126);
+        out = Some(o);
+        ran
+    });
     let out = out.expect("setpriv could run the copied binary");
     assert_exit(&out, 2);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -395,7 +385,7 @@ fn lab_down_leaves_no_namespace_device_or_process() {
         .expect("spawn sleep");
     let sleeper = inside.id();
     let fwd = lab.forwarder_pid();
-    assert!(wait_until(Duration::from_secs(5), || {
+    assert!(util::within(Duration::from_secs(5), || {
         let pids = util::run(Command::new("ip").args(["netns", "pids", "fp-it-down-a"]));
         String::from_utf8_lossy(&pids.stdout).contains(&sleeper.to_string())
     }));
@@ -424,7 +414,7 @@ fn lab_removes_itself_when_its_owner_is_killed() {
     owner.kill().expect("kill owner");
     let _ = owner.wait();
     assert!(
-        wait_until(Duration::from_secs(10), || !netns_exists("it-owner")
+        util::within(Duration::from_secs(10), || !netns_exists("it-owner")
             && !alive(fwd)),
         "lab outlived its owner"
     );
@@ -444,7 +434,7 @@ fn lab_recovers_from_a_killed_forwarder() {
             .status
             .success()
     );
-    assert!(wait_until(Duration::from_secs(5), || !alive(fwd)));
+    assert!(util::within(Duration::from_secs(5), || !alive(fwd)));
     let list = fatpipe(&["lab", "list"]);
     assert!(
         String::from_utf8_lossy(&list.stdout)

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use fatpipe_lab::{End, LinkSpec};
 
-use crate::util::{
-    self, assert_exit, assert_same_tree, journal_has_records, json, mkdir, random_file, wait_for,
-};
+use crate::util::{self, assert_exit, assert_same_tree, json, mkdir, random_file, wait_for};
 
 /// Lowest goodput (Gbit/s, after the probe) accepted for the ~200 MiB tree,
 /// slow start and small files included; the link's ceiling is ~0.94.
@@ -127,11 +125,11 @@ fn lab_copy_push_pull_and_resume_over_a_long_fat_link() {
         .stderr(Stdio::null());
     // `ip netns exec` execs the client, so this is the client's PID.
     let mut child = first.spawn().expect("spawn copy");
-    wait_for(Duration::from_secs(20), "a journal", || {
-        journal_has_records(&exp.join("big"))
+    // Killed once 24 chunks (12-48 MiB) have landed: well before the end
+    // (512 MiB, ~4.5 s).
+    wait_for(Duration::from_secs(20), "journaled chunks", || {
+        util::journal_records(&exp.join("big")) >= 24
     });
-    // Let some more chunks land, then kill it well before the end (~4.5 s).
-    std::thread::sleep(Duration::from_millis(500));
     child.kill().expect("SIGKILL the client");
     let status = child.wait().expect("reap the client");
     assert!(

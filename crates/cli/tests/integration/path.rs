@@ -122,7 +122,7 @@ fn reverse_loopback_probe_has_the_server_send_the_trains() {
 #[test]
 fn ipv6_loopback_probe() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        eprintln!("skipping ipv6_loopback_probe: this host has no IPv6 loopback");
+        crate::util::skip("ipv6_loopback_probe: this host has no IPv6 loopback");
         return;
     }
     let dir = setup();

@@ -343,30 +343,45 @@ fn hostile_control_connections_do_not_hurt_a_session() {
 #[test]
 fn vanished_client_does_not_hurt_the_server() {
     let dir = setup();
-    let (_srv, port) = server(&dir, &[]);
-    let mut doomed = test_cmd(&dir, port, &["-t", "30", "-P", "4"])
-        .stdout(Stdio::null())
+    let (mut srv, port, mut log) = logged_server(&dir, &[]);
+    let mut doomed = test_cmd(&dir, port, &["-t", "30", "-P", "4", "--no-auto"])
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    // Killed only once its session runs and data flows (its first interval
+    // line), so the server really has a session and four streams to lose.
+    log.wait_for(Duration::from_secs(10), "test session started");
+    let mut lines = crate::util::Lines::read(doomed.stdout.take().unwrap());
+    lines.wait_for(Duration::from_secs(10), "bit/s");
     doomed.kill().unwrap();
     doomed.wait().unwrap();
+    // The server notices the loss, ends that session, and serves on.
+    log.wait_for(Duration::from_secs(10), "test session");
+    assert!(srv.0.try_wait().unwrap().is_none(), "the server died");
     let r = json_test(&dir, port, &["-t", "0.5", "-R"]);
     assert!(r.end.sums[0].bytes > 1_000_000);
+}
+
+/// [`server`] without `--quiet`: its log lines too, to wait on.
+fn logged_server(dir: &Dir, extra: &[&str]) -> (Guard, u16, crate::util::Lines) {
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
+        .args(extra);
+    crate::util::spawn_server_logged(cmd)
 }
 
 #[test]
 fn a_full_server_says_busy_and_keeps_its_session() {
     let dir = setup();
-    let (_srv, port) = server(&dir, &["--max-sessions", "1"]);
+    let (_srv, port, mut log) = logged_server(&dir, &["--max-sessions", "1"]);
     // Without auto-tuning each test is one session (no probe session).
     let first = test_cmd(&dir, port, &["-t", "1.5", "--json", "--no-auto"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    log.wait_for(Duration::from_secs(10), "test session started");
     let out = run(&mut test_cmd(&dir, port, &["-t", "0.3", "--no-auto"]));
     assert_exit(&out, 1);
     let err = String::from_utf8_lossy(&out.stderr);

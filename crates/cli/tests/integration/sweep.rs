@@ -560,12 +560,15 @@ fn lab_sweep_runs_a_small_study_end_to_end() {
         .collect();
     assert_eq!(rates, [50_000_000, 100_000_000].into_iter().collect());
     // The sweep removed its labs.
-    std::thread::sleep(Duration::from_millis(200));
-    let left: Vec<String> = lab_names(&d)
-        .into_iter()
-        .filter(|n| n.starts_with("sw") && !before.contains(n))
-        .collect();
-    assert!(left.is_empty(), "labs left behind: {left:?}");
+    let mut left: Vec<String> = Vec::new();
+    let gone = util::within(Duration::from_secs(5), || {
+        left = lab_names(&d)
+            .into_iter()
+            .filter(|n| n.starts_with("sw") && !before.contains(n))
+            .collect();
+        left.is_empty()
+    });
+    assert!(gone, "labs left behind: {left:?}");
 }
 
 /// The names of the labs that are up.

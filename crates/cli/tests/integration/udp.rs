@@ -367,15 +367,39 @@ fn gso_through_lab(lab: &fatpipe_lab::Lab, v6: bool, gro: bool, sends: u32) -> V
             let sent = fatpipe_sys::udp::send_gso(&tx, &buf, size).expect("GSO send");
             assert_eq!(sent.datagrams, GSO_PER_SEND as usize);
             assert_eq!(sent.path, fatpipe_sys::IoPath::Gso);
+            // Paced at one send a millisecond: the behaviour under test is
+            // a steady GSO sender, not a burst the socket buffers drop.
             let due = start + Duration::from_millis(u64::from(send) + 1);
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
         }
     });
     sender.join().expect("sender");
-    let got = receiver.join().expect("receiver");
-    // The forwarder publishes its counters every 10 ms (20 ms when idle).
-    std::thread::sleep(Duration::from_millis(50));
-    got
+    receiver.join().expect("receiver")
+}
+
+/// The lab's a-to-b counters once they account for the `n` datagrams the
+/// receiver got since `before` (the forwarder publishes them every 10 ms,
+/// 20 ms when idle, so they may trail the datagrams by that much).
+fn stats_covering(
+    lab: &fatpipe_lab::Lab,
+    before: &fatpipe_lab::DirStats,
+    n: u64,
+) -> fatpipe_lab::DirStats {
+    let mut after = None;
+    let covered = util::within(Duration::from_secs(2), || {
+        let s = lab.stats().expect("stats").a_to_b;
+        let delivered = s.link.delivered - before.link.delivered;
+        let corrupted = s.link.corrupted - before.link.corrupted;
+        let done = delivered - corrupted >= n;
+        after = Some(s);
+        done
+    });
+    let after = after.expect("read the stats");
+    assert!(
+        covered,
+        "the lab's counters never covered {n} datagrams: {after:?}"
+    );
+    after
 }
 
 /// Checks every received datagram against what was sent (length and
@@ -436,8 +460,8 @@ fn lab_udp_gso_crosses_whole_and_every_datagram_arrives_exact() {
     for (v6, gro) in [(false, false), (true, true)] {
         let before = lab.stats().expect("stats").a_to_b;
         let got = gso_through_lab(&lab, v6, gro, SENDS);
-        let after = lab.stats().expect("stats").a_to_b;
         assert_eq!(check_gso_datagrams(&got, v6, SENDS), expected, "v6 {v6}");
+        let after = stats_covering(&lab, &before, expected as u64);
         let frames = after.frames_in - before.frames_in;
         eprintln!(
             "lab_udp_gso: v6 {v6} gro {gro}: {expected} datagrams in {frames} frames (UDP GSO {})",
@@ -458,8 +482,8 @@ fn lab_udp_gso_crosses_whole_and_every_datagram_arrives_exact() {
     for (v6, gro) in [(false, true), (true, false)] {
         let before = lab.stats().expect("stats").a_to_b;
         let got = gso_through_lab(&lab, v6, gro, SENDS);
-        let after = lab.stats().expect("stats").a_to_b;
         let n = check_gso_datagrams(&got, v6, SENDS) as u64;
+        let after = stats_covering(&lab, &before, n);
         let delivered = after.link.delivered - before.link.delivered;
         let corrupted = after.link.corrupted - before.link.corrupted;
         let split = after.split_frames - before.split_frames;

@@ -49,9 +49,74 @@ pub fn setup() -> Dir {
     }
 }
 
-/// Runs a command and returns its output, whatever its exit status.
+/// How long one command of a test may run before [`run`] kills it: far
+/// above any command's need (the longest, a lab copy, takes ~25 s), below
+/// nextest's per-test limit, so a hung command fails with its own name and
+/// output rather than the test's.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(90);
+
+/// Runs a command and returns its output, whatever its exit status; a
+/// command still running after [`COMMAND_DEADLINE`] is killed (by PID) and
+/// the test fails with the command line and what it printed.
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("spawn fatpipe")
+    run_within(cmd, COMMAND_DEADLINE)
+}
+
+/// [`run`] with a deadline of its own.
+pub fn run_within(cmd: &mut Command, deadline: Duration) -> Output {
+    use std::sync::mpsc;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let pid = child.id();
+    // Each pipe is read on a thread of its own (a full pipe would block
+    // the child), and the exit is awaited on a third, so this thread can
+    // wait for all of it with a deadline.
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(deadline) {
+        Ok(status) => status.expect("wait for the command"),
+        Err(_) => {
+            fatpipe_sys::process::kill(pid, fatpipe_sys::process::Signal::Kill);
+            let _ = rx.recv();
+            panic!(
+                "{cmd:?} was still running after {deadline:?} and was killed\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                String::from_utf8_lossy(&out.join().unwrap_or_default()),
+                String::from_utf8_lossy(&err.join().unwrap_or_default())
+            );
+        }
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }
 
 /// Asserts that a command exited with `code`, printing stdout/stderr if not.
@@ -80,7 +145,13 @@ impl Drop for Guard {
 /// Spawns a `fatpipe server` command and reads its port from its first
 /// stdout line, `listening on IP:PORT`. The server is ended when the guard drops.
 pub fn spawn_server(mut cmd: Command) -> (Guard, u16) {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    cmd.stderr(Stdio::null());
+    spawn_server_with(cmd)
+}
+
+/// [`spawn_server`] with stderr as the caller set it.
+fn spawn_server_with(mut cmd: Command) -> (Guard, u16) {
+    cmd.stdout(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn fatpipe server");
     let stdout = child.stdout.take().expect("server stdout");
     let guard = Guard(child);
@@ -95,6 +166,73 @@ pub fn spawn_server(mut cmd: Command) -> (Guard, u16) {
         .and_then(|(_, p)| p.parse().ok())
         .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
     (guard, port)
+}
+
+/// A process's output, line by line, read on a thread of its own, so a
+/// test can wait for a line (a server's "session started") with a deadline
+/// instead of sleeping for it.
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    /// Reads `r` until it closes.
+    pub fn read(r: impl Read + Send + 'static) -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next line containing `pat`, waiting up to `limit` (panics with
+    /// every line seen so far if none comes).
+    pub fn wait_for(&mut self, limit: Duration, pat: &str) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(pat) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no line with {pat:?} within {limit:?} ({e}); seen:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+}
+
+/// [`spawn_server`] for a server that logs (no `--quiet`): its stderr
+/// lines too, to wait on.
+pub fn spawn_server_logged(mut cmd: Command) -> (Guard, u16, Lines) {
+    cmd.stderr(Stdio::piped());
+    let (mut guard, port) = spawn_server_with(cmd);
+    let err = guard.0.stderr.take().expect("server stderr");
+    (guard, port, Lines::read(err))
+}
+
+/// Waits up to `limit` for process `pid` (a child of this test) to exit,
+/// on its pidfd: true if it did.
+pub fn exits_within(pid: u32, limit: Duration) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(fatpipe_sys::process::wait_for_exit(pid));
+    });
+    matches!(rx.recv_timeout(limit), Ok(Ok(())))
 }
 
 /// A lab `name` (taken down first if a crashed run left it) that goes down
@@ -150,6 +288,16 @@ pub fn need_root(test: &str) -> bool {
     }
     eprintln!("skipping {test}: needs root for network namespaces and TUN devices");
     false
+}
+
+/// A test that cannot run on this host says why and returns (the caller
+/// returns after this); in CI (CI=true) it fails instead, since CI installs
+/// everything the tests need and must run them all.
+pub fn skip(why: &str) {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("cannot run here, and CI must: {why}");
+    }
+    eprintln!("skipping: {why}");
 }
 
 /// Creates `p` and its parents; returns it.
@@ -251,24 +399,46 @@ pub fn json(out: &Output) -> serde_json::Value {
 }
 
 /// Waits until `cond` holds (or panics after `limit`).
-pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(limit: Duration, what: &str, cond: impl FnMut() -> bool) {
+    assert!(within(limit, cond), "timed out waiting for {what}");
+}
+
+/// True once `cond` holds, false if it still does not after `limit`.
+/// Where no event announces a state (a file's size, a listening port, a
+/// process gone), this is how a test waits for it: a check every 10 ms
+/// with a deadline. It is the suite's one poll; every other wait is on a
+/// line, a channel or a pidfd.
+pub fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        // The poll interval of a condition with a deadline (see above).
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 /// True once some chunks of an in-flight file are journaled under `dir`.
 pub fn journal_has_records(dir: &Path) -> bool {
+    journal_records(dir) > 3
+}
+
+/// The most chunk records any journal directly under `dir` holds (the
+/// journal: a 36-byte header, then 41 bytes per verified chunk).
+pub fn journal_records(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
-        .any(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.ends_with(".journal") && e.metadata().map(|m| m.len() > 36 + 41 * 3).unwrap_or(false)
-        })
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".journal"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len().saturating_sub(36) / 41)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Files under their final names in `dest` (and their bytes): what a
