@@ -20,8 +20,15 @@
 # here with fonts-dejavu-core) and inspects the screenshot; without it the
 # test skips outside CI and fails in CI.
 #
+# Everything is compiled once, in the `ci` profile (Cargo.toml: release's
+# optimisation without LTO), and run by cargo-nextest (installed here),
+# which gives every test a timeout (.config/nextest.toml) and names a hung
+# test when it kills it. Each stage's wall time and the slowest tests are
+# printed at the end.
+#
 # Environment:
 #   FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips fuzzing)
+#   FUZZ_JOBS     fuzz targets run at once (default: the number of cores)
 #   FATPIPE_TEST_POSTGRES  postgres:// URL of a server to test the archive
 #                 against instead of starting one
 #   PG_TEST_PORT  port of the private PostgreSQL (default 54329)
@@ -29,8 +36,43 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 FEATURES=(--features fatpipe/test-hooks)
+PROFILE=(--cargo-profile ci)
 
 say() { printf '\n==> %s\n' "$*"; }
+
+# Stage timing: `stage NAME` closes the previous stage and opens NAME; the
+# table is printed on exit, whatever the outcome.
+stage_names=()
+stage_secs=()
+stage_t0=$SECONDS
+stage_name=""
+stage() {
+  if [ -n "$stage_name" ]; then
+    stage_names+=("$stage_name")
+    stage_secs+=($((SECONDS - stage_t0)))
+  fi
+  stage_name=$1
+  stage_t0=$SECONDS
+  [ -z "$1" ] || say "$1"
+}
+stage_table() {
+  stage ""
+  printf '\n==> wall time by stage\n'
+  local i
+  for i in "${!stage_names[@]}"; do
+    printf '  %5ds  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"
+  done
+  printf '  %5ds  total\n' "$SECONDS"
+}
+on_exit=(stage_table)
+run_on_exit() {
+  local rc=$? f
+  for f in "${on_exit[@]}"; do $f || true; done
+  exit $rc
+}
+trap run_on_exit EXIT
+
+stage "installing what the tests need"
 
 # --- what the tests need -----------------------------------------------------
 APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core)
@@ -59,13 +101,28 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# cargo-nextest runs the tests (per-test timeouts, the slowest-tests report);
+# cargo-fuzz runs the fuzz targets. Both come from crates.io, built once
+# into ~/.cargo/bin.
+command -v cargo-nextest >/dev/null 2>&1 || {
+  say "installing cargo-nextest"
+  cargo install cargo-nextest --locked -q
+}
+if [ "${FUZZ_SECONDS:-20}" != 0 ] && rustup toolchain list 2>/dev/null | grep -q nightly; then
+  command -v cargo-fuzz >/dev/null 2>&1 || {
+    say "installing cargo-fuzz"
+    cargo install cargo-fuzz --locked -q
+  }
+fi
+
 # --- archive: a private PostgreSQL for the archive tests (begin) ----------------
 # Started before the cargo steps, stopped (pg_ctl stop, by its PID file) and
 # its directory removed on exit, whatever the outcome.
 if [ -z "${FATPIPE_TEST_POSTGRES:-}" ]; then
   if [ "$(id -u)" = 0 ]; then
     pg_test_dir=$(mktemp -d /tmp/fatpipe-pg.XXXXXX)
-    trap 'scripts/pg-test-server.sh stop "$pg_test_dir"' EXIT
+    stop_pg() { scripts/pg-test-server.sh stop "$pg_test_dir"; }
+    on_exit=(stop_pg "${on_exit[@]}")
     say "starting a private PostgreSQL on 127.0.0.1:${PG_TEST_PORT:-54329}"
     FATPIPE_TEST_POSTGRES=$(scripts/pg-test-server.sh start "$pg_test_dir" "${PG_TEST_PORT:-54329}")
     export FATPIPE_TEST_POSTGRES
@@ -76,39 +133,54 @@ fi
 # --- archive (end) ---------------------------------------------------------------
 
 # --- static checks -------------------------------------------------------------
-say "cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
 
-say "cargo clippy -D warnings (without and with the test hooks)"
+# Two passes, since the hooks are code of their own (cfg'd in and out); the
+# second re-checks only the crates the feature touches (transfer and up).
+stage "cargo clippy -D warnings (without and with the test hooks)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 
 # --- tests ----------------------------------------------------------------------
+# One nextest run builds and runs every unit and integration test of the
+# workspace. Tests whose name contains `lab_` (time and throughput through
+# an emulated link) and the server flood test each run alone: nextest's
+# config gives them every test thread, so no heavy loopback test shares the
+# 2 cores with them.
+stage "build the tests (ci profile, with the test hooks)"
+cargo nextest run --workspace --locked "${PROFILE[@]}" "${FEATURES[@]}" --profile ci --no-run
 
-say "cargo test (unit and integration; lab and flood tests apart)"
-# Tests whose name contains `lab_` measure time and throughput through an
-# emulated link. On 2 cores they must not share the CPU with the heavy
-# loopback tests, so they run afterwards, one at a time. The server flood
-# test (`flood::`) opens thousands of connections a second for seconds: it
-# runs alone too, since beside it other tests' start-up waits (a stock
-# iperf3 server coming up) ran out.
-cargo test --workspace --release --locked "${FEATURES[@]}" -- --skip lab_ --skip flood::
+stage "run the unit, integration and lab tests (cargo nextest)"
+junit=target/nextest/ci/junit.xml
+slowest() {
+  [ -f "$junit" ] || return 0
+  printf '\n==> the ten slowest tests\n'
+  # One line per <testcase ...>: its time, binary (classname) and name.
+  grep -o '<testcase [^>]*>' "$junit" | while IFS= read -r tc; do
+    t=${tc##* time=\"}; t=${t%%\"*}
+    n=${tc##* name=\"}; n=${n%%\"*}
+    c=${tc##* classname=\"}; c=${c%%\"*}
+    printf '%s %s %s\n' "$t" "$c" "$n"
+  done | sort -rn | head -n 10 | awk '{ printf "  %7.1fs  %s %s\n", $1, $2, $3 }'
+}
+on_exit=(slowest "${on_exit[@]}")
+cargo nextest run --workspace --locked "${PROFILE[@]}" "${FEATURES[@]}" --profile ci
 
-say "cargo test: the flood test, alone"
-cargo test --release --locked -p fatpipe --test integration "${FEATURES[@]}" -- flood:: --test-threads=1
+stage "doc tests"
+cargo test --doc --workspace --locked --profile ci "${FEATURES[@]}"
 
-say "cargo test: lab tests, one at a time"
-cargo test --workspace --release --locked "${FEATURES[@]}" -- lab_ --test-threads=1
-
-say "release build ignores the test hooks"
-# Built without the feature, as `cargo build --release` builds it: a copy
-# given every FATPIPE_TEST_* variable behaves as without them, and the
-# corruption hook's name is not even in the binary. (This leaves the
-# hook-free binary in target/release, as a release build would.)
-cargo test --release --locked -p fatpipe --test integration -- test_hooks_are_ignored
-cargo build --release --locked
-if grep -aq FATPIPE_TEST_CORRUPT_CHUNK target/release/fatpipe; then
-  echo "error: target/release/fatpipe knows FATPIPE_TEST_CORRUPT_CHUNK: the test-hooks feature leaked into a release build" >&2
+stage "a build without the test hooks ignores them"
+# Built without the feature, as `cargo build --release` builds it (the
+# feature, not the profile, decides what is compiled in): a copy given
+# every FATPIPE_TEST_* variable behaves as without them, and the corruption
+# hook's name is not even in the binary.
+# (nextest's default profile: its own timeouts, and it leaves the main
+# run's JUnit report, which the slowest-tests table reads, in place.)
+cargo nextest run --locked "${PROFILE[@]}" -p fatpipe --test integration \
+  -E 'test(test_hooks_are_ignored)'
+if grep -aq FATPIPE_TEST_CORRUPT_CHUNK target/ci/fatpipe; then
+  echo "error: target/ci/fatpipe knows FATPIPE_TEST_CORRUPT_CHUNK: the test-hooks feature leaked into a build without it" >&2
   exit 1
 fi
 
@@ -118,14 +190,31 @@ if [ -d fuzz ] && [ "$FUZZ_SECONDS" != 0 ]; then
   if ! rustup toolchain list 2>/dev/null | grep -q nightly; then
     echo "note: fuzzing skipped: no nightly toolchain (cargo fuzz needs one)"
   else
-    command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked -q
-    for target in $(cargo +nightly fuzz list); do
-      say "fuzz $target for ${FUZZ_SECONDS}s"
-      # -a: debug assertions and overflow checks on (cargo fuzz builds
-      # release without them by default): wire arithmetic must not overflow.
-      cargo +nightly fuzz run "$target" -a -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3
-    done
+    # -a: debug assertions and overflow checks on (cargo fuzz builds
+    # release without them by default): wire arithmetic must not overflow.
+    # Every target is built in one invocation, then they run FUZZ_JOBS at
+    # a time, each for FUZZ_SECONDS.
+    stage "fuzz: build every target"
+    cargo +nightly fuzz build -a
+    stage "fuzz: every target for ${FUZZ_SECONDS}s, $(nproc) at a time"
+    fuzz_log=$(mktemp -d)
+    cargo +nightly fuzz list >"$fuzz_log/targets"
+    fuzz_one() {
+      if cargo +nightly fuzz run "$1" -a -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 \
+        >"$fuzz_log/$1" 2>&1; then
+        printf '  fuzz %-18s ok   %s\n' "$1" "$(grep -E '^(#[0-9]+|Done)' "$fuzz_log/$1" | tail -n 1)"
+      else
+        printf '  fuzz %-18s FAILED\n' "$1"
+        tail -n 40 "$fuzz_log/$1"
+        return 1
+      fi
+    }
+    export -f fuzz_one
+    export FUZZ_SECONDS fuzz_log
+    xargs -P "${FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'fuzz_one {}' <"$fuzz_log/targets"
+    rm -rf "$fuzz_log"
   fi
 fi
 
+stage ""
 say "all checks passed"
