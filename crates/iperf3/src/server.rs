@@ -69,6 +69,9 @@ pub const SERVICE: &str = "iperf3";
 const GRACE: Duration = Duration::from_secs(40);
 /// How often a running test looks at the server's shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+/// How long a test ended by shutdown waits for its client to read
+/// `SERVER_TERMINATE` and close.
+const TERMINATE_WAIT: Duration = Duration::from_secs(2);
 
 /// How the server runs.
 #[derive(Clone)]
@@ -637,6 +640,19 @@ fn run(
         if session.shutdown().is_set() {
             reported.report(session, streams);
             let _ = ctrl.send_state(State::ServerTerminate);
+            // The client reads the state, then closes: until it has, its
+            // streams stay open here (a stream reset first would be all it
+            // reported).
+            let until = Instant::now() + TERMINATE_WAIT;
+            while Instant::now() < until
+                && ctrl
+                    .read(
+                        Expect::State,
+                        until.saturating_duration_since(Instant::now()),
+                        "waiting for the client to go",
+                    )
+                    .is_ok()
+            {}
             return Err(Refusal::new(TERMINATED, "the server is shutting down"));
         }
         if now >= watchdog {
