@@ -138,7 +138,7 @@ impl Conn {
         self.seq
     }
 
-    /// When it was accepted.
+    /// When it was accepted (when its thread began, just after `accept`).
     pub fn accepted(&self) -> Instant {
         self.accepted
     }
@@ -148,8 +148,9 @@ impl Conn {
         self.gate.preauth_timeout
     }
 
-    /// By when the whole handshake must be read: accept plus the pre-auth
-    /// timeout. Every read before admission is bounded by it.
+    /// By when the whole handshake must be read: [`accepted`](Self::accepted)
+    /// plus the pre-auth timeout. Every read before admission is bounded
+    /// by it.
     pub fn deadline(&self) -> Instant {
         self.accepted + self.gate.preauth_timeout
     }
@@ -669,19 +670,25 @@ pub(crate) fn accept_loop(gate: &Arc<Gate>, listening: &Listening) {
             gate.summarise(port.label, Event::HandshakeCap, peer.ip());
             continue;
         };
-        let conn = Conn {
-            gate: Arc::clone(gate),
-            port: Arc::clone(port),
-            handshake,
-            peer,
-            seq,
-            accepted: Instant::now(),
-        };
-        let front = Arc::clone(front);
+        let (gate, port, front) = (Arc::clone(gate), Arc::clone(port), Arc::clone(front));
+        let name = format!("{} {peer}", port.name);
         let spawned = std::thread::Builder::new()
-            .name(format!("{} {peer}", port.name))
+            .name(name)
             .stack_size(CONN_STACK)
-            .spawn(move || front.serve(tcp, conn));
+            .spawn(move || {
+                // The deadline runs from when the connection's thread can
+                // read, as it always has: on a loaded host a thread may
+                // start late, and that is not the peer's time.
+                let conn = Conn {
+                    gate,
+                    port,
+                    handshake,
+                    peer,
+                    seq,
+                    accepted: Instant::now(),
+                };
+                front.serve(tcp, conn)
+            });
         // On failure the closure, with the slot in it, is dropped.
         let _ = spawned;
     }
