@@ -1016,3 +1016,52 @@ fn iperf3_client_text_is_logged_escaped() {
         );
     }
 }
+
+#[test]
+fn timeouts_and_garbage_on_the_iperf3_and_metrics_ports_are_summarised() {
+    let dir = setup();
+    let (mut srv, port, maddr, stderr) = server_with_metrics(&dir, &["--preauth-timeout", "1s"]);
+    let stderr = stderr.expect("the server's stderr");
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        text
+    });
+    let addr = ("127.0.0.1", port);
+    // Silent connections on both ports, and half a cookie then a close
+    // on the iperf3 port, several of each.
+    let mut silent: Vec<TcpStream> = (0..6)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    silent.extend((0..6).map(|_| TcpStream::connect(maddr.as_str()).expect("connect")));
+    for _ in 0..6 {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.write_all(&[b'g'; 20]).expect("write");
+    }
+    // The server closes the silent ones at its pre-auth deadline.
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    // A real client is served meanwhile; then SIGTERM writes the summaries.
+    let out = run(&mut stock_client(port, &["-t", "1"]));
+    assert_exit(&out, 0);
+    assert!(fatpipe_sys::process::kill(
+        srv.0.id(),
+        fatpipe_sys::process::Signal::Term
+    ));
+    let _ = srv.0.wait();
+    let text = log.join().expect("the log");
+    for want in [
+        "6 pre-auth timeouts on the iperf3 port from 127.0.0.1",
+        "6 failed handshakes on the iperf3 port from 127.0.0.1",
+        "6 pre-auth timeouts on the metrics port from 127.0.0.1",
+    ] {
+        assert!(text.contains(want), "no {want:?} in the log:\n{text}");
+    }
+    // Summaries, not a line per connection: the real session's line and a
+    // handful of others.
+    assert!(text.lines().count() <= 12, "{text}");
+}
