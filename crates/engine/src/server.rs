@@ -426,13 +426,6 @@ impl ServerBuilder {
         self
     }
 
-    /// The handshake caps of the fatpipe protocol's port
-    /// (`--max-handshakes`, `--max-handshakes-per-source`), which other
-    /// front ends may take as theirs.
-    pub fn handshake_caps(&self) -> PortCaps {
-        PortCaps::new(self.max_handshakes, self.limits.handshakes)
-    }
-
     /// Binds the fatpipe protocol's listening socket; the other front
     /// ends' are bound already.
     pub fn bind(self, addr: SocketAddr) -> Result<Server> {

@@ -165,10 +165,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         addrs.push(format!("iperf3 listening on {}", port.local_addr()));
         // The iperf3 port takes the protocol port's handshake flags, held
         // to its own ceiling.
-        let caps = builder.handshake_caps();
         let caps = fatpipe_engine::PortCaps::new(
-            caps.handshakes.min(fatpipe_iperf3::server::MAX_HANDSHAKES),
-            caps.handshakes_per_source
+            args.max_handshakes
+                .min(fatpipe_iperf3::server::MAX_HANDSHAKES),
+            args.max_handshakes_per_source
                 .min(fatpipe_iperf3::server::MAX_HANDSHAKES_PER_SOURCE),
         );
         builder = builder.front_end(listener, Arc::new(port), caps);

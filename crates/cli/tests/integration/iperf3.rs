@@ -1065,3 +1065,43 @@ fn timeouts_and_garbage_on_the_iperf3_and_metrics_ports_are_summarised() {
     // handful of others.
     assert!(text.lines().count() <= 12, "{text}");
 }
+
+#[test]
+fn the_iperf3_port_takes_the_handshake_flags() {
+    let dir = setup();
+    let (_srv, port, _maddr, _) = server_with_metrics(
+        &dir,
+        &[
+            "--quiet",
+            "--max-handshakes-per-source",
+            "2",
+            "--preauth-timeout",
+            "20s",
+        ],
+    );
+    let addr = ("127.0.0.1", port);
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    // Past the cap a connection is closed unread, long before the
+    // pre-auth deadline (once the server has accepted the two above).
+    let closed_at_once = || {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut b = [0u8; 1];
+        matches!(c.read(&mut b), Ok(0))
+    };
+    crate::util::wait_for(
+        Duration::from_secs(10),
+        "a third connection closed unread",
+        closed_at_once,
+    );
+    // Their slots come back when they leave; then a client is served.
+    drop(silent);
+    crate::util::wait_for(Duration::from_secs(10), "the slots back", || {
+        !closed_at_once()
+    });
+    let out = run(&mut stock_client(port, &["-t", "1"]));
+    assert_exit(&out, 0);
+}
