@@ -40,7 +40,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fatpipe_engine::logsum::Event;
-use fatpipe_engine::{escape, Conn, Flow, FrontEnd, Outcome, Session};
+use fatpipe_engine::{escape, Conn, Flow, FrontEnd, Outcome, Session, TestSummary};
 use fatpipe_schema::test::{Direction, Protocol};
 use fatpipe_schema::units;
 use socket2::{Domain, Socket, Type};
@@ -714,6 +714,7 @@ fn run(
         Protocol::Tcp
     };
     let mut ours = our_results(protocol, Direction::Down, congestion, streams, &totals);
+    report_result(session, streams, &ours, seconds);
     let summary = summary(protocol, p, &ours, seconds);
     if p.get_server_output {
         ours.server_output_text = Some(output_text(sampler, &summary));
@@ -756,6 +757,34 @@ impl Moved {
         r.bytes(Flow::Sent, down.saturating_sub(self.sent));
         self.received = self.received.max(up);
         self.sent = self.sent.max(down);
+    }
+}
+
+/// What this end saw of the finished test, per direction with streams,
+/// for the observer's last-test gauges of the peer.
+fn report_result(session: &Session, streams: &[Stream], ours: &Results, seconds: f64) {
+    for (direction, flow) in [
+        (Direction::Up, Flow::Received),
+        (Direction::Down, Flow::Sent),
+    ] {
+        let ids: Vec<u32> = streams
+            .iter()
+            .filter(|s| s.direction == direction)
+            .map(|s| s.id)
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mine = || ours.streams.iter().filter(|r| ids.contains(&r.id));
+        let bytes: u64 = mine().map(|r| r.bytes).sum();
+        // Retransmits are known where this end sent.
+        let retransmits = (flow == Flow::Sent).then(|| mine().filter_map(|r| r.retransmits).sum());
+        session.report().test_result(&TestSummary {
+            flow,
+            bytes_per_second: bytes as f64 / seconds.max(1e-9),
+            retransmits,
+            rtt: None,
+        });
     }
 }
 

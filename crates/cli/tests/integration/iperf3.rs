@@ -883,6 +883,19 @@ fn iperf3_streams_count_against_max_streams_and_sessions_show_in_metrics() {
         series(&text, IP3_OK) == 2.0 && series(&text, IP3_ACTIVE) == 0.0
     });
     assert_eq!(series(&text, IP3_STREAMS), 0.0, "{text}");
+    let last = text
+        .lines()
+        .find(|l| {
+            l.starts_with("fatpipe_peer_last_test_throughput_bytes_per_second{service=\"iperf3\"")
+                && l.contains("direction=\"received\"")
+        })
+        .unwrap_or_else(|| panic!("no last-test gauge for the iperf3 peer:\n{text}"));
+    let rate: f64 = last
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(rate > 0.0, "{last}");
     within(
         "received in /metrics vs the clients' reports",
         series(&text, IP3_RECEIVED) as u64,
