@@ -18,13 +18,14 @@
 //! the shared state is a session counter and the cookie table.
 //!
 //! Shutting down ([`Shutdown::trigger`], which `fatpipe server` calls on
-//! SIGTERM or SIGINT) is a drain of every port, not a cut: the accept loops go on so that
-//! running sessions still get their data connections, but every new session
-//! is refused with "the server is shutting down"; services see the flag
-//! (the test and probe services end their sessions at once and tell the
-//! client why); sessions still running after the drain time get a `Close`
-//! with that reason and their control connection shut; then
-//! [`Server::run`] returns.
+//! SIGTERM or SIGINT) is a drain of every port, not a cut: the accept
+//! loops go on so that running sessions still get their data connections,
+//! but every new session is refused with "the server is shutting down";
+//! services see the flag (the test and probe services end their sessions
+//! at once and tell the client why); sessions still running after the
+//! drain time get a `Close` with that reason and their control connection
+//! shut (a front end's, its `Session::on_abort`); then [`Server::run`]
+//! returns.
 //!
 //! # What a peer can make it spend
 //!
@@ -44,10 +45,9 @@
 //! carries its slot inside its [`Stream`], so whichever thread the service
 //! hands it to, the slot is freed when the last clone closes. The session
 //! and stream caps are the server's, shared with every other front end.
-//! Timeouts, failed
-//! handshakes and refusals at a cap are logged as rate-limited summaries
-//! ([`crate::logsum`]), never a line each. docs/security.md lists every
-//! bound with its value and flag.
+//! Timeouts, failed handshakes and refusals at a cap are logged as
+//! rate-limited summaries ([`crate::logsum`]), never a line each.
+//! docs/security.md lists every bound with its value and flag.
 //!
 //! Whoever watches the server (the Prometheus metrics) hears of sessions,
 //! refusals and failed authentication through an [`Observer`]; services
