@@ -34,7 +34,7 @@
 //!   returns.
 //!
 //! The gate's accounting (slots, refusals, the drain's list) is plain
-//! state behind locks and counters, so its tests in [`tests`] need no
+//! state behind locks and counters, so its tests need no
 //! socket.
 
 use std::collections::HashMap;
