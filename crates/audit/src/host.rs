@@ -174,9 +174,27 @@ impl Host {
         self.sysctl(key).and_then(|s| parse_triple(&s, key))
     }
 
+    /// The congestion controls a socket of this host may select: every
+    /// loaded one (`tcp_available_congestion_control`) for a `privileged`
+    /// process, else `tcp_allowed_congestion_control`. The kernel's check
+    /// for a name outside the allowed list is `CAP_NET_ADMIN`, not uid 0,
+    /// so `privileged` is [`is_privileged`] (root, or the capability alone,
+    /// as contrib/systemd's server unit runs). `fatpipe_tune::host` is
+    /// the one answer built on it that the planner and adjusters share.
+    pub fn congestion(&self, privileged: bool) -> Probe<Vec<String>> {
+        let key = if privileged {
+            "net.ipv4.tcp_available_congestion_control"
+        } else {
+            "net.ipv4.tcp_allowed_congestion_control"
+        };
+        self.sysctl(key)
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+    }
+
     /// The planner's limits for this end. `privileged` is the caller's to
     /// say (the engine knows its capabilities); it also widens the
-    /// congestion controls from the allowed to every available one.
+    /// congestion controls from the allowed to every available one
+    /// ([`Host::congestion`]).
     pub fn limits(&self, privileged: bool) -> Result<HostLimits, String> {
         fn need<T>(p: Probe<T>) -> Result<T, String> {
             match p {
@@ -184,20 +202,12 @@ impl Host {
                 Probe::Unknown(r) => Err(r),
             }
         }
-        let cc_key = if privileged {
-            "net.ipv4.tcp_available_congestion_control"
-        } else {
-            "net.ipv4.tcp_allowed_congestion_control"
-        };
         Ok(HostLimits {
             rmem_max: need(self.sysctl_u64("net.core.rmem_max"))?,
             wmem_max: need(self.sysctl_u64("net.core.wmem_max"))?,
             tcp_rmem: need(self.sysctl_triple("net.ipv4.tcp_rmem"))?,
             tcp_wmem: need(self.sysctl_triple("net.ipv4.tcp_wmem"))?,
-            congestion: need(self.sysctl(cc_key))?
-                .split_whitespace()
-                .map(str::to_string)
-                .collect(),
+            congestion: need(self.congestion(privileged))?,
             privileged,
         })
     }

@@ -49,6 +49,17 @@
 //! session, refusal and failed authentication: the interface the
 //! Prometheus metrics of `fatpipe-metrics` implement ([`observe`]).
 //!
+//! # Front ends: every port of the server
+//!
+//! The fatpipe protocol is one [`FrontEnd`] of the server; the iperf3 port
+//! (`fatpipe-iperf3`), the metrics port (`fatpipe-metrics`) and any other
+//! listener are others, registered with [`ServerBuilder::front_end`]. The
+//! accept framework in [`front`] gives all of them the same pre-auth
+//! deadline, handshake caps per port and per source, the server's session
+//! and stream caps, the observer, the escaped log with its summaries, and
+//! one drain on shutdown; a front end only speaks its protocol over the
+//! connection it is handed.
+//!
 //! The system calls behind it (socket options, the open-file limit that
 //! [`raise_fd_limit`] raises) are `fatpipe-sys`'s, the one crate allowed
 //! raw system calls.
@@ -56,6 +67,7 @@
 pub mod client;
 pub mod control;
 pub mod error;
+pub mod front;
 pub mod logsum;
 pub mod observe;
 pub mod server;
@@ -63,7 +75,9 @@ pub mod server;
 pub use client::{connect, connect_with, ClientOptions, ClientSession};
 pub use control::Control;
 pub use error::{EngineError, Result};
+pub use fatpipe_proto::escape;
 pub use fatpipe_secure::{Encryption, Stream};
+pub use front::{Conn, FrontEnd, PortCaps, Refused, Session, StreamSlots};
 pub use observe::{Flow, Observer, Outcome, Refusal, Report, Streams, TestSummary};
 pub use server::{
     DataConn, Logger, Server, ServerBuilder, ServerSession, Service, ServiceResult, Shutdown,

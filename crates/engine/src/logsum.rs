@@ -8,9 +8,12 @@
 //! caller passes `now`), so the tests drive it on a virtual clock; the
 //! server feeds it events and polls it from its watchdog thread.
 //!
+//! Every port of the server feeds the one summariser; an event on a port
+//! other than the fatpipe protocol's names it ("on the iperf3 port").
+//!
 //! Its memory is bounded: at most [`MAX_ADDRESSES`] distinct addresses are
-//! counted by name per kind and window; more only add to a count of other
-//! addresses.
+//! counted by name per kind, port and window; more only add to a count of
+//! other addresses.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -60,7 +63,8 @@ impl Event {
 pub struct Summariser {
     window: Duration,
     start: Option<Instant>,
-    kinds: HashMap<Event, Kind>,
+    /// By kind and port (`""`: the fatpipe protocol's).
+    kinds: HashMap<(Event, &'static str), Kind>,
 }
 
 #[derive(Debug, Default)]
@@ -90,9 +94,21 @@ impl Summariser {
     /// Counts one event from `addr`; returns the lines of a window that
     /// ended before `now`, if one did.
     pub fn record(&mut self, now: Instant, event: Event, addr: IpAddr) -> Vec<String> {
+        self.record_on(now, "", event, addr)
+    }
+
+    /// As [`record`](Self::record), for an event on the port named `port`
+    /// (`""` for the fatpipe protocol's, whose lines name no port).
+    pub fn record_on(
+        &mut self,
+        now: Instant,
+        port: &'static str,
+        event: Event,
+        addr: IpAddr,
+    ) -> Vec<String> {
         let lines = self.poll(now);
         self.start.get_or_insert(now);
-        let kind = self.kinds.entry(event).or_default();
+        let kind = self.kinds.entry((event, port)).or_default();
         kind.total = kind.total.saturating_add(1);
         if let Some(n) = kind.by_addr.get_mut(&addr) {
             *n = n.saturating_add(1);
@@ -125,12 +141,12 @@ impl Summariser {
         kinds.sort_by_key(|(e, _)| *e);
         kinds
             .into_iter()
-            .map(|(event, kind)| line(span, event, &kind))
+            .map(|((event, port), kind)| line(span, event, port, &kind))
             .collect()
     }
 }
 
-fn line(window: Duration, event: Event, kind: &Kind) -> String {
+fn line(window: Duration, event: Event, port: &str, kind: &Kind) -> String {
     let mut s = format!(
         "last {} s: {} {}",
         // Whole seconds, rounded up: a partial window at shutdown is not "0 s".
@@ -138,6 +154,9 @@ fn line(window: Duration, event: Event, kind: &Kind) -> String {
         thousands(kind.total),
         event.noun()
     );
+    if !port.is_empty() {
+        let _ = write!(s, " on the {port} port");
+    }
     // The address with the most events, ties to the lowest for stable text.
     if let Some((addr, _)) = kind
         .by_addr
@@ -245,7 +264,10 @@ mod tests {
             s.record(t0, Event::HandshakeCap, IpAddr::from(i.to_be_bytes()));
         }
         s.record(t0, Event::HandshakeCap, ip("0.0.0.7"));
-        assert_eq!(s.kinds[&Event::HandshakeCap].by_addr.len(), MAX_ADDRESSES);
+        assert_eq!(
+            s.kinds[&(Event::HandshakeCap, "")].by_addr.len(),
+            MAX_ADDRESSES
+        );
         assert_eq!(
             s.flush(t0 + Duration::from_secs(10)),
             [format!(
@@ -266,6 +288,23 @@ mod tests {
             ["last 3 s: 1 sessions ended for not starting from 127.0.0.2"]
         );
         assert!(s.flush(t0 + Duration::from_secs(3)).is_empty());
+    }
+
+    #[test]
+    fn events_on_another_port_are_counted_apart_and_name_it() {
+        let t0 = Instant::now();
+        let mut s = Summariser::new(Duration::from_secs(10));
+        s.record(t0, Event::PreauthTimeout, ip("127.0.0.2"));
+        s.record_on(t0, "iperf3", Event::PreauthTimeout, ip("127.0.0.2"));
+        s.record_on(t0, "iperf3", Event::PreauthTimeout, ip("127.0.0.3"));
+        assert_eq!(
+            s.flush(t0 + Duration::from_secs(10)),
+            [
+                "last 10 s: 1 pre-auth timeouts from 127.0.0.2",
+                "last 10 s: 2 pre-auth timeouts on the iperf3 port from 127.0.0.2 \
+                 (and 1 other address)",
+            ]
+        );
     }
 
     #[test]

@@ -1,4 +1,12 @@
-//! The server: accept loop, handshakes, and dispatch to registered services.
+//! The server: the fatpipe protocol's front end (handshakes, dispatch to
+//! registered services, data connections routed by cookie) and the
+//! [`Server`] that runs it beside the other front ends.
+//!
+//! Every port, this one included, is a [`FrontEnd`] behind the accept
+//! framework of [`crate::front`], which owns the caps, the observer's
+//! session counts, the log and the drain; this module is what is
+//! particular to the fatpipe protocol. [`ServerBuilder::front_end`] adds
+//! another port (iperf3, metrics, HTTP) to the same server.
 //!
 //! One thread per connection, blocking I/O. A connection's first frame says
 //! what it is: a control connection runs the handshake (under the pre-auth
@@ -10,13 +18,14 @@
 //! the shared state is a session counter and the cookie table.
 //!
 //! Shutting down ([`Shutdown::trigger`], which `fatpipe server` calls on
-//! SIGTERM or SIGINT) is a drain, not a cut: the accept loop goes on so that
-//! running sessions still get their data connections, but every new session
-//! is refused with "the server is shutting down"; services see the flag
-//! (the test and probe services end their sessions at once and tell the
-//! client why); sessions still running after the drain time get a `Close`
-//! with that reason and their control connection shut; then
-//! [`Server::run`] returns.
+//! SIGTERM or SIGINT) is a drain of every port, not a cut: the accept
+//! loops go on so that running sessions still get their data connections,
+//! but every new session is refused with "the server is shutting down";
+//! services see the flag (the test and probe services end their sessions
+//! at once and tell the client why); sessions still running after the
+//! drain time get a `Close` with that reason and their control connection
+//! shut (a front end's, its `Session::on_abort`); then [`Server::run`]
+//! returns.
 //!
 //! # What a peer can make it spend
 //!
@@ -34,10 +43,11 @@
 //! `start_timeout`) is ended by the watchdog thread. Data connections
 //! attached at once are capped over all sessions (`max_streams`): each
 //! carries its slot inside its [`Stream`], so whichever thread the service
-//! hands it to, the slot is freed when the last clone closes. Timeouts, failed
-//! handshakes and refusals at a cap are logged as rate-limited summaries
-//! ([`crate::logsum`]), never a line each. docs/security.md lists every
-//! bound with its value and flag.
+//! hands it to, the slot is freed when the last clone closes. The session
+//! and stream caps are the server's, shared with every other front end.
+//! Timeouts, failed handshakes and refusals at a cap are logged as
+//! rate-limited summaries ([`crate::logsum`]), never a line each.
+//! docs/security.md lists every bound with its value and flag.
 //!
 //! Whoever watches the server (the Prometheus metrics) hears of sessions,
 //! refusals and failed authentication through an [`Observer`]; services
@@ -47,7 +57,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,7 +68,10 @@ use fatpipe_secure::{Encryption, Stream};
 
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
-use crate::logsum::{Event, Summariser};
+use crate::front::{
+    accept_loop, watchdog, Conn, FrontEnd, Gate, GateCaps, Listening, Port, PortCaps, SHUTTING_DOWN,
+};
+use crate::logsum::Event;
 use crate::observe::{NoObserver, Observer, Outcome, Refusal, Report};
 
 /// What a service returns; any error type will do, it is logged.
@@ -213,7 +226,8 @@ impl ServerSession {
 #[derive(Debug, Clone, Default)]
 pub struct Shutdown {
     flag: Arc<AtomicBool>,
-    wake: Arc<Mutex<Option<SocketAddr>>>,
+    /// Every port's address, to wake its blocking accept.
+    wake: Arc<Mutex<Vec<SocketAddr>>>,
 }
 
 impl Shutdown {
@@ -225,8 +239,13 @@ impl Shutdown {
     /// Asks the server to stop accepting and its services to finish.
     pub fn trigger(&self) {
         self.flag.store(true, Ordering::Relaxed);
-        // Wake the blocking accept with a connection of our own.
-        if let Some(addr) = *lock(&self.wake) {
+        self.wake_all();
+    }
+
+    /// Wakes every port's blocking accept with a connection of our own.
+    pub(crate) fn wake_all(&self) {
+        let addrs = lock(&self.wake).clone();
+        for addr in addrs {
             let _ = TcpStream::connect_timeout(&wake_addr(addr), Duration::from_secs(1));
         }
     }
@@ -248,6 +267,7 @@ pub struct ServerBuilder {
     logger: Logger,
     observer: Arc<dyn Observer>,
     drain_timeout: Duration,
+    fronts: Vec<(TcpListener, Arc<dyn FrontEnd>, PortCaps)>,
 }
 
 /// Caps per source address (IPv4 address, or IPv6 /64).
@@ -288,15 +308,11 @@ pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Half Rust's default: services keep large buffers on the heap, and a
 /// thousand idle threads reserve 1 GiB of address space, not of memory.
 pub const CONN_STACK: usize = 1 << 20;
-/// How often the watchdog ends overdue sessions and writes log summaries.
-const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 /// The port a server listens on, and clients dial, unless told otherwise:
 /// one port for every service (sessions name theirs when they open).
 pub const DEFAULT_PORT: u16 = 5301;
 /// How long a shutting-down server lets running sessions end by themselves.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long sessions aborted at the end of the drain get to unwind.
-const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 impl Default for ServerBuilder {
     fn default() -> Self {
@@ -315,6 +331,7 @@ impl Default for ServerBuilder {
             logger: Arc::new(|_| {}),
             observer: Arc::new(NoObserver),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            fronts: Vec::new(),
         }
     }
 }
@@ -395,7 +412,22 @@ impl ServerBuilder {
         self
     }
 
-    /// Binds the listening socket.
+    /// Serves another front end on `listener` (bound by the caller, who
+    /// knows what else the port needs, e.g. iperf3's UDP socket): its
+    /// connections meet `caps` before admission and the server's session
+    /// and stream caps, observer, log and drain after.
+    pub fn front_end(
+        mut self,
+        listener: TcpListener,
+        front: Arc<dyn FrontEnd>,
+        caps: PortCaps,
+    ) -> Self {
+        self.fronts.push((listener, front, caps));
+        self
+    }
+
+    /// Binds the fatpipe protocol's listening socket; the other front
+    /// ends' are bound already.
     pub fn bind(self, addr: SocketAddr) -> Result<Server> {
         let listener =
             TcpListener::bind(addr).map_err(|e| EngineError::io(format!("bind {addr}"), e))?;
@@ -403,7 +435,7 @@ impl ServerBuilder {
             .local_addr()
             .map_err(|e| EngineError::io("read bound address", e))?;
         let shutdown = Shutdown::default();
-        *lock(&shutdown.wake) = Some(local);
+        lock(&shutdown.wake).push(local);
         let services = self
             .services
             .into_iter()
@@ -419,78 +451,104 @@ impl ServerBuilder {
             .map(|s| s.name().to_string())
             .collect();
         keyless_services.sort();
-        Ok(Server {
-            listener,
-            local,
-            shared: Arc::new(Shared {
-                tls,
-                services,
-                config: ServerConfig {
-                    key: self.key,
-                    preauth_timeout: self.preauth_timeout,
-                    keyless_services,
-                },
+        let gate = Arc::new(Gate::new(
+            GateCaps {
                 max_sessions: self.max_sessions,
+                sessions_per_source: self.limits.sessions,
                 max_streams: self.max_streams,
-                streams: Arc::new(AtomicUsize::new(0)),
-                max_handshakes: self.max_handshakes,
-                limits: self.limits,
-                start_timeout: self.start_timeout,
-                sessions: AtomicUsize::new(0),
-                handshakes: AtomicUsize::new(0),
-                sources: Mutex::new(HashMap::new()),
-                summary: Mutex::new(Summariser::default()),
-                cookies: Mutex::new(HashMap::new()),
-                shutdown,
-                logger: self.logger,
-                observer: self.observer,
+                preauth_timeout: self.preauth_timeout,
                 drain_timeout: self.drain_timeout,
-                live: Mutex::new(HashMap::new()),
-                drained: AtomicBool::new(false),
-            }),
+            },
+            shutdown,
+            self.logger,
+            self.observer,
+        ));
+        let protocol = Arc::new(Protocol {
+            gate: Arc::clone(&gate),
+            tls,
+            services,
+            config: ServerConfig {
+                key: self.key,
+                preauth_timeout: self.preauth_timeout,
+                keyless_services,
+            },
+            start_timeout: self.start_timeout,
+            cookies: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+        });
+        let mut ports = vec![Listening {
+            listener,
+            port: Arc::new(Port::new(
+                PROTOCOL,
+                "",
+                PortCaps::new(self.max_handshakes, self.limits.handshakes),
+            )),
+            front: protocol.clone(),
+        }];
+        for (listener, front, caps) in self.fronts {
+            let bound = listener
+                .local_addr()
+                .map_err(|e| EngineError::io("read a front end's bound address", e))?;
+            lock(&gate.shutdown.wake).push(bound);
+            let name = front.name();
+            ports.push(Listening {
+                listener,
+                port: Arc::new(Port::new(name, name, caps)),
+                front,
+            });
+        }
+        Ok(Server {
+            local,
+            gate,
+            protocol,
+            ports,
         })
     }
 }
 
+/// The fatpipe protocol's name as a front end (its threads are `fatpipe
+/// ADDR`; its summary lines name no port).
+const PROTOCOL: &str = "fatpipe";
+
 /// A bound server; [`run`](Server::run) serves until shutdown.
 pub struct Server {
-    listener: TcpListener,
     local: SocketAddr,
-    shared: Arc<Shared>,
+    gate: Arc<Gate>,
+    protocol: Arc<Protocol>,
+    /// The fatpipe protocol's port first, then the other front ends'.
+    ports: Vec<Listening>,
 }
 
-struct Shared {
+/// The fatpipe protocol as a front end: the handshake, services by name,
+/// cookies routing data connections to their sessions, and the deadline
+/// for a session to start.
+struct Protocol {
+    gate: Arc<Gate>,
     /// The TLS identity of the key, for clients that `--encrypt`.
     tls: Option<ServerTls>,
     services: HashMap<&'static str, Arc<dyn Service>>,
     config: ServerConfig,
-    max_sessions: usize,
-    max_streams: usize,
-    /// Data connections attached and not yet dropped (each holds a
-    /// [`StreamSlot`] in its stream), at most `max_streams`.
-    streams: Arc<AtomicUsize>,
-    max_handshakes: usize,
-    limits: SourceLimits,
     start_timeout: Duration,
-    sessions: AtomicUsize,
-    handshakes: AtomicUsize,
-    /// Handshakes and sessions per source; an entry lives while either is
-    /// non-zero, so there are at most `max_handshakes + max_sessions`.
-    sources: Mutex<HashMap<IpAddr, PerSource>>,
-    /// Events logged as summaries, not a line each.
-    summary: Mutex<Summariser>,
     /// Each session's data queue, and whether the session is encrypted
     /// (its data connections must be too).
     cookies: Mutex<HashMap<Cookie, Route>>,
-    shutdown: Shutdown,
-    logger: Logger,
-    observer: Arc<dyn Observer>,
-    drain_timeout: Duration,
-    /// Every running session, to end it if it does not start in time or
-    /// is still running at the end of a drain (at most `max_sessions`).
+    /// Every running session, to end it if it does not start in time
+    /// (at most `max_sessions`).
     live: Mutex<HashMap<Cookie, Live>>,
-    /// Set by the drain once every session ended or was aborted.
-    drained: AtomicBool,
+}
+
+impl FrontEnd for Protocol {
+    fn name(&self) -> &'static str {
+        PROTOCOL
+    }
+
+    fn serve(&self, tcp: TcpStream, conn: Conn) {
+        handle_conn(self, conn, tcp);
+    }
+
+    fn tick(&self, now: Instant) {
+        end_overdue(self, now);
+    }
 }
 
 /// Where a session's data connections go: its queue, whether the session
@@ -506,13 +564,7 @@ struct Route {
 /// Data connections a session may have waiting before more are refused.
 const DATA_BACKLOG: usize = 4096;
 
-#[derive(Debug, Default, Clone, Copy)]
-struct PerSource {
-    handshakes: usize,
-    sessions: usize,
-}
-
-/// A running session as the watchdog and the drain see it.
+/// A running session as the start watchdog sees it.
 struct Live {
     control: Control,
     peer: SocketAddr,
@@ -530,97 +582,79 @@ impl Server {
         ServerBuilder::default()
     }
 
-    /// The bound address (the real port when bound to port 0).
+    /// The bound address of the fatpipe protocol (the real port when
+    /// bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
 
+    /// Every front end's name and bound address, the fatpipe protocol's
+    /// first.
+    pub fn front_ends(&self) -> Vec<(&'static str, SocketAddr)> {
+        self.ports
+            .iter()
+            .filter_map(|l| Some((l.port.name, l.listener.local_addr().ok()?)))
+            .collect()
+    }
+
     /// A handle that stops [`run`](Server::run) from another thread.
     pub fn shutdown_handle(&self) -> Shutdown {
-        self.shared.shutdown.clone()
+        self.gate.shutdown.clone()
     }
 
     /// The names of the registered services, sorted.
     pub fn services(&self) -> Vec<&'static str> {
-        let mut names: Vec<_> = self.shared.services.keys().copied().collect();
+        let mut names: Vec<_> = self.protocol.services.keys().copied().collect();
         names.sort_unstable();
         names
     }
 
-    /// Sessions running right now.
+    /// Sessions running right now, on every port.
     pub fn active_sessions(&self) -> usize {
-        self.shared.sessions.load(Ordering::Relaxed)
+        self.gate.running()
     }
 
-    /// Accepts connections until shutdown, one thread each; after
-    /// [`Shutdown::trigger`], drains (see the module docs) and returns.
+    /// Accepts connections on every port until shutdown, one thread each
+    /// (the fatpipe protocol's on the calling thread, each other port's
+    /// accept loop on one of its own); after [`Shutdown::trigger`], drains
+    /// every port (see the module docs) and returns.
     pub fn run(&self) -> Result<()> {
         let stop = Arc::new(AtomicBool::new(false));
-        let _stop_watchdog = StopOnDrop(Arc::clone(&stop), Arc::clone(&self.shared));
+        let _stop_watchdog = StopOnDrop(Arc::clone(&stop), Arc::clone(&self.gate));
         {
-            let shared = Arc::clone(&self.shared);
+            let gate = Arc::clone(&self.gate);
             let stop = Arc::clone(&stop);
+            let fronts: Vec<Arc<dyn FrontEnd>> =
+                self.ports.iter().map(|l| Arc::clone(&l.front)).collect();
             std::thread::Builder::new()
                 .name("watchdog".into())
-                .spawn(move || watchdog(&shared, &stop))
+                .spawn(move || watchdog(&gate, &fronts, &stop))
                 .map_err(|e| EngineError::io("start the watchdog thread", e))?;
         }
-        let mut draining = false;
-        loop {
-            let accepted = self.listener.accept();
-            if self.shared.shutdown.is_set() {
-                if self.shared.drained.load(Ordering::Acquire) {
-                    return Ok(());
-                }
-                if !draining {
-                    draining = true;
-                    let shared = Arc::clone(&self.shared);
-                    let spawned = std::thread::Builder::new()
-                        .name("drain".into())
-                        .spawn(move || drain(&shared));
-                    if spawned.is_err() {
-                        // No thread for the drain: stop without one.
-                        return Ok(());
-                    }
-                }
-            }
-            let (stream, peer) = match accepted {
-                Ok(x) => x,
-                // Out of descriptors or a connection reset before accept:
-                // keep serving the others after a breath.
-                Err(_) => {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
+        for l in &self.ports[1..] {
+            let listening = Listening {
+                listener: l
+                    .listener
+                    .try_clone()
+                    .map_err(|e| EngineError::io("share a front end's listener", e))?,
+                port: Arc::clone(&l.port),
+                front: Arc::clone(&l.front),
             };
-            let Some(slot) = HandshakeSlot::take(&self.shared, peer.ip()) else {
-                // Too many connections still handshaking, from this source
-                // or in all: a flood. Close it unread (the cheapest answer).
-                drop(stream);
-                self.shared.observer.refused(Refusal::HandshakeLimit);
-                summarise(&self.shared, Event::HandshakeCap, peer.ip());
-                continue;
-            };
-            let shared = Arc::clone(&self.shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("conn {peer}"))
-                .stack_size(CONN_STACK)
-                .spawn(move || handle_conn(&shared, slot, stream, peer));
-            // On failure the closure, with the slot in it, is dropped.
-            let _ = spawned;
+            let gate = Arc::clone(&self.gate);
+            std::thread::Builder::new()
+                .name(format!("{} accept", l.port.name))
+                .spawn(move || accept_loop(&gate, &listening))
+                .map_err(|e| EngineError::io("start a front end's accept loop", e))?;
         }
+        accept_loop(&self.gate, &self.ports[0]);
+        Ok(())
     }
 }
 
 /// Runs one connection from its first byte to its end.
-fn handle_conn(
-    shared: &Arc<Shared>,
-    handshaking: HandshakeSlot,
-    stream: TcpStream,
-    peer: SocketAddr,
-) {
-    let mut handshaking = handshaking;
-    let started = Instant::now();
+fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
+    let peer = ticket.peer();
+    let started = ticket.accepted();
     let Some(mut stream) = secure_or_plain(shared, stream, peer, started) else {
         return;
     };
@@ -639,29 +673,28 @@ fn handle_conn(
                     params,
                     authenticated,
                 } => {
-                    handshaking.release();
                     let open = Opened {
                         name: &service,
                         params,
                         authenticated,
                     };
-                    return open_session(shared, conn, stream, peer, open);
+                    return open_session(shared, ticket, conn, stream, open);
                 }
                 ServerEvent::DataHello { cookie, tag } => {
-                    return attach_data(shared, conn, stream, peer, cookie, tag);
+                    return attach_data(shared, ticket, conn, stream, cookie, tag);
                 }
                 ServerEvent::Closed(err) => {
                     let _ = flush(&mut conn, &mut stream);
                     if err.is_auth() {
-                        shared.observer.auth_failed();
+                        ticket.observer().auth_failed();
                     }
                     // A flood makes thousands of these: summaries, not lines.
                     match err {
                         fatpipe_proto::ConnError::Eof => {}
                         fatpipe_proto::ConnError::Timeout(_) => {
-                            summarise(shared, Event::PreauthTimeout, peer.ip())
+                            ticket.summarise(Event::PreauthTimeout)
                         }
-                        _ => summarise(shared, Event::HandshakeFailed, peer.ip()),
+                        _ => ticket.summarise(Event::HandshakeFailed),
                     }
                     return;
                 }
@@ -706,12 +739,13 @@ struct Opened<'a> {
 }
 
 fn open_session(
-    shared: &Arc<Shared>,
+    shared: &Protocol,
+    mut ticket: Conn,
     mut conn: ServerConn,
     mut stream: Stream,
-    peer: SocketAddr,
     open: Opened<'_>,
 ) {
+    let peer = ticket.peer();
     let Opened {
         name,
         params,
@@ -727,30 +761,31 @@ fn open_session(
         );
         conn.reject(ErrorCode::UnknownService, &reason);
         let _ = flush(&mut conn, &mut stream);
-        shared.observer.refused(Refusal::UnknownService);
+        ticket.observer().refused(Refusal::UnknownService);
         return;
     };
-    if shared.shutdown.is_set() {
+    if ticket.shutdown().is_set() {
         conn.reject(ErrorCode::Busy, SHUTTING_DOWN);
         let _ = flush(&mut conn, &mut stream);
-        shared.observer.refused(Refusal::ShuttingDown);
-        (shared.logger)(&format!("{peer}: {name} refused: shutting down"));
+        ticket.observer().refused(Refusal::ShuttingDown);
+        ticket.log(&format!("{peer}: {name} refused: shutting down"));
         return;
     }
     if let Err(reason) = service.check(&params) {
-        shared.observer.refused(Refusal::BadParameters);
+        ticket.observer().refused(Refusal::BadParameters);
         conn.reject(ErrorCode::Service, &reason);
         let _ = flush(&mut conn, &mut stream);
-        (shared.logger)(&format!("{peer}: {name} refused: {reason}"));
+        ticket.log(&format!("{peer}: {name} refused: {reason}"));
         return;
     }
-    let _slot = match SessionSlot::take(shared, peer.ip()) {
+    let service_name = service.name();
+    // The session's slot (the observer hears of it here, and of its end
+    // when it drops, after the service returned).
+    let slot = match ticket.admit_session(service_name) {
         Ok(slot) => slot,
-        Err(reason) => {
-            conn.reject(ErrorCode::Busy, &reason);
+        Err(refused) => {
+            conn.reject(ErrorCode::Busy, &refused.reason);
             let _ = flush(&mut conn, &mut stream);
-            shared.observer.refused(Refusal::Busy);
-            summarise(shared, Event::SessionCap, peer.ip());
             return;
         }
     };
@@ -775,11 +810,10 @@ fn open_session(
     let control = match Control::new(stream, &conn.take_buffered(), Vec::new()) {
         Ok(c) => c,
         Err(e) => {
-            (shared.logger)(&format!("{peer}: {name}: {e}"));
+            ticket.log(&format!("{peer}: {name}: {e}"));
             return;
         }
     };
-    let service_name = service.name();
     let started = control.started_flag();
     let expired = Arc::new(AtomicBool::new(false));
     let session = ServerSession {
@@ -788,9 +822,9 @@ fn open_session(
         peer,
         local,
         data: Mutex::new(rx),
-        shutdown: shared.shutdown.clone(),
+        shutdown: ticket.shutdown().clone(),
         cookie,
-        report: Report::new(Arc::clone(&shared.observer), service_name, peer.ip()),
+        report: slot.report().clone(),
         started: Arc::clone(&started),
         expired: Arc::clone(&expired),
         authenticated,
@@ -806,13 +840,20 @@ fn open_session(
         },
     );
     let _live_guard = LiveGuard(shared, cookie);
-    (shared.logger)(&format!("{peer}: {name} session started"));
-    shared.observer.session_started(service_name);
+    {
+        // What the drain does to a session still running at its end.
+        let control = control.clone();
+        slot.on_abort(move |reason| {
+            control.close(reason);
+            control.abort();
+        });
+    }
+    ticket.log(&format!("{peer}: {name} session started"));
     let started = Instant::now();
     let outcome = match service.serve(session) {
         Ok(()) => {
             control.close("");
-            (shared.logger)(&format!(
+            ticket.log(&format!(
                 "{peer}: {name} session ended after {:.1} s",
                 started.elapsed().as_secs_f64()
             ));
@@ -824,25 +865,26 @@ fn open_session(
         }
         Err(e) => {
             control.close(&e.to_string());
-            (shared.logger)(&format!("{peer}: {name} session failed: {e}"));
-            if shared.shutdown.is_set() {
+            ticket.log(&format!("{peer}: {name} session failed: {e}"));
+            if ticket.shutdown().is_set() {
                 Outcome::Aborted
             } else {
                 Outcome::Failed
             }
         }
     };
-    shared.observer.session_ended(service_name, outcome);
+    slot.finish(outcome);
 }
 
 fn attach_data(
-    shared: &Arc<Shared>,
+    shared: &Protocol,
+    mut ticket: Conn,
     mut conn: ServerConn,
     mut stream: Stream,
-    peer: SocketAddr,
     cookie: Cookie,
     tag: u32,
 ) {
+    let peer = ticket.peer();
     let route = lock(&shared.cookies).get(&cookie).cloned();
     let Some(Route {
         queue: tx,
@@ -870,12 +912,11 @@ fn attach_data(
         let _ = flush(&mut conn, &mut stream);
         return;
     }
-    let slot = match StreamSlot::take(shared) {
+    let slot = match ticket.take_stream() {
         Ok(slot) => slot,
         Err(reason) => {
             conn.reject(ErrorCode::Busy, &reason);
             let _ = flush(&mut conn, &mut stream);
-            summarise(shared, Event::StreamCap, peer.ip());
             return;
         }
     };
@@ -900,48 +941,10 @@ fn attach_data(
     match tx.try_send(DataConn { stream, tag, peer }) {
         Ok(()) => {}
         Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-            (shared.logger)(&format!(
+            ticket.log(&format!(
                 "{peer}: data connection dropped: session full or gone"
             ));
         }
-    }
-}
-
-/// What a client is told when the server ends or refuses its session
-/// because it is stopping.
-const SHUTTING_DOWN: &str = "the server is shutting down";
-
-/// The drain after [`Shutdown::trigger`]: waits for running sessions to end
-/// (services see the flag), aborts what is left after the drain time, then
-/// lets the accept loop return.
-fn drain(shared: &Arc<Shared>) {
-    let running = || shared.sessions.load(Ordering::Acquire);
-    (shared.logger)(&format!(
-        "shutting down: refusing new sessions, {} running",
-        running()
-    ));
-    let deadline = Instant::now() + shared.drain_timeout;
-    while running() > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if running() > 0 {
-        (shared.logger)(&format!("shutting down: aborting {} sessions", running()));
-        let live: Vec<Control> = lock(&shared.live)
-            .values()
-            .map(|l| l.control.clone())
-            .collect();
-        for control in live {
-            control.close(SHUTTING_DOWN);
-            control.abort();
-        }
-        let deadline = Instant::now() + ABORT_GRACE;
-        while running() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    shared.drained.store(true, Ordering::Release);
-    if let Some(addr) = *lock(&shared.shutdown.wake) {
-        let _ = TcpStream::connect_timeout(&wake_addr(addr), Duration::from_secs(1));
     }
 }
 
@@ -950,7 +953,7 @@ fn drain(shared: &Arc<Shared>) {
 /// fatpipe frame starts with 0; docs/encryption.md). `None` if the
 /// handshake failed; that is logged.
 fn secure_or_plain(
-    shared: &Shared,
+    shared: &Protocol,
     tcp: TcpStream,
     peer: SocketAddr,
     started: Instant,
@@ -968,7 +971,7 @@ fn secure_or_plain(
         return Some(Stream::plain_tcp(tcp));
     }
     let Some(tls) = &shared.tls else {
-        (shared.logger)(&format!(
+        shared.gate.log(&format!(
             "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
         ));
         return None;
@@ -979,10 +982,12 @@ fn secure_or_plain(
         Err(e) => {
             if matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
                 // The client refused our identity: it holds another key.
-                shared.observer.auth_failed();
+                shared.gate.observer.auth_failed();
             }
             if !matches!(e, fatpipe_secure::TlsError::Timeout) {
-                (shared.logger)(&format!("{peer}: TLS handshake failed: {e}"));
+                shared
+                    .gate
+                    .log(&format!("{peer}: TLS handshake failed: {e}"));
             }
             None
         }
@@ -1034,185 +1039,45 @@ pub fn source_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Counts one event for the rate-limited log summary.
-fn summarise(shared: &Shared, event: Event, ip: IpAddr) {
-    let lines = lock(&shared.summary).record(Instant::now(), event, ip);
-    for line in lines {
-        (shared.logger)(&line);
-    }
-}
-
-/// Ends sessions that did not start in time and writes the log summaries,
-/// every [`WATCHDOG_TICK`] until `stop`.
-fn watchdog(shared: &Shared, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(WATCHDOG_TICK);
-        let now = Instant::now();
-        let overdue: Vec<(Cookie, Control, SocketAddr)> = lock(&shared.live)
-            .iter()
-            .filter(|(_, l)| {
-                now >= l.start_by
-                    && !l.started.load(Ordering::Relaxed)
-                    && !l.expired.swap(true, Ordering::Relaxed)
-            })
-            .map(|(c, l)| (*c, l.control.clone(), l.peer))
-            .collect();
-        for (cookie, control, peer) in overdue {
-            // Dropping the data queue's sender wakes a service waiting in
-            // `accept_data`; shutting the socket wakes one in `recv`.
-            lock(&shared.cookies).remove(&cookie);
-            control.close(&format!(
-                "{NOT_STARTED} ({:.1} s)",
-                shared.start_timeout.as_secs_f64()
-            ));
-            control.abort();
-            summarise(shared, Event::NeverStarted, peer.ip());
-        }
-        let lines = lock(&shared.summary).poll(now);
-        for line in lines {
-            (shared.logger)(&line);
-        }
+/// Ends the fatpipe sessions that did not start in time (the watchdog's
+/// tick of the protocol's front end).
+fn end_overdue(shared: &Protocol, now: Instant) {
+    let overdue: Vec<(Cookie, Control, SocketAddr)> = lock(&shared.live)
+        .iter()
+        .filter(|(_, l)| {
+            now >= l.start_by
+                && !l.started.load(Ordering::Relaxed)
+                && !l.expired.swap(true, Ordering::Relaxed)
+        })
+        .map(|(c, l)| (*c, l.control.clone(), l.peer))
+        .collect();
+    for (cookie, control, peer) in overdue {
+        // Dropping the data queue's sender wakes a service waiting in
+        // `accept_data`; shutting the socket wakes one in `recv`.
+        lock(&shared.cookies).remove(&cookie);
+        control.close(&format!(
+            "{NOT_STARTED} ({:.1} s)",
+            shared.start_timeout.as_secs_f64()
+        ));
+        control.abort();
+        shared.gate.summarise("", Event::NeverStarted, peer.ip());
     }
 }
 
 /// When `run` returns: stops the watchdog and writes what the summaries
 /// counted so far (here, not on the watchdog, which the exiting process
 /// would not wait for).
-struct StopOnDrop(Arc<AtomicBool>, Arc<Shared>);
+struct StopOnDrop(Arc<AtomicBool>, Arc<Gate>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
-        let lines = lock(&self.1.summary).flush(Instant::now());
-        for line in lines {
-            (self.1.logger)(&line);
-        }
-    }
-}
-
-/// Changes a source's counts; drops its entry once both are zero.
-fn with_source<T>(shared: &Shared, key: IpAddr, f: impl FnOnce(&mut PerSource) -> T) -> T {
-    let mut sources = lock(&shared.sources);
-    let entry = sources.entry(key).or_default();
-    let r = f(entry);
-    if entry.handshakes == 0 && entry.sessions == 0 {
-        sources.remove(&key);
-    }
-    r
-}
-
-/// Counts a connection as handshaking (in all and for its source) until
-/// released or dropped.
-struct HandshakeSlot {
-    shared: Arc<Shared>,
-    source: IpAddr,
-    held: bool,
-}
-
-impl HandshakeSlot {
-    fn take(shared: &Arc<Shared>, ip: IpAddr) -> Option<HandshakeSlot> {
-        let source = source_key(ip);
-        let ok = with_source(shared, source, |s| {
-            let total = shared.handshakes.load(Ordering::Acquire);
-            if total >= shared.max_handshakes || s.handshakes >= shared.limits.handshakes {
-                return false;
-            }
-            s.handshakes += 1;
-            shared.handshakes.fetch_add(1, Ordering::AcqRel);
-            true
-        });
-        ok.then(|| HandshakeSlot {
-            shared: Arc::clone(shared),
-            source,
-            held: true,
-        })
-    }
-
-    fn release(&mut self) {
-        if std::mem::take(&mut self.held) {
-            with_source(&self.shared, self.source, |s| {
-                s.handshakes = s.handshakes.saturating_sub(1);
-                self.shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-            });
-        }
-    }
-}
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-/// One of `max_sessions` slots (and of its source's), freed on drop.
-struct SessionSlot<'a>(&'a Shared, IpAddr);
-
-impl<'a> SessionSlot<'a> {
-    /// A slot, or the refusal the client reads (naming the cap).
-    fn take(shared: &'a Shared, ip: IpAddr) -> std::result::Result<Self, String> {
-        let source = source_key(ip);
-        with_source(shared, source, |s| {
-            if s.sessions >= shared.limits.sessions {
-                return Err(format!(
-                    "at its limit of {} sessions from one address \
-                     (--max-sessions-per-source); retry later",
-                    shared.limits.sessions
-                ));
-            }
-            if shared.sessions.load(Ordering::Acquire) >= shared.max_sessions {
-                return Err(format!(
-                    "at its limit of {} sessions (--max-sessions); retry later",
-                    shared.max_sessions
-                ));
-            }
-            s.sessions += 1;
-            shared.sessions.fetch_add(1, Ordering::AcqRel);
-            Ok(SessionSlot(shared, source))
-        })
-    }
-}
-
-impl Drop for SessionSlot<'_> {
-    fn drop(&mut self) {
-        with_source(self.0, self.1, |s| {
-            s.sessions = s.sessions.saturating_sub(1);
-            self.0.sessions.fetch_sub(1, Ordering::AcqRel);
-        });
-    }
-}
-
-/// One of `max_streams` data-connection slots, freed on drop. Owns its
-/// counter (not a borrow of [`Shared`]) because it travels inside the
-/// stream, which services may keep on threads of their own.
-struct StreamSlot(Arc<AtomicUsize>);
-
-impl StreamSlot {
-    /// A slot, or the refusal the client reads (naming the cap).
-    fn take(shared: &Shared) -> std::result::Result<Self, String> {
-        let max = shared.max_streams;
-        shared
-            .streams
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map(|_| StreamSlot(shared.streams.clone()))
-            .map_err(|_| {
-                format!(
-                    "at its limit of {max} data connections in all \
-                     (--max-streams); retry later or with fewer streams"
-                )
-            })
-    }
-}
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.1.flush_summaries();
     }
 }
 
 /// Takes a session off the list the drain aborts.
-struct LiveGuard<'a>(&'a Shared, Cookie);
+struct LiveGuard<'a>(&'a Protocol, Cookie);
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
@@ -1222,7 +1087,7 @@ impl Drop for LiveGuard<'_> {
 
 /// Removes a session's cookie when the session ends, so late data
 /// connections are refused.
-struct CookieGuard<'a>(&'a Shared, Cookie);
+struct CookieGuard<'a>(&'a Protocol, Cookie);
 
 impl Drop for CookieGuard<'_> {
     fn drop(&mut self) {

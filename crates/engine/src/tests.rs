@@ -2,6 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::{ConnError, ErrorCode, Key};
@@ -661,4 +662,90 @@ fn wait_until(mut ok: impl FnMut() -> bool) {
         assert!(t.elapsed() < Duration::from_secs(5), "not within 5 s");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A front end on a port of its own: one byte in (by the pre-auth
+/// deadline), then `Y` and a session held until the peer closes or the
+/// drain aborts it, or `N` if the server admits no session.
+struct Toy;
+
+impl crate::FrontEnd for Toy {
+    fn name(&self) -> &'static str {
+        "toy"
+    }
+
+    fn serve(&self, mut tcp: TcpStream, mut conn: crate::Conn) {
+        let left = conn.deadline().saturating_duration_since(Instant::now());
+        let _ = tcp.set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        let mut b = [0u8; 1];
+        if tcp.read_exact(&mut b).is_err() {
+            conn.summarise(crate::logsum::Event::PreauthTimeout);
+            return;
+        }
+        let Ok(session) = conn.admit_session("toy") else {
+            let _ = tcp.write_all(b"N");
+            return;
+        };
+        if let Ok(t) = tcp.try_clone() {
+            session.on_abort(move |_| {
+                let _ = t.shutdown(std::net::Shutdown::Both);
+            });
+        }
+        let _ = tcp.write_all(b"Y");
+        let _ = tcp.set_read_timeout(None);
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest);
+        // Unfinished, a session the drain ended counts as aborted.
+        if !session.shutdown().is_set() {
+            session.finish(Outcome::Ok);
+        }
+    }
+}
+
+/// A toy front end's connection after its one byte: what it answered.
+fn toy(addr: SocketAddr) -> (TcpStream, u8) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"x").unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    (s, b[0])
+}
+
+#[test]
+fn a_front_end_shares_the_session_cap_with_the_protocol_port_and_is_drained() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let toy_addr = listener.local_addr().unwrap();
+    let tally = Arc::new(Tally::default());
+    let server = Server::builder()
+        .service(Echo)
+        .max_sessions(1)
+        .drain_timeout(Duration::from_millis(200))
+        .observer(tally.clone())
+        .front_end(listener, Arc::new(Toy), crate::PortCaps::new(8, 8))
+        .bind("127.0.0.1:0".parse().unwrap())
+        .unwrap();
+    let addr = server.local_addr();
+    assert_eq!(server.front_ends(), [("fatpipe", addr), ("toy", toy_addr)]);
+    let stop = server.shutdown_handle();
+    let running = std::thread::spawn(move || server.run());
+    // The toy's session takes the server's one slot: another toy
+    // connection and a fatpipe session are both refused.
+    let (mut held, answer) = toy(toy_addr);
+    assert_eq!(answer, b'Y');
+    assert_eq!(toy(toy_addr).1, b'N');
+    let err = connect(addr, None, "echo", b"").unwrap_err();
+    assert!(err.to_string().contains("--max-sessions"), "{err}");
+    // Shutdown drains the toy's port too: its session is aborted after
+    // the drain time, and run returns.
+    let t0 = Instant::now();
+    stop.trigger();
+    let mut rest = Vec::new();
+    let _ = held.read_to_end(&mut rest);
+    assert!(running.join().unwrap().is_ok());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let seen = tally_until(&tally, |s| s.iter().any(|l| l.starts_with("end toy")));
+    assert!(seen.iter().any(|l| l == "start toy"), "{seen:?}");
+    assert!(seen.iter().any(|l| l == "end toy aborted"), "{seen:?}");
+    assert!(seen.iter().any(|l| l == "refused busy"), "{seen:?}");
 }

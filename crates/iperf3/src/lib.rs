@@ -10,8 +10,12 @@
 //! back the same `fatpipe_schema::test` types as a fatpipe test, so the
 //! binary renders and stores both alike.
 //!
-//! This is not an engine service: iperf3 has its own port, handshake and
-//! cookie, so it shares no session framework with fatpipe's protocol.
+//! The server side is not an engine service (iperf3 has its own port,
+//! handshake and cookie) but an engine front end
+//! ([`server::Iperf3Port`] implements `fatpipe_engine::FrontEnd`): the
+//! engine accepts its connections and gives it the server's pre-auth
+//! deadline and caps, session and stream slots, observer, escaped log and
+//! drain, exactly as to the fatpipe protocol's port.
 
 pub mod auth;
 pub mod client;

@@ -1,5 +1,7 @@
 //! Serving stock iperf3 clients (`fatpipe server --iperf3-port PORT`),
-//! many at once, each in its own session.
+//! many at once, each in its own session: an engine front end
+//! ([`fatpipe_engine::FrontEnd`]), so the server's accept framework bounds
+//! it as it bounds the fatpipe protocol's port.
 //!
 //! iperf3 clients connect every TCP connection, control and data, to one
 //! port, and tell them apart only by the 37-byte cookie they send first: a
@@ -11,23 +13,34 @@
 //! stream gets its own socket bound to the same port and connected to the
 //! client, which the kernel prefers over the shared hello socket.
 //!
-//! Bounds: at most `max_sessions` sessions (more get iperf3's
-//! `ACCESS_DENIED`), at most [`MAX_HANDSHAKES`] connections reading their
-//! cookie at once, every read before the test runs under the handshake
-//! timeout, at most 128 streams per direction, and a watchdog of the test's
-//! length plus 40 s as in iperf3. An option this server does not carry out
-//! gets iperf3's own `SERVER_ERROR` (with its error number) rather than a
-//! hang.
+//! Bounds, from the engine: connections reading their cookie are capped on
+//! this port in all and per source and read it by the pre-auth deadline
+//! (timeouts and garbage go to the log summaries, never a line each); a
+//! session takes one of the server's `--max-sessions` (and per source),
+//! refused with iperf3's `ACCESS_DENIED` past it or while the server shuts
+//! down; a test's streams, TCP or UDP, take slots of the server's
+//! `--max-streams` before they are created, all or none (refused with
+//! `ACCESS_DENIED`, which the client prints as "busy"). Its own: every
+//! step before the test runs under the handshake timeout, at most 128
+//! streams per direction, and a watchdog of the test's length plus 40 s
+//! as in iperf3. Sessions, streams and bytes reach the server's observer
+//! (`/metrics`) as service `iperf3`. On shutdown a running test ends at
+//! once with `SERVER_TERMINATE` (the client says "the server has
+//! terminated"), as the fatpipe test service ends its tests. Text a client
+//! chose (its version, a congestion control name) is logged escaped. An
+//! option this server does not carry out gets iperf3's own `SERVER_ERROR`
+//! (with its error number) rather than a hang.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fatpipe_engine::logsum::Event;
+use fatpipe_engine::{escape, Conn, Flow, FrontEnd, Outcome, Session, TestSummary};
 use fatpipe_schema::test::{Direction, Protocol};
 use fatpipe_schema::units;
 use socket2::{Domain, Socket, Type};
@@ -43,24 +56,29 @@ use crate::wire::{
 };
 use crate::{Iperf3Error, Result};
 
-/// Most connections reading their first bytes at once.
+/// Connections reading their cookie at once on this port, in all (the
+/// engine closes more unread).
 pub const MAX_HANDSHAKES: usize = 256;
+/// Connections reading their cookie at once from one address: one client's
+/// 128 streams each way can arrive together.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 128;
+/// The service name iperf3 sessions report under (`/metrics`).
+pub const SERVICE: &str = "iperf3";
 /// Extra time past a test's length before the watchdog ends it (iperf3's
 /// grace of four round trips of 1 s times ten transitions).
 const GRACE: Duration = Duration::from_secs(40);
-
-/// A line of the server's log.
-pub type Logger = Arc<dyn Fn(&str) + Send + Sync>;
+/// How often a running test looks at the server's shutdown flag.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(100);
+/// How long a test ended by shutdown waits for its client to read
+/// `SERVER_TERMINATE` and close.
+const TERMINATE_WAIT: Duration = Duration::from_secs(2);
 
 /// How the server runs.
 #[derive(Clone)]
 pub struct Options {
-    /// Most sessions at once.
-    pub max_sessions: usize,
-    /// Limit for a connection's cookie, the parameters and stream setup.
+    /// Limit for each step after the cookie: the parameters and stream
+    /// setup (the cookie itself is read by the engine's pre-auth deadline).
     pub handshake_timeout: Duration,
-    /// Where session lines go.
-    pub logger: Logger,
     /// iperf3's RSA authentication: when set, every client must present
     /// a token this admits.
     pub auth: Option<Arc<crate::auth::Authorizer>>,
@@ -69,18 +87,17 @@ pub struct Options {
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
-            .field("max_sessions", &self.max_sessions)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("auth", &self.auth.is_some())
             .finish_non_exhaustive()
     }
 }
 
-/// A bound iperf3 server.
+/// The iperf3 port as an engine front end: register it with
+/// `ServerBuilder::front_end` and the TCP listener [`Iperf3Port::bind`]
+/// returned.
 #[derive(Debug)]
-pub struct Server {
-    listener: TcpListener,
-    hellos: UdpSocket,
+pub struct Iperf3Port {
     inner: Arc<Inner>,
 }
 
@@ -96,8 +113,6 @@ struct Inner {
     udp_waiters: Mutex<HashMap<IpAddr, SyncSender<SocketAddr>>>,
     /// Client IPs with a session creating UDP streams.
     udp_busy: (Mutex<HashSet<IpAddr>>, Condvar),
-    sessions: AtomicUsize,
-    handshakes: AtomicUsize,
 }
 
 impl std::fmt::Debug for Inner {
@@ -108,9 +123,11 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-impl Server {
-    /// Binds TCP and UDP on `addr` (port 0 picks one free for both).
-    pub fn bind(addr: SocketAddr, opts: Options) -> Result<Server> {
+impl Iperf3Port {
+    /// Binds TCP and UDP on `addr` (port 0 picks one free for both) and
+    /// starts the thread that routes UDP hellos; returns the TCP listener
+    /// for the engine to accept on, and the front end.
+    pub fn bind(addr: SocketAddr, opts: Options) -> Result<(TcpListener, Iperf3Port)> {
         let listener =
             TcpListener::bind(addr).map_err(|e| Iperf3Error::io(format!("bind TCP {addr}"), e))?;
         let local = listener
@@ -118,70 +135,37 @@ impl Server {
             .map_err(|e| Iperf3Error::io("read the bound address", e))?;
         let hellos =
             udp_socket(local).map_err(|e| Iperf3Error::io(format!("bind UDP {local}"), e))?;
-        Ok(Server {
-            listener,
-            hellos,
-            inner: Arc::new(Inner {
-                opts,
-                local,
-                pending: Mutex::default(),
-                active: Mutex::default(),
-                udp_waiters: Mutex::default(),
-                udp_busy: (Mutex::default(), Condvar::new()),
-                sessions: AtomicUsize::new(0),
-                handshakes: AtomicUsize::new(0),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            opts,
+            local,
+            pending: Mutex::default(),
+            active: Mutex::default(),
+            udp_waiters: Mutex::default(),
+            udp_busy: (Mutex::default(), Condvar::new()),
+        });
+        {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("iperf3 udp hellos".into())
+                .spawn(move || route_hellos(&hellos, &inner))
+                .map_err(|e| Iperf3Error::io("start the iperf3 UDP thread", e))?;
+        }
+        Ok((listener, Iperf3Port { inner }))
     }
 
     /// The address both sockets are bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.local
     }
+}
 
-    /// Serves on threads of its own; returns at once.
-    pub fn spawn(self) -> Result<JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name("iperf3 accept".into())
-            .spawn(move || self.run())
-            .map_err(|e| Iperf3Error::io("start the iperf3 server", e))
+impl FrontEnd for Iperf3Port {
+    fn name(&self) -> &'static str {
+        SERVICE
     }
 
-    /// Serves until the process ends.
-    pub fn run(self) {
-        let inner = Arc::clone(&self.inner);
-        let hellos = self.hellos;
-        let started = std::thread::Builder::new()
-            .name("iperf3 udp hellos".into())
-            .spawn(move || route_hellos(&hellos, &inner));
-        if let Err(e) = started {
-            (self.inner.opts.logger)(&format!("iperf3: no UDP: cannot start its thread: {e}"));
-        }
-        // Streams are numbered in the order they were accepted: their
-        // threads may read the cookies in another order, and iperf3 tells
-        // a stream's role and id only by its place.
-        for (seq, conn) in (1u64..).zip(self.listener.incoming()) {
-            let sock = match conn {
-                Ok(s) => s,
-                Err(e) => {
-                    // Out of descriptors or similar: wait rather than spin.
-                    (self.inner.opts.logger)(&format!("iperf3: accept: {e}"));
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            };
-            if self.inner.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-                self.inner.handshakes.fetch_sub(1, Ordering::AcqRel);
-                continue;
-            }
-            let inner = Arc::clone(&self.inner);
-            let r = std::thread::Builder::new()
-                .name("iperf3 conn".into())
-                .spawn(move || connection(sock, seq, &inner));
-            if r.is_err() {
-                self.inner.handshakes.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
+    fn serve(&self, tcp: TcpStream, conn: Conn) {
+        connection(tcp, conn, &self.inner);
     }
 }
 
@@ -217,66 +201,116 @@ fn route_hellos(sock: &UdpSocket, inner: &Inner) {
     }
 }
 
-/// Counts a handshaking connection until dropped.
-struct Handshake<'a>(&'a Inner);
-
-impl Drop for Handshake<'_> {
-    fn drop(&mut self) {
-        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+/// Reads the cookie by the pre-auth deadline, however slowly it comes;
+/// `None` (counted for the log summary) if it does not come whole.
+fn read_cookie(sock: &mut TcpStream, conn: &Conn) -> Option<Cookie> {
+    let mut cookie = [0u8; wire::COOKIE_LEN];
+    let mut got = 0;
+    while got < cookie.len() {
+        let left = conn.deadline().saturating_duration_since(Instant::now());
+        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
+            conn.summarise(Event::PreauthTimeout);
+            return None;
+        }
+        match sock.read(&mut cookie[got..]) {
+            // A probe or a client that changed its mind: nothing to say.
+            Ok(0) if got == 0 => return None,
+            Ok(0) => {
+                conn.summarise(Event::HandshakeFailed);
+                return None;
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if crate::session::is_timeout(&e) => {}
+            Err(_) => {
+                conn.summarise(Event::HandshakeFailed);
+                return None;
+            }
+        }
     }
+    Some(cookie)
 }
 
 /// Reads a connection's cookie and makes it a data stream or a session.
-fn connection(mut sock: TcpStream, seq: u64, inner: &Inner) {
-    let hs = Handshake(inner);
-    let peer = sock.peer_addr().ok();
-    let _ = sock.set_read_timeout(Some(inner.opts.handshake_timeout));
+fn connection(mut sock: TcpStream, mut conn: Conn, inner: &Inner) {
+    let peer = conn.peer();
     let _ = sock.set_write_timeout(Some(inner.opts.handshake_timeout));
-    let mut cookie = [0u8; wire::COOKIE_LEN];
-    if sock.read_exact(&mut cookie).is_err() {
+    let Some(cookie) = read_cookie(&mut sock, &conn) else {
         return;
-    }
+    };
     if let Some(tx) = lock(&inner.pending).get(&cookie) {
-        let _ = tx.try_send((seq, sock));
+        // The session holds this stream's slot (taken for all of its
+        // streams before it asked for them).
+        conn.admitted();
+        let _ = tx.try_send((conn.seq(), sock));
         return;
     }
     if lock(&inner.active).contains(&cookie) {
         let _ = sock.write_all(&[State::AccessDenied.byte()]);
         return;
     }
-    if inner.sessions.fetch_add(1, Ordering::AcqRel) >= inner.opts.max_sessions {
-        inner.sessions.fetch_sub(1, Ordering::AcqRel);
-        let _ = sock.write_all(&[State::AccessDenied.byte()]);
-        (inner.opts.logger)(&format!("iperf3: refused {}: busy", show(peer)));
-        return;
-    }
-    drop(hs);
+    let session = match conn.admit_session(SERVICE) {
+        Ok(s) => s,
+        Err(_) => {
+            // The engine counted it (summary, observer); iperf3 has one
+            // word for every refusal, which its client prints as "busy".
+            let _ = sock.write_all(&[State::AccessDenied.byte()]);
+            return;
+        }
+    };
     lock(&inner.active).insert(cookie);
+    if let Ok(s) = sock.try_clone() {
+        // Past the drain time: the client is told the server is going
+        // away, and the session's reads end.
+        session.on_abort(move |_| {
+            let _ = (&s).write_all(&[State::ServerTerminate.byte()]);
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        });
+    }
     let mut ctrl = Control::new(sock);
-    let r = session(&mut ctrl, inner, cookie, peer);
+    let mut client = None;
+    let r = run_session(&mut ctrl, inner, cookie, &session, &mut client);
     lock(&inner.active).remove(&cookie);
     lock(&inner.pending).remove(&cookie);
-    inner.sessions.fetch_sub(1, Ordering::AcqRel);
+    let who = match &client {
+        Some(v) => format!("{peer} (client {})", escape(v)),
+        None => peer.to_string(),
+    };
     let line = match r {
-        Ok(summary) => format!("iperf3: {} {summary}", show(peer)),
+        Ok(summary) => {
+            session.finish(Outcome::Ok);
+            format!("iperf3: {who} {summary}")
+        }
+        Err(Refusal {
+            i_errno: TERMINATED,
+            why,
+        }) => {
+            session.finish(Outcome::Aborted);
+            format!("iperf3: {who} ended: {why}")
+        }
         Err(Refusal { i_errno, why }) => {
             // The client prints iperf3's own words for the number.
             let _ = ctrl.write(&wire::encode_server_error(i_errno, 0), "send the error");
-            format!("iperf3: {} refused: {why}", show(peer))
+            format!("iperf3: {who} refused: {why}")
         }
     };
-    (inner.opts.logger)(&line);
+    session.log(&line);
 }
 
 fn show(peer: Option<SocketAddr>) -> String {
     peer.map_or_else(|| "?".into(), |p| p.to_string())
 }
 
-/// Why a session ended early: iperf3's error number for the client.
+/// Why a session ended early: iperf3's error number for the client
+/// ([`TERMINATED`]: none, the client was sent `SERVER_TERMINATE`).
 struct Refusal {
     i_errno: i32,
     why: String,
 }
+
+/// Not an iperf3 error number: the session ended because the server is
+/// shutting down, and the client was told so with `SERVER_TERMINATE`.
+const TERMINATED: i32 = 0;
 
 impl Refusal {
     fn new(i_errno: i32, why: impl Into<String>) -> Refusal {
@@ -300,13 +334,16 @@ impl From<Iperf3Error> for Refusal {
 }
 
 /// One client's test, from `PARAM_EXCHANGE` to `IPERF_DONE`; returns the
-/// log line's summary.
-fn session(
+/// log line's summary. `client` gets the client's version as soon as the
+/// parameters say it, for the log line.
+fn run_session(
     ctrl: &mut Control,
     inner: &Inner,
     cookie: Cookie,
-    peer: Option<SocketAddr>,
+    session: &Session,
+    client: &mut Option<String>,
 ) -> std::result::Result<String, Refusal> {
+    let peer = ctrl.sock.peer_addr().ok();
     let step = inner.opts.handshake_timeout;
     ctrl.send_state(State::ParamExchange)?;
     let doc = match ctrl.read(
@@ -319,6 +356,7 @@ fn session(
         None => return Err(Refusal::new(errno::RECVPARAMS, "no parameters in time")),
     };
     let p = Params::parse(&doc).map_err(|e| Refusal::new(errno::RECVPARAMS, e.to_string()))?;
+    client.clone_from(&p.client_version);
     p.check().map_err(|e| Refusal::from(Iperf3Error::from(e)))?;
     if let Some(a) = &inner.opts.auth {
         // The client hears only iperf3's "test authorization failed"; why
@@ -329,7 +367,7 @@ fn session(
         let user = a
             .check(p.authtoken.as_deref(), now)
             .map_err(|e| Refusal::new(errno::AUTHTEST, e.to_string()))?;
-        (inner.opts.logger)(&format!("iperf3: {} authenticated as {user:?}", show(peer)));
+        session.log(&format!("iperf3: {} authenticated as {user:?}", show(peer)));
     }
     let protocol = match p.transport {
         Some(Transport::Tcp) => Protocol::Tcp,
@@ -350,6 +388,12 @@ fn session(
     }
     let n = p.parallel as usize;
     let total = if p.bidirectional { 2 * n } else { n };
+    // Every stream's slot of the server's `--max-streams`, before the
+    // client is asked for any: a test runs whole or not at all.
+    let _slots = session
+        .take_streams(total)
+        .map_err(|why| Refusal::new(errno::ACCESSDENIED, why))?;
+    let _open = session.report().streams(total as u64);
     let streams = match protocol {
         Protocol::Tcp => tcp_streams(ctrl, inner, cookie, &p, total)?,
         Protocol::Udp => udp_streams(ctrl, inner, peer, &p, total)?,
@@ -406,6 +450,7 @@ fn session(
     let r = run(
         ctrl,
         &p,
+        session,
         &shared,
         &streams,
         &mut sampler,
@@ -556,8 +601,13 @@ fn configure(streams: &[Stream], p: &Params) -> std::result::Result<Option<Strin
             let _ = fatpipe_sys::tcp::set_mss(t, m);
         }
         if let Some(c) = &p.congestion {
-            fatpipe_sys::tcp::set_congestion(t, c)
-                .map_err(|e| Refusal::new(errno::SETCONGESTION, format!("congestion {c}: {e}")))?;
+            // The name is the client's: escaped wherever this text goes.
+            fatpipe_sys::tcp::set_congestion(t, c).map_err(|e| {
+                Refusal::new(
+                    errno::SETCONGESTION,
+                    format!("congestion {}: {e}", escape(c)),
+                )
+            })?;
         }
         if let Some(r) = p.fqrate {
             let _ = fatpipe_sys::tcp::set_max_pacing_rate(t, r / 8);
@@ -570,9 +620,11 @@ fn configure(streams: &[Stream], p: &Params) -> std::result::Result<Option<Strin
 }
 
 /// The running test: intervals until `TEST_END`, then the results.
+#[allow(clippy::too_many_arguments)]
 fn run(
     ctrl: &mut Control,
     p: &Params,
+    session: &Session,
     shared: &Shared,
     streams: &[Stream],
     sampler: &mut Sampler,
@@ -582,17 +634,38 @@ fn run(
     let limit = if p.time > 0 { p.time } else { wire::MAX_TIME };
     let watchdog = sampler.start + Duration::from_secs(limit + p.omit) + GRACE;
     let mut next = sampler.start + Duration::from_secs(1);
+    let mut reported = Moved::default();
     loop {
         let now = Instant::now();
+        if session.shutdown().is_set() {
+            reported.report(session, streams);
+            let _ = ctrl.send_state(State::ServerTerminate);
+            // The client reads the state, then closes: until it has, its
+            // streams stay open here (a stream reset first would be all it
+            // reported).
+            let until = Instant::now() + TERMINATE_WAIT;
+            while Instant::now() < until
+                && ctrl
+                    .read(
+                        Expect::State,
+                        until.saturating_duration_since(Instant::now()),
+                        "waiting for the client to go",
+                    )
+                    .is_ok()
+            {}
+            return Err(Refusal::new(TERMINATED, "the server is shutting down"));
+        }
         if now >= watchdog {
             return Err(Refusal::new(errno::CTRLCLOSE, "the test ran past its time"));
         }
         if now >= next {
             sampler.sample(streams, now);
+            reported.report(session, streams);
             next += Duration::from_secs(1);
             continue;
         }
-        match ctrl.read(Expect::State, next.min(watchdog) - now, "running the test")? {
+        let wait = next.min(watchdog).min(now + SHUTDOWN_POLL) - now;
+        match ctrl.read(Expect::State, wait, "running the test")? {
             None => {}
             Some(Msg::State(State::TestEnd)) => break,
             Some(Msg::State(State::ClientTerminate)) => {
@@ -633,6 +706,7 @@ fn run(
     if last_iv.duration_since(sampler.start) > Duration::from_millis(50) {
         sampler.sample(streams, last_iv);
     }
+    reported.report(session, streams);
     let totals = Totals::take(streams, sampler, cpu_start, seconds);
     let protocol = if matches!(streams.first().map(|s| &s.sock), Some(Sock::Udp(_))) {
         Protocol::Udp
@@ -640,6 +714,7 @@ fn run(
         Protocol::Tcp
     };
     let mut ours = our_results(protocol, Direction::Down, congestion, streams, &totals);
+    report_result(session, streams, &ours, seconds);
     let summary = summary(protocol, p, &ours, seconds);
     if p.get_server_output {
         ours.server_output_text = Some(output_text(sampler, &summary));
@@ -658,6 +733,61 @@ fn run(
     Ok(summary)
 }
 
+/// Bytes of a test reported to the observer so far, by direction.
+#[derive(Debug, Default)]
+struct Moved {
+    received: u64,
+    sent: u64,
+}
+
+impl Moved {
+    /// Reports what the streams moved since the last call (`/metrics`
+    /// shows a running test's bytes, not only a finished one's).
+    fn report(&mut self, session: &Session, streams: &[Stream]) {
+        let count = |d: Direction| -> u64 {
+            streams
+                .iter()
+                .filter(|s| s.direction == d)
+                .map(|s| s.counters.snapshot().bytes)
+                .sum()
+        };
+        let (up, down) = (count(Direction::Up), count(Direction::Down));
+        let r = session.report();
+        r.bytes(Flow::Received, up.saturating_sub(self.received));
+        r.bytes(Flow::Sent, down.saturating_sub(self.sent));
+        self.received = self.received.max(up);
+        self.sent = self.sent.max(down);
+    }
+}
+
+/// What this end saw of the finished test, per direction with streams,
+/// for the observer's last-test gauges of the peer.
+fn report_result(session: &Session, streams: &[Stream], ours: &Results, seconds: f64) {
+    for (direction, flow) in [
+        (Direction::Up, Flow::Received),
+        (Direction::Down, Flow::Sent),
+    ] {
+        let ids: Vec<u32> = streams
+            .iter()
+            .filter(|s| s.direction == direction)
+            .map(|s| s.id)
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mine = || ours.streams.iter().filter(|r| ids.contains(&r.id));
+        let bytes: u64 = mine().map(|r| r.bytes).sum();
+        // Retransmits are known where this end sent.
+        let retransmits = (flow == Flow::Sent).then(|| mine().filter_map(|r| r.retransmits).sum());
+        session.report().test_result(&TestSummary {
+            flow,
+            bytes_per_second: bytes as f64 / seconds.max(1e-9),
+            retransmits,
+            rtt: None,
+        });
+    }
+}
+
 /// One line: what moved.
 fn summary(protocol: Protocol, p: &Params, ours: &Results, seconds: f64) -> String {
     let dir = match (p.bidirectional, p.reverse) {
@@ -667,8 +797,7 @@ fn summary(protocol: Protocol, p: &Params, ours: &Results, seconds: f64) -> Stri
     };
     let bytes: u64 = ours.streams.iter().map(|s| s.bytes).sum();
     format!(
-        "client {} {} x {}, {dir}: {} in {seconds:.2} s = {} (this end's count)",
-        p.client_version.as_deref().unwrap_or("?"),
+        "{} x {}, {dir}: {} in {seconds:.2} s = {} (this end's count)",
         p.parallel,
         protocol.as_str().to_uppercase(),
         units::format_bytes(bytes),

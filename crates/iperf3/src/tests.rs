@@ -8,18 +8,24 @@ use std::time::Duration;
 use fatpipe_schema::test::{Direction, Protocol, TestDirection};
 
 use crate::client::{self, Config};
-use crate::server::{Options, Server};
+use crate::server::{Iperf3Port, Options, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE};
 
+/// An engine server on loopback with the iperf3 port as its front end
+/// (and no fatpipe service); the iperf3 port's address.
 fn server() -> std::net::SocketAddr {
     let opts = Options {
-        max_sessions: 4,
         handshake_timeout: Duration::from_secs(5),
-        logger: Arc::new(|_| {}),
         auth: None,
     };
-    let s = Server::bind(([127, 0, 0, 1], 0).into(), opts).expect("bind");
-    let addr = s.local_addr();
-    s.spawn().expect("spawn");
+    let (listener, port) = Iperf3Port::bind(([127, 0, 0, 1], 0).into(), opts).expect("bind");
+    let addr = port.local_addr();
+    let caps = fatpipe_engine::PortCaps::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE);
+    let server = fatpipe_engine::Server::builder()
+        .max_sessions(4)
+        .front_end(listener, Arc::new(port), caps)
+        .bind(([127, 0, 0, 1], 0).into())
+        .expect("bind the engine");
+    std::thread::spawn(move || server.run());
     addr
 }
 

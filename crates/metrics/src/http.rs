@@ -2,30 +2,44 @@
 //! short index on `/`.
 //!
 //! Two read-only routes without request bodies do not need a web framework
-//! and its async runtime; a maintained parser does (`httparse`, hyper's),
-//! and the loop around it is what bounds a peer: at most
-//! [`MAX_CONNECTIONS`] connections at once (more are closed unread), a
-//! request head of at most [`MAX_REQUEST`] bytes read within
-//! [`READ_TIMEOUT`] in all, answers written within [`WRITE_TIMEOUT`], one request
-//! per connection, and at most [`MAX_PROBES`] probes at once (each sends
-//! real traffic; more get 503). [`parse_request`] is the decoder of what
-//! a peer sends, and has a fuzz target.
+//! and its async runtime; a maintained parser does (`httparse`, hyper's).
+//! The port is an engine front end ([`MetricsPort`]): the server's accept
+//! framework bounds it as it bounds the fatpipe protocol's port. A
+//! connection here never authenticates, so it holds one of the port's
+//! [`CAPS`] for its whole life: at most [`MAX_CONNECTIONS`] at once and
+//! [`MAX_CONNECTIONS_PER_SOURCE`] from one address (more are closed
+//! unread); the request head, at most [`MAX_REQUEST`] bytes, must arrive
+//! by the server's pre-auth deadline (`--preauth-timeout`, from accept,
+//! for the whole head); timeouts and malformed requests go to the log
+//! summaries. Answers are written within [`WRITE_TIMEOUT`], one request per
+//! connection, and at most [`MAX_PROBES`] probes run at once (each sends
+//! real traffic; more get 503). [`parse_request`] is the decoder of what a
+//! peer sends, and has a fuzz target.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use fatpipe_engine::logsum::Event;
+use fatpipe_engine::{Conn, FrontEnd, PortCaps};
 
 use crate::probe::{self, Prober};
 use crate::{Metrics, CONTENT_TYPE};
 
 /// Connections served at once; more are closed without a word.
 pub const MAX_CONNECTIONS: usize = 32;
+/// Connections served at once to one address (IPv6: one /64): a scraper
+/// and a few probes, not the whole port.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 8;
+/// The port's caps in the engine's accept framework.
+pub const CAPS: PortCaps = PortCaps {
+    handshakes: MAX_CONNECTIONS,
+    handshakes_per_source: MAX_CONNECTIONS_PER_SOURCE,
+};
 /// The largest request head read (the request line and headers).
 pub const MAX_REQUEST: usize = 8 * 1024;
-/// Time a client has to send its request.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time an answer may take to be written.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Probes running at once.
@@ -99,36 +113,31 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
     }))
 }
 
-/// Serves `listener` until the process ends, one thread per connection.
-pub fn serve(listener: TcpListener, exporter: Exporter) {
-    let shared = Arc::new(Shared {
-        exporter,
-        connections: Arc::new(AtomicUsize::new(0)),
-        probes: Arc::new(AtomicUsize::new(0)),
-    });
-    loop {
-        let Ok((stream, peer)) = listener.accept() else {
-            // Out of descriptors or a reset before accept: breathe, go on.
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        let Some(slot) = Slot::take(&shared.connections, MAX_CONNECTIONS) else {
-            continue;
-        };
-        let shared = Arc::clone(&shared);
-        let _ = std::thread::Builder::new()
-            .name(format!("metrics {peer}"))
-            .spawn(move || {
-                let _slot = slot;
-                let _ = handle(&shared, stream, peer);
-            });
+/// The metrics port as an engine front end: register it with
+/// `ServerBuilder::front_end`, its listener and [`CAPS`].
+pub struct MetricsPort {
+    exporter: Exporter,
+    probes: Arc<AtomicUsize>,
+}
+
+impl MetricsPort {
+    /// The front end serving `exporter`.
+    pub fn new(exporter: Exporter) -> MetricsPort {
+        MetricsPort {
+            exporter,
+            probes: Arc::new(AtomicUsize::new(0)),
+        }
     }
 }
 
-struct Shared {
-    exporter: Exporter,
-    connections: Arc<AtomicUsize>,
-    probes: Arc<AtomicUsize>,
+impl FrontEnd for MetricsPort {
+    fn name(&self) -> &'static str {
+        "metrics"
+    }
+
+    fn serve(&self, tcp: TcpStream, conn: Conn) {
+        let _ = handle(self, tcp, &conn);
+    }
 }
 
 /// One of a bounded number of places (connections, probes), given back
@@ -152,17 +161,26 @@ impl Drop for Slot {
     }
 }
 
-fn handle(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
+fn handle(shared: &MetricsPort, mut stream: TcpStream, conn: &Conn) -> io::Result<()> {
+    let peer = conn.peer();
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     // One deadline for the whole request, not per read: a peer sending a
     // byte now and then must not hold its slot for long.
-    let deadline = Instant::now() + READ_TIMEOUT;
+    let deadline = conn.deadline();
+    let timed_out = |stream: &mut TcpStream| {
+        conn.summarise(Event::PreauthTimeout);
+        respond(stream, 408, "text/plain", "request timed out\n", false)
+    };
+    let bad = |stream: &mut TcpStream, code: u16, text: &str| {
+        conn.summarise(Event::HandshakeFailed);
+        respond(stream, code, "text/plain", text, false)
+    };
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     let req = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return respond(&mut stream, 408, "text/plain", "request timed out\n", false);
+            return timed_out(&mut stream);
         }
         stream.set_read_timeout(Some(left))?;
         let room = MAX_REQUEST.saturating_sub(buf.len()).min(chunk.len());
@@ -170,19 +188,15 @@ fn handle(shared: &Shared, mut stream: TcpStream, peer: SocketAddr) -> io::Resul
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return respond(&mut stream, 408, "text/plain", "request timed out\n", false),
+            Err(_) => return timed_out(&mut stream),
         };
         buf.extend_from_slice(&chunk[..n]);
         match parse_request(&buf) {
             Ok(Some(r)) => break r,
             Ok(None) => {}
-            Err(HttpError::TooLarge) => {
-                return respond(&mut stream, 431, "text/plain", "request too large\n", false)
-            }
-            Err(e @ HttpError::Method(_)) => {
-                return respond(&mut stream, 405, "text/plain", &format!("{e}\n"), false)
-            }
-            Err(e) => return respond(&mut stream, 400, "text/plain", &format!("{e}\n"), false),
+            Err(HttpError::TooLarge) => return bad(&mut stream, 431, "request too large\n"),
+            Err(e @ HttpError::Method(_)) => return bad(&mut stream, 405, &format!("{e}\n")),
+            Err(e) => return bad(&mut stream, 400, &format!("{e}\n")),
         }
     };
     let head = req.head_only;
@@ -251,6 +265,7 @@ fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{SocketAddr, TcpListener};
 
     #[test]
     fn requests_parse_in_pieces_and_are_capped() {
@@ -276,7 +291,11 @@ mod tests {
         assert_eq!(parse_request(&big), Err(HttpError::TooLarge));
     }
 
-    /// Starts a listener without probes; returns its address.
+    /// The pre-auth deadline the test servers give a request.
+    const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Starts an engine server whose only front end is the metrics port
+    /// (without probes); returns the port's address.
     fn listener() -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -285,8 +304,44 @@ mod tests {
             prober: None,
             log: Arc::new(|_| {}),
         };
-        std::thread::spawn(move || serve(l, exporter));
+        let server = fatpipe_engine::Server::builder()
+            .preauth_timeout(READ_TIMEOUT)
+            .front_end(l, Arc::new(MetricsPort::new(exporter)), CAPS)
+            .bind("127.0.0.1:0".parse().unwrap())
+            .unwrap();
+        std::thread::spawn(move || server.run());
         addr
+    }
+
+    /// A connection to `addr` from the loopback address `from`.
+    fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let local: SocketAddr = format!("{from}:0").parse().unwrap();
+        s.bind(&local.into()).unwrap();
+        s.connect(&addr.into()).unwrap();
+        s.into()
+    }
+
+    /// What `from` is answered for one request.
+    fn ask_from(from: &str, addr: SocketAddr) -> String {
+        let mut s = connect_from(from, addr);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// Asks until `from` is closed unanswered (its idle connections, which
+    /// the server accepts on its own time, hold their slots by then).
+    fn refused_soon(from: &str, addr: SocketAddr) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if ask_from(from, addr).is_empty() {
+                return true;
+            }
+        }
+        false
     }
 
     fn ask(addr: SocketAddr, request: &[u8]) -> String {
@@ -353,24 +408,32 @@ mod tests {
     }
 
     #[test]
-    fn connections_beyond_the_limit_are_closed_and_slots_come_back() {
+    fn connections_beyond_the_per_source_and_total_caps_are_closed_and_slots_come_back() {
         let addr = listener();
-        let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
-            .map(|_| TcpStream::connect(addr).unwrap())
+        // One address fills its share; another is still answered.
+        let mut idle: Vec<TcpStream> = (0..MAX_CONNECTIONS_PER_SOURCE)
+            .map(|_| connect_from("127.0.0.1", addr))
             .collect();
-        // Each idle connection holds its slot until it sends or leaves;
-        // one more is closed unanswered.
-        std::thread::sleep(Duration::from_millis(200));
-        let got = ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
-        assert_eq!(got, "", "answered beyond the limit");
+        assert!(
+            refused_soon("127.0.0.1", addr),
+            "answered past the per-source cap"
+        );
+        assert!(ask_from("127.0.0.2", addr).starts_with("HTTP/1.1 200"));
+        // Addresses enough to fill the port: one more is closed, whoever.
+        for i in 2..2 + (MAX_CONNECTIONS / MAX_CONNECTIONS_PER_SOURCE) - 1 {
+            let from = format!("127.0.0.{i}");
+            idle.extend((0..MAX_CONNECTIONS_PER_SOURCE).map(|_| connect_from(&from, addr)));
+        }
+        assert!(
+            refused_soon("127.0.0.99", addr),
+            "answered past the port's cap"
+        );
         drop(idle);
+        let deadline = Instant::now() + Duration::from_secs(10);
         let mut answered = false;
-        for _ in 0..50 {
-            std::thread::sleep(Duration::from_millis(20));
-            if ask(addr, b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200") {
-                answered = true;
-                break;
-            }
+        while !answered && Instant::now() < deadline {
+            answered = ask_from("127.0.0.1", addr).starts_with("HTTP/1.1 200")
+                && ask_from("127.0.0.99", addr).starts_with("HTTP/1.1 200");
         }
         assert!(answered, "the slots were not given back");
     }

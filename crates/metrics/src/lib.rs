@@ -13,10 +13,11 @@
 //! - [`probe`]: the probe's parameters (parsed from the query, bounded) and
 //!   the test it runs through `fatpipe-memtest`'s client, encoded into a
 //!   registry of its own per request.
-//! - [`http`]: the listener. Two GET routes with no body need no web
-//!   framework; `httparse` parses the request, and the listener bounds
-//!   what a peer can make it spend (connections at once, request size,
-//!   read and write timeouts, probes at once).
+//! - [`http`]: the listener, an engine front end ([`MetricsPort`]) whose
+//!   connections the server's accept framework bounds (per port and per
+//!   source, the pre-auth deadline, log summaries). Two GET routes with no
+//!   body need no web framework; `httparse` parses the request, and the
+//!   route bounds the rest (request size, write timeout, probes at once).
 //!
 //! Names follow Prometheus conventions: base units (bytes, seconds),
 //! `_total` on counters, a `fatpipe_` prefix. Per-peer gauges keep the
@@ -40,7 +41,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-pub use http::{serve, Exporter, HttpError};
+pub use http::{Exporter, HttpError, MetricsPort};
 
 /// Peers whose last test is kept as gauges; the least recently updated
 /// one is dropped for a new one beyond this.

@@ -16,6 +16,9 @@
 //! * **Start-up** ([`ramp`], pure): the time a transfer takes to reach its
 //!   rate, measured from its progress and modelled (slow start on a path),
 //!   for the copy's timeline and for bounds that tests derive from a path.
+//! * **Host** ([`host`]): which congestion controls this host may use,
+//!   one answer by capability (root or `CAP_NET_ADMIN`) for the planner
+//!   and every adjuster's switchable list.
 //! * **Driver** ([`steer`]): runs the adjuster beside a transfer and
 //!   carries out its decisions through the [`steer::Steerable`] trait,
 //!   which each steerable service implements.
@@ -27,6 +30,7 @@
 
 pub mod adjust;
 pub mod auto;
+pub mod host;
 pub mod plan;
 pub mod ramp;
 pub mod steer;

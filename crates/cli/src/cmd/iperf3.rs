@@ -95,18 +95,14 @@ pub fn run(args: &Args, rec: Option<&super::archive::Recorder>) -> anyhow::Resul
     Ok(())
 }
 
-/// Binds `fatpipe server --iperf3-port`'s iperf3 server beside the
-/// fatpipe one: the same address, sessions cap and handshake timeout.
+/// Binds `fatpipe server --iperf3-port`'s port (TCP and UDP) on the
+/// server's address: the front end the server runs beside the fatpipe
+/// protocol's, under the same caps, log (escaped), observer and drain.
 pub fn bind_server(
     a: &super::server::Args,
     port: u16,
     handshake: Duration,
-) -> anyhow::Result<fatpipe_iperf3::server::Server> {
-    let logger: fatpipe_iperf3::server::Logger = if a.quiet {
-        std::sync::Arc::new(|_| {})
-    } else {
-        std::sync::Arc::new(|line| eprintln!("fatpipe server: {line}"))
-    };
+) -> anyhow::Result<(std::net::TcpListener, fatpipe_iperf3::server::Iperf3Port)> {
     let auth = match (&a.iperf3_rsa_private_key, &a.iperf3_authorized_users) {
         (Some(key), Some(users)) => Some(std::sync::Arc::new(
             auth::Authorizer::load(key, users, a.iperf3_time_skew)
@@ -120,12 +116,10 @@ pub fn bind_server(
         }
     };
     let opts = fatpipe_iperf3::server::Options {
-        max_sessions: a.max_sessions,
         handshake_timeout: handshake,
-        logger,
         auth,
     };
-    fatpipe_iperf3::server::Server::bind(std::net::SocketAddr::new(a.bind, port), opts)
+    fatpipe_iperf3::server::Iperf3Port::bind(std::net::SocketAddr::new(a.bind, port), opts)
         .map_err(|e| crate::exit::usage(format!("--iperf3-port: {e}")))
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Kept apart from `server.rs` so the server's own flags and the services
 //! it registers stay in one short file; this adds an observer to the
-//! builder and a listener thread beside the server.
+//! builder and the metrics port as one of the server's front ends.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fatpipe_engine::server::DEFAULT_PORT;
 use fatpipe_engine::ClientOptions;
 use fatpipe_metrics::probe::Prober;
-use fatpipe_metrics::{Exporter, Metrics};
+use fatpipe_metrics::{Exporter, Metrics, MetricsPort};
 
 /// The metrics flags of `fatpipe server`.
 #[derive(Debug, clap::Args)]
@@ -27,14 +27,22 @@ pub struct MetricsArgs {
     pub no_probe: bool,
 }
 
+/// The bound metrics port: the registry to observe the server with, the
+/// address, and the listener with its front end for the server to run.
+pub struct Bound {
+    pub metrics: Arc<Metrics>,
+    pub addr: SocketAddr,
+    pub listener: TcpListener,
+    pub port: MetricsPort,
+}
+
 /// Binds the listener (before the server runs, so a bad address is a
-/// usage error) and serves it on a thread. Returns the registry to
-/// observe the server with and the bound address, if `--metrics` asked.
-pub fn start(
+/// usage error), if `--metrics` asked; the server serves it.
+pub fn bind(
     args: &MetricsArgs,
     key: Option<fatpipe_proto::Key>,
     log: Arc<dyn Fn(&str) + Send + Sync>,
-) -> anyhow::Result<Option<(Arc<Metrics>, SocketAddr)>> {
+) -> anyhow::Result<Option<Bound>> {
     let Some(addr) = args.metrics else {
         return Ok(None);
     };
@@ -56,8 +64,10 @@ pub fn start(
         prober,
         log,
     };
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || fatpipe_metrics::serve(listener, exporter))?;
-    Ok(Some((metrics, bound)))
+    Ok(Some(Bound {
+        metrics,
+        addr: bound,
+        listener,
+        port: MetricsPort::new(exporter),
+    }))
 }

@@ -5,9 +5,11 @@
 //! it as "ready": every port is bound and a signal drains; with `--port 0` it is how they learn the port; with
 //! `--metrics`, `metrics on IP:PORT` follows, then with `--iperf3-port`
 //! `iperf3 listening on IP:PORT`), then serves until SIGTERM or
-//! SIGINT, on which it drains (the engine refuses new sessions, running
-//! tests end with "the server is shutting down", sessions left after
-//! `--drain-timeout` are closed with that reason) and exits 0. Each
+//! SIGINT, on which it drains every port (the engine refuses new sessions,
+//! running tests, iperf3's too, end with "the server is shutting down",
+//! sessions left after `--drain-timeout` are closed with that reason) and
+//! exits 0. The metrics and iperf3 ports are front ends of the same
+//! engine server, under its caps, observer and log. Each
 //! registered service is one line in [`run`]; session events go to
 //! stderr, one line each, unless `--quiet`.
 
@@ -141,10 +143,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("fatpipe: server: {w}");
     })
     .map_err(|e| crate::exit::usage(e.to_string()))?;
-    let metrics = super::metrics::start(&args.metrics, key.clone(), logger.clone())?;
+    let metrics = super::metrics::bind(&args.metrics, key.clone(), logger.clone())?;
+    let iperf3 = match args.iperf3_port {
+        Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
+        None => None,
+    };
+    // Every port is a front end of the one server: the same caps,
+    // observer, log and drain (docs/security.md lists them per port).
     let mut builder = Server::builder();
-    if let Some((registry, _)) = &metrics {
-        builder = builder.observer(registry.clone());
+    let mut addrs = Vec::new();
+    let mut registry = None;
+    if let Some(m) = metrics {
+        builder = builder.observer(m.metrics.clone()).front_end(
+            m.listener,
+            Arc::new(m.port),
+            fatpipe_metrics::http::CAPS,
+        );
+        addrs.push(format!("metrics on {}", m.addr));
+        registry = Some(m.metrics);
+    }
+    if let Some((listener, port)) = iperf3 {
+        addrs.push(format!("iperf3 listening on {}", port.local_addr()));
+        // The iperf3 port takes the protocol port's handshake flags, held
+        // to its own ceiling.
+        let caps = fatpipe_engine::PortCaps::new(
+            args.max_handshakes
+                .min(fatpipe_iperf3::server::MAX_HANDSHAKES),
+            args.max_handshakes_per_source
+                .min(fatpipe_iperf3::server::MAX_HANDSHAKES_PER_SOURCE),
+        );
+        builder = builder.front_end(listener, Arc::new(port), caps);
     }
     let server = builder
         .service(TestService)
@@ -161,10 +189,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .drain_timeout(drain)
         .bind(SocketAddr::new(args.bind, args.port))
         .map_err(|e| crate::exit::usage(e.to_string()))?;
-    let iperf3 = match args.iperf3_port {
-        Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
-        None => None,
-    };
     // Every socket is bound: root is needed no longer.
     if let Some(name) = &args.user {
         drop_privileges(name, &args.exports)?;
@@ -179,18 +203,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.local_addr())?;
-    if let Some((registry, addr)) = &metrics {
-        registry.declare_services(&server.services());
-        writeln!(out, "metrics on {addr}")?;
+    if let Some(registry) = &registry {
+        let mut services = server.services();
+        if args.iperf3_port.is_some() {
+            services.push(fatpipe_iperf3::server::SERVICE);
+        }
+        registry.declare_services(&services);
     }
-    if let Some(s) = &iperf3 {
-        writeln!(out, "iperf3 listening on {}", s.local_addr())?;
+    for line in &addrs {
+        writeln!(out, "{line}")?;
     }
     out.flush()?;
     drop(out);
-    if let Some(s) = iperf3 {
-        s.spawn()?;
-    }
     server.run()?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fatpipe_schema::test::{Direction, TestReport};
@@ -772,4 +772,346 @@ fn iperf3_auth_fatpipe_client_against_a_stock_server() {
         .env_remove("IPERF3_PASSWORD"));
     assert_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("IPERF3_PASSWORD"));
+}
+
+// Issue 34: the iperf3 port is an engine front end. These pin what that
+// gives it: --max-streams over every port, /metrics, the drain on
+// SIGTERM, and escaped client text in the log.
+
+/// `fatpipe server --iperf3-port 0 --metrics 127.0.0.1:0` with `extra`:
+/// the guard, the iperf3 port, the metrics address, and the server's
+/// stderr (piped unless `--quiet` is among `extra`).
+fn server_with_metrics(dir: &Dir, extra: &[&str]) -> (Guard, u16, String, Option<ChildStderr>) {
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
+        .args(["--iperf3-port", "0", "--metrics", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take();
+    let guard = Guard(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    let (_first, metrics, iperf3) = (next(), next(), next());
+    let maddr = metrics
+        .strip_prefix("metrics on ")
+        .unwrap_or_else(|| panic!("unexpected second line: {metrics:?}"))
+        .to_string();
+    let port = iperf3
+        .strip_prefix("iperf3 listening on ")
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected third line: {iperf3:?}"));
+    (guard, port, maddr, stderr)
+}
+
+/// The `/metrics` text.
+fn scrape(maddr: &str) -> String {
+    let mut s = TcpStream::connect(maddr).expect("connect to the metrics port");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// The value of one series, 0 if it is not exposed.
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+const IP3_ACTIVE: &str = "fatpipe_active_sessions{service=\"iperf3\"}";
+const IP3_STREAMS: &str = "fatpipe_active_streams{service=\"iperf3\"}";
+const IP3_OK: &str = "fatpipe_sessions_total{service=\"iperf3\",outcome=\"ok\"}";
+const IP3_RECEIVED: &str = "fatpipe_data_bytes_total{service=\"iperf3\",direction=\"received\"}";
+
+#[test]
+fn iperf3_streams_count_against_max_streams_and_sessions_show_in_metrics() {
+    let dir = setup();
+    let (_srv, port, maddr, _) = server_with_metrics(&dir, &["--quiet", "--max-streams", "4"]);
+    let busy = |out: &Output, what: &str| {
+        let v = client_json(out);
+        assert!(
+            v["error"].as_str().unwrap_or_default().contains("busy"),
+            "{what}: refused as busy: {v}"
+        );
+    };
+    // More streams than the server has slots: refused whole, at once.
+    let t0 = Instant::now();
+    busy(
+        &run(&mut stock_client(port, &["-P", "5", "-t", "1"])),
+        "-P 5",
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // A running test holds its 3; 2 more do not fit, 1 does.
+    let holder = stock_client(port, &["-P", "3", "-t", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn iperf3 -c");
+    let mut text = String::new();
+    crate::util::wait_for(
+        Duration::from_secs(10),
+        "the iperf3 test in /metrics",
+        || {
+            text = scrape(&maddr);
+            series(&text, IP3_ACTIVE) == 1.0 && series(&text, IP3_RECEIVED) > 0.0
+        },
+    );
+    assert_eq!(series(&text, IP3_STREAMS), 3.0, "{text}");
+    busy(
+        &run(&mut stock_client(port, &["-P", "2", "-t", "1"])),
+        "-P 2 beside 3",
+    );
+    let one = run(&mut stock_client(port, &["-t", "1"]));
+    assert_exit(&one, 0);
+    let held = holder.wait_with_output().expect("wait for iperf3 -c");
+    assert_exit(&held, 0);
+    // Both finished tests are counted, with the bytes the clients were told.
+    let want =
+        bytes(&client_json(&one), "sum_received") + bytes(&client_json(&held), "sum_received");
+    crate::util::wait_for(Duration::from_secs(10), "both sessions counted", || {
+        text = scrape(&maddr);
+        series(&text, IP3_OK) == 2.0 && series(&text, IP3_ACTIVE) == 0.0
+    });
+    assert_eq!(series(&text, IP3_STREAMS), 0.0, "{text}");
+    let last = text
+        .lines()
+        .find(|l| {
+            l.starts_with("fatpipe_peer_last_test_throughput_bytes_per_second{service=\"iperf3\"")
+                && l.contains("direction=\"received\"")
+        })
+        .unwrap_or_else(|| panic!("no last-test gauge for the iperf3 peer:\n{text}"));
+    let rate: f64 = last
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(rate > 0.0, "{last}");
+    within(
+        "received in /metrics vs the clients' reports",
+        series(&text, IP3_RECEIVED) as u64,
+        want,
+        BLOCK,
+    );
+}
+
+#[test]
+fn sigterm_ends_a_running_iperf3_test_with_a_reason_and_exits_0() {
+    let dir = setup();
+    let (mut srv, port, maddr, _) = server_with_metrics(&dir, &["--quiet"]);
+    let client = stock_client(port, &["-t", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn iperf3 -c");
+    let client_guard = ClientGuard(client.id());
+    crate::util::wait_for(Duration::from_secs(10), "the iperf3 test to run", || {
+        series(&scrape(&maddr), IP3_RECEIVED) > 0.0
+    });
+    let t0 = Instant::now();
+    assert!(fatpipe_sys::process::kill(
+        srv.0.id(),
+        fatpipe_sys::process::Signal::Term
+    ));
+    let out = client.wait_with_output().expect("wait for iperf3 -c");
+    // Reaped: its PID is no longer ours to signal.
+    std::mem::forget(client_guard);
+    let v = client_json(&out);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("server has terminated"),
+        "the client is told why: {v}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Ok(Some(s)) = srv.0.try_wait() {
+            break s.code();
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status, Some(0), "the server exits 0");
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nothing listens"
+    );
+}
+
+/// Ends a spawned client by PID if a test fails before it exits.
+struct ClientGuard(u32);
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        let _ = fatpipe_sys::process::kill(self.0, fatpipe_sys::process::Signal::Term);
+    }
+}
+
+#[test]
+fn iperf3_client_text_is_logged_escaped() {
+    let dir = setup();
+    let (_srv, port, _maddr, stderr) = server_with_metrics(&dir, &[]);
+    let lines = std::sync::mpsc::channel::<String>();
+    let (tx, rx) = lines;
+    let stderr = stderr.expect("the server's stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // A client whose version and congestion control carry an ANSI escape
+    // and a newline that would start a forged log line.
+    let cookie = [b'e'; 36];
+    let mut ctrl = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    ctrl.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    ctrl.write_all(&cookie).expect("write");
+    ctrl.write_all(&[0]).expect("write");
+    let mut state = [0u8; 1];
+    ctrl.read_exact(&mut state).expect("PARAM_EXCHANGE");
+    assert_eq!(state[0], 9);
+    let params = serde_json::json!({
+        "tcp": true, "omit": 0, "time": 1, "parallel": 1, "len": 131072,
+        "client_version": "3.12\u{1b}[2J\nfatpipe server: forged",
+        "congestion": "\u{1b}[31mevil\nforged",
+    })
+    .to_string();
+    ctrl.write_all(&(params.len() as u32).to_be_bytes())
+        .expect("write");
+    ctrl.write_all(params.as_bytes()).expect("write");
+    ctrl.read_exact(&mut state).expect("CREATE_STREAMS");
+    assert_eq!(state[0], 10);
+    let mut data = TcpStream::connect(("127.0.0.1", port)).expect("connect a stream");
+    data.write_all(&cookie).expect("write");
+    data.write_all(&[0]).expect("write");
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no refusal logged; the log so far: {seen:#?}"));
+        seen.push(line.clone());
+        if line.contains("refused: congestion") {
+            break line;
+        }
+    };
+    assert!(
+        refused.contains("(client 3.12\\x1b[2J\\x0afatpipe server: forged)"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("congestion \\x1b[31mevil\\x0aforged"),
+        "{refused}"
+    );
+    for line in &seen {
+        assert!(
+            !line.contains('\u{1b}'),
+            "a raw escape in the log: {line:?}"
+        );
+        assert!(!line.starts_with("forged"), "a forged line: {line:?}");
+        assert!(
+            !line.starts_with("fatpipe server: forged"),
+            "a forged line: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn timeouts_and_garbage_on_the_iperf3_and_metrics_ports_are_summarised() {
+    let dir = setup();
+    let (mut srv, port, maddr, stderr) = server_with_metrics(&dir, &["--preauth-timeout", "1s"]);
+    let stderr = stderr.expect("the server's stderr");
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        text
+    });
+    let addr = ("127.0.0.1", port);
+    // Silent connections on both ports, and half a cookie then a close
+    // on the iperf3 port, several of each.
+    let mut silent: Vec<TcpStream> = (0..6)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    silent.extend((0..6).map(|_| TcpStream::connect(maddr.as_str()).expect("connect")));
+    for _ in 0..6 {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.write_all(&[b'g'; 20]).expect("write");
+    }
+    // The server closes the silent ones at its pre-auth deadline.
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+    // A real client is served meanwhile; then SIGTERM writes the summaries.
+    let out = run(&mut stock_client(port, &["-t", "1"]));
+    assert_exit(&out, 0);
+    assert!(fatpipe_sys::process::kill(
+        srv.0.id(),
+        fatpipe_sys::process::Signal::Term
+    ));
+    let _ = srv.0.wait();
+    let text = log.join().expect("the log");
+    for want in [
+        "6 pre-auth timeouts on the iperf3 port from 127.0.0.1",
+        "6 failed handshakes on the iperf3 port from 127.0.0.1",
+        "6 pre-auth timeouts on the metrics port from 127.0.0.1",
+    ] {
+        assert!(text.contains(want), "no {want:?} in the log:\n{text}");
+    }
+    // Summaries, not a line per connection: the real session's line and a
+    // handful of others.
+    assert!(text.lines().count() <= 12, "{text}");
+}
+
+#[test]
+fn the_iperf3_port_takes_the_handshake_flags() {
+    let dir = setup();
+    let (_srv, port, _maddr, _) = server_with_metrics(
+        &dir,
+        &[
+            "--quiet",
+            "--max-handshakes-per-source",
+            "2",
+            "--preauth-timeout",
+            "20s",
+        ],
+    );
+    let addr = ("127.0.0.1", port);
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    // Past the cap a connection is closed unread, long before the
+    // pre-auth deadline (once the server has accepted the two above).
+    let closed_at_once = || {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut b = [0u8; 1];
+        matches!(c.read(&mut b), Ok(0))
+    };
+    crate::util::wait_for(
+        Duration::from_secs(10),
+        "a third connection closed unread",
+        closed_at_once,
+    );
+    // Their slots come back when they leave; then a client is served.
+    drop(silent);
+    crate::util::wait_for(Duration::from_secs(10), "the slots back", || {
+        !closed_at_once()
+    });
+    let out = run(&mut stock_client(port, &["-t", "1"]));
+    assert_exit(&out, 0);
 }
