@@ -24,6 +24,7 @@
 pub mod html;
 pub mod metric;
 pub mod plot;
+pub mod runs;
 pub mod tables;
 pub mod timeseries;
 
