@@ -140,6 +140,10 @@ pub struct Args {
     /// not only the one-line choice.
     #[arg(short = 'v', long, conflicts_with = "quiet")]
     pub verbose: bool,
+    /// When the copy ends, draw its bytes over time against the path's
+    /// capacity, with its timeline marked, into FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 /// A validated copy request.
@@ -342,6 +346,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let plan = plan(&args)?;
+    if let Some(f) = &args.plot {
+        super::report::check_plot_file(f)?;
+    }
     let addr = super::common::resolve(&plan.host, plan.port)?;
     let key = match &args.key_file {
         Some(path) => {
@@ -503,6 +510,9 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     }
     if let Some(r) = rec {
         r.copy(&out)?;
+    }
+    if let Some(file) = &args.plot {
+        super::plots::copy(&out, file)?;
     }
     for line in failure_lines(&out.failures) {
         eprintln!("fatpipe: copy: {line}");

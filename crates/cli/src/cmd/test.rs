@@ -160,6 +160,12 @@ pub struct Args {
     /// `--use-pkcs1-padding` expect).
     #[arg(long, requires = "iperf3_username")]
     pub iperf3_oaep: bool,
+    /// When the test ends, draw it over time into FILE.svg or FILE.png:
+    /// throughput (the sum, and the streams' spread), RTT, window and
+    /// retransmits (UDP: loss and jitter) per interval, the adjuster's
+    /// changes and the ramp marked.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["find_max", "iperf3"])]
+    pub plot: Option<PathBuf>,
 }
 
 /// Runs the test and prints it; stores it when `--archive` or
@@ -178,6 +184,9 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         return super::iperf3::run(&args, rec);
     }
     let mut params = plan(&args)?;
+    if let Some(f) = &args.plot {
+        super::report::check_plot_file(f)?;
+    }
     fatpipe_engine::raise_fd_limit();
     let addr = super::common::resolve(&args.host, args.port)?;
     let key = match &args.key_file {
@@ -284,6 +293,9 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     out.flush()?;
     if let Some(r) = rec {
         r.test(&report)?;
+    }
+    if let Some(file) = &args.plot {
+        super::plots::test(&report, file)?;
     }
     Ok(())
 }
