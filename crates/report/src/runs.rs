@@ -107,8 +107,10 @@ pub fn plots(
                 } else {
                     format!("{} copies: bytes over time", crefs.len())
                 };
+                let mut p = timeseries::copy_data(&crefs, capacity, caption(title))?;
+                p.first_colour = refs.len();
                 out.push((
-                    Plot::Progress(timeseries::copy_data(&crefs, capacity, caption(title))?),
+                    Plot::Progress(p),
                     "bytes moved since the command started; dashed grey: what the path's capacity would have moved from the first byte; dotted: the copy's timeline.".to_string(),
                 ));
             }
@@ -282,6 +284,7 @@ mod tests {
             panic!("second: the copy")
         };
         assert_eq!(c.runs[0].label, "run 3: 3 copy, auto-tuned");
+        assert_eq!(c.first_colour, 2, "after the two tests' colours");
         assert_eq!(c.runs[0].capacity, Some((1.2, 1e9)), "the lab link's rate");
     }
 

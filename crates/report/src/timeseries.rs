@@ -183,6 +183,10 @@ pub struct Progress {
     pub caption: Caption,
     /// One per copy, in colour order.
     pub runs: Vec<CopyRun>,
+    /// The first copy's colour and marker (0: the palette's first); a page
+    /// that shows tests beside copies starts the copies after the tests,
+    /// so no copy looks like a test.
+    pub first_colour: usize,
 }
 
 /// The distribution of per-interval figures, one line per run.
@@ -397,7 +401,11 @@ pub fn copy_data(
             "plot: no copy moved any data to draw over time".into(),
         ));
     }
-    Ok(Progress { caption, runs: out })
+    Ok(Progress {
+        caption,
+        runs: out,
+        first_colour: 0,
+    })
 }
 
 /// The distribution of the runs' per-interval throughput (the sum) and
@@ -914,7 +922,7 @@ pub(crate) fn draw_progress<DB: DrawingBackend>(
         if !c.sampled {
             label.push_str(" (first and last byte only)");
         }
-        row.run(&legend, i, &label)?;
+        row.run(&legend, i + p.first_colour, &label)?;
     }
     if let Some(cap) = p.runs.iter().find_map(|c| c.capacity) {
         row.swatch(
@@ -968,7 +976,8 @@ pub(crate) fn draw_progress<DB: DrawingBackend>(
         .draw()
         .map_err(draw_err)?;
     for (i, c) in p.runs.iter().enumerate() {
-        let col = colour(i);
+        let k = i + p.first_colour;
+        let col = colour(k);
         if let Some((t0, bps)) = c.capacity {
             // Where a copy at the path's full rate from its first byte
             // would be, up to the bytes this one moved.
@@ -994,10 +1003,10 @@ pub(crate) fn draw_progress<DB: DrawingBackend>(
         for (j, s) in c.samples.iter().enumerate() {
             if j % every == every / 2 || c.samples.len() <= 2 {
                 let at = rel(&pa, chart.backend_coord(&(s.0, s.1 / div)));
-                draw_marker(&pa, i, at, col)?;
+                draw_marker(&pa, k, at, col)?;
             }
         }
-        let mc = mark_colour(p.runs.len(), i);
+        let mc = mark_colour(p.runs.len(), k);
         let (pw, _) = pa.dim_in_pixel();
         for (j, m) in c.marks.iter().enumerate() {
             chart
