@@ -294,7 +294,12 @@ fn keep(
             r
         })
         .collect();
-    let ids: Vec<i64> = store.insert_runs(&runs)?.ids.into_iter().flatten().collect();
+    let ids: Vec<i64> = store
+        .insert_runs(&runs)?
+        .ids
+        .into_iter()
+        .flatten()
+        .collect();
     drop(store);
     super::report::write(super::report::Args {
         select: super::archive::Select {
