@@ -713,7 +713,7 @@ pub(crate) fn draw_timeseries<DB: DrawingBackend>(
     }
     // Panels share the time axis; the last one carries its labels.
     let n = ts.panels.len().max(1) as u32;
-    let (bw, bh) = body.dim_in_pixel();
+    let (_, bh) = body.dim_in_pixel();
     let last_extra = 48;
     let each = bh.saturating_sub(last_extra) / n;
     let mut rest = body.clone();
@@ -872,7 +872,6 @@ pub(crate) fn draw_timeseries<DB: DrawingBackend>(
                 .map_err(draw_err)?;
             }
         }
-        let _ = bw;
     }
     // The reasons, numbered as at their lines.
     let multi = ts.runs.len() > 1;
@@ -929,7 +928,10 @@ pub(crate) fn draw_progress<DB: DrawingBackend>(
             &legend,
             SHADE.stroke_width(2),
             true,
-            &format!("path capacity from the first byte ({})", rate_text(cap.1)),
+            &format!(
+                "path capacity from the first byte ({})",
+                units::format_rate(cap.1)
+            ),
         )?;
     }
     let tmax = p
@@ -1119,10 +1121,6 @@ pub(crate) fn draw_cdf<DB: DrawingBackend>(
         }
     }
     Ok(())
-}
-
-fn rate_text(bps: f64) -> String {
-    units::format_rate(bps)
 }
 
 #[cfg(test)]
