@@ -76,6 +76,8 @@ fn main() {
         rows.push([s(t0, t1), s(t1, t2), s(t2, t3), s(t3, t4), s(t0, t4)]);
         cpu.push(cpu_secs() - c0);
     }
+    // Its size, to show it was written (then it goes).
+    let png_bytes = std::fs::metadata(&png).map_or(0, |m| m.len());
     let _ = std::fs::remove_file(&png);
     let med = |k: usize| {
         let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
@@ -84,9 +86,10 @@ fn main() {
     };
     cpu.sort_by(f64::total_cmp);
     println!(
-        "{streams} streams x {intervals} intervals: JSON {:.1} MB, SVG {:.0} kB; median of {reps}",
+        "{streams} streams x {intervals} intervals: JSON {:.1} MB, SVG {:.0} kB, PNG {:.0} kB; median of {reps}",
         json.len() as f64 / 1e6,
-        svg_bytes as f64 / 1e3
+        svg_bytes as f64 / 1e3,
+        png_bytes as f64 / 1e3
     );
     for (k, what) in ["parse JSON", "recipe", "draw SVG", "draw PNG", "total"]
         .iter()
