@@ -72,10 +72,13 @@ impl Quantity {
             Quantity::Throughput | Quantity::StreamThroughput => {
                 unit_for(crate::metric::Metric::Throughput, max)
             }
+            // Loopback's tens of microseconds would all print as 0 ms.
+            Quantity::Rtt if max < 1e-3 => (1e-6, "µs"),
             Quantity::Rtt => (1e-3, "ms"),
             Quantity::Cwnd => bytes_unit(max),
             Quantity::Retransmits => (1.0, "segments"),
             Quantity::Loss => (1.0, "%"),
+            Quantity::Jitter if max < 1.0 => (1e-3, "µs"),
             Quantity::Jitter => (1.0, "ms"),
         }
     }
@@ -537,6 +540,22 @@ fn quantile(v: &[f64], p: f64) -> f64 {
     v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
+/// A tick label on an axis spanning `span` (in its unit): as many
+/// decimals as the ticks need to differ (`0.25`, `0.5`), no more.
+fn tick(v: f64, span: f64) -> String {
+    if span <= 0.0 || !span.is_finite() || span >= 5.0 {
+        return num(v);
+    }
+    // One more than the tick step needs, for steps of 2.5; trailing zeros go.
+    let decimals = ((-(span / 5.0).log10()).ceil() + 1.0).clamp(0.0, 6.0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 /// Divisor and SI unit for a byte count up to `max` (as `format_bytes`).
 fn bytes_unit(max: f64) -> (f64, &'static str) {
     if max >= 1e9 {
@@ -742,8 +761,8 @@ pub(crate) fn draw_timeseries<DB: DrawingBackend>(
             .y_label_area_size(112)
             .build_cartesian_2d(0.0..ts.span, y0..y1)
             .map_err(draw_err)?;
-        let yfmt = |v: &f64| num(*v);
-        let xfmt = |v: &f64| num(*v);
+        let yfmt = |v: &f64| tick(*v, y1 - y0);
+        let xfmt = |v: &f64| tick(*v, ts.span);
         chart
             .configure_mesh()
             .x_desc(if last {
@@ -1081,7 +1100,7 @@ pub(crate) fn draw_cdf<DB: DrawingBackend>(
             .y_label_area_size(70)
             .build_cartesian_2d(x0..x1, 0.0..1.0)
             .map_err(draw_err)?;
-        let fmt = |v: &f64| num(*v);
+        let fmt = |v: &f64| tick(*v, x1 - x0);
         let what = match q {
             Quantity::Rtt => "RTT of each stream in each interval",
             _ => "throughput of each interval",
@@ -1560,6 +1579,17 @@ pub(crate) mod tests {
         let texts = texts(&svg);
         assert!(texts.iter().any(|x| x == "loss per interval"));
         assert!(texts.iter().any(|x| x == "%"));
+    }
+
+    #[test]
+    fn small_values_keep_their_digits_and_units() {
+        assert_eq!(tick(0.25, 1.0), "0.25");
+        assert_eq!(tick(0.5, 1.0), "0.5");
+        assert_eq!(tick(0.004, 0.01), "0.004");
+        assert_eq!(tick(200.0, 800.0), "200");
+        assert_eq!(Quantity::Rtt.unit(40e-6), (1e-6, "µs"));
+        assert_eq!(Quantity::Rtt.unit(0.228), (1e-3, "ms"));
+        assert_eq!(Quantity::Jitter.unit(0.02), (1e-3, "µs"));
     }
 
     #[test]
