@@ -139,21 +139,25 @@ pub fn plots(
 /// the cells first appear; at most `max` cells. Runs outside sweeps are
 /// one cell per path and command.
 pub fn median_runs(runs: &[Measurement], max: usize) -> Vec<i64> {
-    let mut cells: Vec<(String, Vec<&Measurement>)> = Vec::new();
+    // Cells in first-seen order, found by key: an archive may hold
+    // 100,000 runs of a thousand cells.
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut cells: Vec<Vec<&Measurement>> = Vec::new();
     for m in runs.iter().filter(|m| m.ok && m.kind != RunKind::Path) {
         let key = match &m.sweep {
             Some(s) => format!("{}\u{0}{}", s.sweep, s.cell),
             None => format!("{}\u{0}{}", m.path, m.kind.as_str()),
         };
-        match cells.iter_mut().find(|c| c.0 == key) {
-            Some(c) => c.1.push(m),
-            None => cells.push((key, vec![m])),
-        }
+        let i = *index.entry(key).or_insert_with(|| {
+            cells.push(Vec::new());
+            cells.len() - 1
+        });
+        cells[i].push(m);
     }
     cells
         .into_iter()
         .take(max)
-        .filter_map(|(_, mut ms)| {
+        .filter_map(|mut ms| {
             ms.sort_by(|a, b| {
                 let v = |m: &Measurement| m.metrics.throughput_bps.unwrap_or(0.0);
                 v(a).total_cmp(&v(b))
