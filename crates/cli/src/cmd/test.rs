@@ -164,7 +164,7 @@ pub struct Args {
     /// throughput (the sum, and the streams' spread), RTT, window and
     /// retransmits (UDP: loss and jitter) per interval, the adjuster's
     /// changes and the ramp marked.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["find_max", "iperf3"])]
+    #[arg(long, value_name = "FILE", conflicts_with = "find_max")]
     pub plot: Option<PathBuf>,
 }
 
@@ -180,13 +180,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
+    if let Some(f) = &args.plot {
+        super::report::check_plot_file(f)?;
+    }
     if args.iperf3 {
         return super::iperf3::run(&args, rec);
     }
     let mut params = plan(&args)?;
-    if let Some(f) = &args.plot {
-        super::report::check_plot_file(f)?;
-    }
     fatpipe_engine::raise_fd_limit();
     let addr = super::common::resolve(&args.host, args.port)?;
     let key = match &args.key_file {
