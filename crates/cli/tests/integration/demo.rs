@@ -24,6 +24,8 @@ fn lead_on_screen(dir: &Dir, page: &std::path::Path) {
 }
 
 /// On loopback (any user): test, auto test, copy and report all run.
+/// Tests of 2 s: two intervals each, so the page's time series are lines
+/// (one interval would be a dot per panel, too few pixels to tell).
 #[test]
 fn demo_on_loopback_runs_every_step() {
     let dir = setup();
@@ -31,7 +33,7 @@ fn demo_on_loopback_runs_every_step() {
         "demo",
         "--loopback",
         "-t",
-        "1s",
+        "2s",
         "--size",
         "8M",
         "--small-files",
