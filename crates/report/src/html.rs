@@ -19,10 +19,16 @@ pub struct Page {
     pub title: String,
     /// The line under the title (path, link, host).
     pub subtitle: String,
+    /// Plots shown first, right under the title: the runs a reader asked
+    /// for by id (the demo's story: default against auto-tuned over time,
+    /// the copy's progress).
+    pub lead: Vec<(Plot, String)>,
     /// Name/value facts shown as a list (runs, time range, archive, host).
     pub facts: Vec<(String, String)>,
     /// Plots, in order, each with a caption under it.
     pub plots: Vec<(Plot, String)>,
+    /// One run of each cell over time (its median run), after the plots.
+    pub runs: Vec<(Plot, String)>,
     /// Tables, in order.
     pub tables: Vec<Table>,
     /// Where the data came from (the archive's location).
@@ -50,21 +56,24 @@ struct PlotView {
 pub fn render(page: &Page) -> Result<String, HtmlError> {
     let mut env = minijinja::Environment::new();
     env.add_template("report.html", include_str!("../templates/report.html"))?;
-    let plots = page
-        .plots
-        .iter()
-        .map(|(p, caption)| {
-            Ok(PlotView {
-                svg: p.svg()?,
-                caption: caption.clone(),
+    let views = |plots: &[(Plot, String)]| {
+        plots
+            .iter()
+            .map(|(p, caption)| {
+                Ok(PlotView {
+                    svg: p.svg()?,
+                    caption: caption.clone(),
+                })
             })
-        })
-        .collect::<Result<Vec<_>, crate::plot::PlotError>>()?;
+            .collect::<Result<Vec<_>, crate::plot::PlotError>>()
+    };
     let ctx = minijinja::context! {
         title => page.title,
         subtitle => page.subtitle,
         facts => page.facts,
-        plots => plots,
+        lead => views(&page.lead)?,
+        plots => views(&page.plots)?,
+        runs => views(&page.runs)?,
         tables => page.tables,
         source => page.source,
         version => env!("CARGO_PKG_VERSION"),
@@ -99,6 +108,8 @@ mod tests {
             subtitle: "path lab:korea→seattle".into(),
             facts: vec![("runs".into(), runs.len().to_string())],
             plots: vec![(Plot::Line(p), "median and p10–p90".into())],
+            lead: Vec::new(),
+            runs: Vec::new(),
             tables: vec![crate::tables::cells(&runs)],
             source: "/tmp/a.sqlite".into(),
         }
@@ -117,5 +128,32 @@ mod tests {
         for bad in ["src=", "href=", "url(", "@import"] {
             assert!(!html.contains(bad), "{bad} in the page");
         }
+    }
+
+    #[test]
+    fn runs_asked_for_lead_the_page_and_cells_over_time_follow_the_plots() {
+        let t = crate::timeseries::tests::tcp(2, 5, false);
+        let c = crate::timeseries::tests::copy(true);
+        let caption = |title: &str| Caption {
+            title: title.into(),
+            context: String::new(),
+        };
+        let ts = crate::timeseries::test_data(&[("lead run".into(), &t)], caption("LEAD")).unwrap();
+        let cp =
+            crate::timeseries::copy_data(&[("copy".into(), &c)], None, caption("CELL")).unwrap();
+        let mut p = page();
+        p.lead = vec![(Plot::Timeseries(ts), "the story".into())];
+        p.runs = vec![(Plot::Progress(cp), "a cell over time".into())];
+        let html = render(&p).unwrap();
+        assert_eq!(html.matches("<svg ").count(), 3);
+        let at = |s: &str| html.find(s).unwrap_or_else(|| panic!("{s} missing"));
+        assert!(
+            at("LEAD") < at("<dl class=\"facts\">"),
+            "lead before the facts"
+        );
+        assert!(at("<h2>Plots</h2>") < at("<h2>Runs over time</h2>"));
+        assert!(at("<h2>Runs over time</h2>") < at("CELL"));
+        assert!(at("CELL") < at("<h2>Tables</h2>"));
+        assert!(!html.contains("<script"));
     }
 }

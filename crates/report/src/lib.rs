@@ -15,13 +15,18 @@
 //! - [`tables::seed`]: each figure a source document quotes beside the
 //!   same statistic of fatpipe's runs.
 //!
+//! One run over time (its intervals, a copy's progress, several runs
+//! overlaid, CDFs) is drawn from its result document by [`timeseries`].
+//!
 //! A cell's parameters come from its key (the sweep stores canonical JSON
 //! of them), so any parameter of a sweep can be a row, a column or a split.
 
 pub mod html;
 pub mod metric;
 pub mod plot;
+pub mod runs;
 pub mod tables;
+pub mod timeseries;
 
 use serde::Serialize;
 

@@ -81,6 +81,12 @@ pub enum Plot {
     History(History),
     /// A source document's figures beside fatpipe's.
     Seed(SeedPlot),
+    /// Test runs over time (`crate::timeseries`).
+    Timeseries(crate::timeseries::Timeseries),
+    /// Copies' bytes over time.
+    Progress(crate::timeseries::Progress),
+    /// The distribution of runs' per-interval figures.
+    Cdf(crate::timeseries::Cdf),
 }
 
 /// The title block every plot carries.
@@ -533,6 +539,9 @@ impl Plot {
             Plot::Heatmap(p) => &p.caption,
             Plot::History(p) => &p.caption,
             Plot::Seed(p) => &p.caption,
+            Plot::Timeseries(p) => &p.caption,
+            Plot::Progress(p) => &p.caption,
+            Plot::Cdf(p) => &p.caption,
         }
     }
 
@@ -545,6 +554,8 @@ impl Plot {
                 (140 + 46 * rows as u32 + 70 * h.panels.len() as u32).max(HEIGHT)
             }
             Plot::Seed(s) => (150 + 64 * s.bars.len() as u32).max(300),
+            Plot::Timeseries(t) => t.height(),
+            Plot::Cdf(_) => 600,
             _ => HEIGHT,
         }
     }
@@ -578,6 +589,9 @@ impl Plot {
             Plot::Heatmap(p) => draw_heatmap(&body, p),
             Plot::History(p) => draw_history(&body, p),
             Plot::Seed(p) => draw_seed(&body, p),
+            Plot::Timeseries(p) => crate::timeseries::draw_timeseries(&body, p),
+            Plot::Progress(p) => crate::timeseries::draw_progress(&body, p),
+            Plot::Cdf(p) => crate::timeseries::draw_cdf(&body, p),
         }
     }
 }
@@ -746,9 +760,9 @@ fn epoch_s(t: DateTime<Utc>) -> f64 {
 // --- drawing -------------------------------------------------------------------
 
 /// The font family every text uses; registered once per process.
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
-fn fonts() {
+pub(crate) fn fonts() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // Compiled-in fonts: a failure here is a build defect, and text
@@ -758,16 +772,16 @@ fn fonts() {
     });
 }
 
-fn draw_err<E: std::fmt::Display>(e: E) -> PlotError {
+pub(crate) fn draw_err<E: std::fmt::Display>(e: E) -> PlotError {
     PlotError::Draw(e.to_string())
 }
 
-fn text(size: u32) -> TextStyle<'static> {
+pub(crate) fn text(size: u32) -> TextStyle<'static> {
     TextStyle::from((FONT, size).into_font()).color(&BLACK)
 }
 
 /// Draws the title and context lines; returns the area below them.
-fn caption<DB: DrawingBackend>(
+pub(crate) fn caption<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     c: &Caption,
 ) -> Result<DrawingArea<DB, Shift>, PlotError> {
@@ -791,7 +805,7 @@ fn caption<DB: DrawingBackend>(
     Ok(body)
 }
 
-fn clip(s: &str, n: usize) -> String {
+pub(crate) fn clip(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -809,7 +823,7 @@ fn tick_label(metric: Metric, v: f64) -> String {
 }
 
 /// A human tick label for a value already divided into `unit`.
-fn num(v: f64) -> String {
+pub(crate) fn num(v: f64) -> String {
     let a = v.abs();
     if a == 0.0 {
         "0".into()
@@ -823,13 +837,13 @@ fn num(v: f64) -> String {
     }
 }
 
-fn y_range(lo: f64, hi: f64) -> (f64, f64) {
+pub(crate) fn y_range(lo: f64, hi: f64) -> (f64, f64) {
     let lo = lo.min(0.0);
     let hi = if hi <= lo { lo + 1.0 } else { hi };
     (lo, hi + (hi - lo) * 0.08)
 }
 
-fn draw_marker<DB: DrawingBackend>(
+pub(crate) fn draw_marker<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     shape: usize,
     at: (i32, i32),
@@ -858,14 +872,17 @@ fn draw_marker<DB: DrawingBackend>(
 }
 
 /// A backend pixel as a position inside `area`.
-fn rel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, abs: (i32, i32)) -> (i32, i32) {
+pub(crate) fn rel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    abs: (i32, i32),
+) -> (i32, i32) {
     let base = area.get_base_pixel();
     (abs.0 - base.0, abs.1 - base.1)
 }
 
 /// A legend entry: the series' line with its marker on it, so the legend
 /// reads in greyscale too.
-fn legend<'a, DB: DrawingBackend + 'a>(
+pub(crate) fn legend<'a, DB: DrawingBackend + 'a>(
     anno: &mut plotters::chart::SeriesAnno<'a, DB>,
     shape: usize,
     color: RGBColor,

@@ -162,7 +162,18 @@ pub struct CopyTimeline {
     pub done_at: Option<f64>,
     /// When each of the in-flight adjuster's changes was made.
     pub adjust_at: Vec<f64>,
+    /// Bytes moved so far, sampled while data flowed: `[seconds since the
+    /// command started, bytes]` pairs in time order, at most
+    /// [`PROGRESS_SAMPLES_MAX`] (every 100 ms, thinned evenly for a long
+    /// copy), so a plot can show the copy over time. Empty in documents
+    /// from before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub progress: Vec<(f64, u64)>,
 }
+
+/// The most progress samples a [`CopyTimeline`] keeps: a point per pixel
+/// of a plot's width, and a few tens of kilobytes of JSON at most.
+pub const PROGRESS_SAMPLES_MAX: usize = 1000;
 
 /// One object the copy skipped or changed, and how.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -140,6 +140,10 @@ pub struct Args {
     /// not only the one-line choice.
     #[arg(short = 'v', long, conflicts_with = "quiet")]
     pub verbose: bool,
+    /// When the copy ends, draw its bytes over time against the path's
+    /// capacity, with its timeline marked, into FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 /// A validated copy request.
@@ -342,6 +346,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let plan = plan(&args)?;
+    if let Some(f) = &args.plot {
+        super::report::check_plot_file(f)?;
+    }
     let addr = super::common::resolve(&plan.host, plan.port)?;
     let key = match &args.key_file {
         Some(path) => {
@@ -503,6 +510,9 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     }
     if let Some(r) = rec {
         r.copy(&out)?;
+    }
+    if let Some(file) = &args.plot {
+        super::plots::copy(&out, file)?;
     }
     for line in failure_lines(&out.failures) {
         eprintln!("fatpipe: copy: {line}");
@@ -857,7 +867,20 @@ fn timeline(
                     .collect()
             })
             .unwrap_or_default(),
+        progress: thin(samples, fatpipe_schema::copy::PROGRESS_SAMPLES_MAX),
     }
+}
+
+/// At most `max` of `samples`, evenly spaced, the first and the last kept:
+/// the shape of the copy for a plot, without 36,000 points an hour.
+fn thin(samples: &[(f64, u64)], max: usize) -> Vec<(f64, u64)> {
+    if samples.len() <= max || max < 2 {
+        return samples.to_vec();
+    }
+    let step = (samples.len() - 1) as f64 / (max - 1) as f64;
+    (0..max)
+        .map(|i| samples[((i as f64 * step).round() as usize).min(samples.len() - 1)])
+        .collect()
 }
 
 fn print_summary(r: &CopyReport) {
@@ -1112,5 +1135,19 @@ mod tests {
         }
         assert!(T::try_parse_from(["copy", "a", "h:d", "--verify", "sloppy"]).is_err());
         assert!(T::try_parse_from(["copy", "a", "h:d", "--buffered", "--direct"]).is_err());
+    }
+
+    #[test]
+    fn progress_is_thinned_evenly_keeping_both_ends() {
+        let samples: Vec<(f64, u64)> = (0..36_001)
+            .map(|i| (f64::from(i) / 10.0, 1000 * u64::from(i as u32)))
+            .collect();
+        let t = thin(&samples, 1000);
+        assert_eq!(t.len(), 1000);
+        assert_eq!(t[0], samples[0]);
+        assert_eq!(t[999], samples[36_000]);
+        assert!(t.windows(2).all(|w| w[1].0 > w[0].0));
+        let short = &samples[..10];
+        assert_eq!(thin(short, 1000), short);
     }
 }

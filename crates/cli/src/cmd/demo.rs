@@ -15,7 +15,9 @@
 //! report directory, under the user's data directory by default), as a
 //! sweep named `demo` whose cells are the three steps, so repeated demos
 //! pile up as repetitions; and each demo writes the HTML report of that
-//! archive beside it (`fatpipe report --html`), and says where.
+//! archive beside it (`fatpipe report --html`), and says where. The page
+//! opens with this demo's runs over time (`report --run`): both tests on
+//! one time axis, then the copy's bytes against the link's capacity.
 //!
 //! The demo drives the real `fatpipe` binary (this executable) as separate
 //! processes with `--json`, exactly as a user or script would, and reads the
@@ -292,7 +294,12 @@ fn keep(
             r
         })
         .collect();
-    store.insert_runs(&runs)?;
+    let ids: Vec<i64> = store
+        .insert_runs(&runs)?
+        .ids
+        .into_iter()
+        .flatten()
+        .collect();
     drop(store);
     super::report::write(super::report::Args {
         select: super::archive::Select {
@@ -303,6 +310,10 @@ fn keep(
         rows: Some("step".into()),
         format: "text".into(),
         html: Some(html.clone()),
+        // The story first: this demo's tests over time on one plot (the
+        // default's flat line against the auto-tuned ramp) and the copy's
+        // progress, where the terminal's summary stands in the output.
+        run: ids,
         ..Default::default()
     })?;
     Ok((archive, html))

@@ -92,6 +92,9 @@ pub fn run(args: &Args, rec: Option<&super::archive::Recorder>) -> anyhow::Resul
     if let Some(r) = rec {
         r.test(&report)?;
     }
+    if let Some(file) = &args.plot {
+        super::plots::test(&report, file)?;
+    }
     Ok(())
 }
 

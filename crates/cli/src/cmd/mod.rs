@@ -9,6 +9,7 @@ pub mod iperf3;
 pub mod lab;
 pub mod metrics;
 pub mod path;
+pub mod plots;
 pub mod report;
 pub mod server;
 pub mod sweep;

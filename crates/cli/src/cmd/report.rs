@@ -16,6 +16,7 @@ use fatpipe_archive::{Annotation, RunFilter};
 use fatpipe_report::html::Page;
 use fatpipe_report::metric::{Metric, Stat};
 use fatpipe_report::plot::{self, Caption, Plot};
+use fatpipe_report::runs::TimeKind;
 use fatpipe_report::tables::{self, PivotSpec};
 use fatpipe_report::{render, Format, Table};
 use fatpipe_sweep::Experiment;
@@ -60,8 +61,10 @@ pub struct Args {
     /// Draw a plot instead of tables: a swept parameter to plot the measure
     /// against (window, streams, length, ...; `line` for --rows), `heatmap`
     /// (--rows × --columns, one panel per --split value), `history` (the
-    /// path's runs over time with its annotations) or `seed` (the source
-    /// document's figures beside fatpipe's). Needs --out.
+    /// path's runs over time with its annotations), `seed` (the source
+    /// document's figures beside fatpipe's), or of the --run runs
+    /// `timeseries` (each interval over time, runs overlaid; a copy's
+    /// bytes over time) or `cdf` (their per-interval figures). Needs --out.
     #[arg(long, value_name = "KIND", requires = "out")]
     pub plot: Option<String>,
     /// One line per value of these parameters in a line plot [default:
@@ -74,7 +77,15 @@ pub struct Args {
     /// Write one self-contained HTML report (plots and tables) to FILE.
     #[arg(long, value_name = "FILE", conflicts_with = "plot")]
     pub html: Option<PathBuf>,
+    /// A run to draw over time, by its id (`fatpipe archive list`); give
+    /// it again for more, overlaid. With --plot timeseries|cdf, or with
+    /// --html (drawn first on the page).
+    #[arg(long = "run", value_name = "ID")]
+    pub run: Vec<i64>,
 }
+
+/// The most cells whose median run the HTML report draws over time.
+const CELLS_OVER_TIME: usize = 12;
 
 /// Runs `fatpipe report`.
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -99,6 +110,15 @@ pub fn write(args: Args) -> anyhow::Result<Option<PathBuf>> {
         .map(Experiment::load)
         .transpose()
         .map_err(|e| usage(e.to_string()))?;
+    let time_kind = args.plot.as_deref().and_then(TimeKind::parse);
+    if let (Some(kind), Some(file)) = (time_kind, &args.out) {
+        return plot_runs(&args, kind, file).map(Some);
+    }
+    if !args.run.is_empty() && args.html.is_none() {
+        return Err(usage(
+            "--run draws runs over time: add --plot timeseries|cdf --out FILE, or --html FILE",
+        ));
+    }
     let mut filter = args.select.filter()?;
     if let Some(e) = &exp {
         if filter.sweep.is_none() {
@@ -258,13 +278,27 @@ pub fn write(args: Args) -> anyhow::Result<Option<PathBuf>> {
             return Ok(Some(file.clone()));
         }
         if let Some(file) = &args.html {
-            let page = page_of(
+            let lead = if args.run.is_empty() {
+                Vec::new()
+            } else {
+                let runs = runs_by_id(store.as_mut(), &args.run)?;
+                fatpipe_report::runs::plots(&runs, TimeKind::Timeseries, &run_context(&runs))
+                    .map_err(|e| usage(e.to_string()))?
+            };
+            let over_time = if args.run.is_empty() {
+                cells_over_time(store.as_mut(), &runs)?
+            } else {
+                Vec::new()
+            };
+            let mut page = page_of(
                 &ctx,
                 &heading,
                 out_tables,
                 &store.location(),
                 sample.as_ref(),
             );
+            page.lead = lead;
+            page.runs = over_time;
             let html = fatpipe_report::html::render(&page)?;
             write_file(file, html.as_bytes())?;
             return Ok(Some(file.clone()));
@@ -539,7 +573,99 @@ fn page_of(
         plots: page_plots(ctx),
         tables,
         source: location.to_string(),
+        ..Page::default()
     }
+}
+
+/// `report --run ID… --plot timeseries|cdf --out FILE`: the runs' documents
+/// drawn over time.
+fn plot_runs(args: &Args, kind: TimeKind, file: &std::path::Path) -> anyhow::Result<PathBuf> {
+    if args.run.is_empty() {
+        return Err(usage(format!(
+            "--plot {}: name the runs with --run ID (`fatpipe archive list` shows their ids)",
+            args.plot.as_deref().unwrap_or_default()
+        )));
+    }
+    check_plot_file(file)?;
+    let mut store = super::archive::open(args.select.archive.as_deref())?;
+    let runs = runs_by_id(store.as_mut(), &args.run)?;
+    let plots = fatpipe_report::runs::plots(&runs, kind, &run_context(&runs))
+        .map_err(|e| usage(e.to_string()))?;
+    match plots.as_slice() {
+        [(p, _)] => write_plot(p, file)?,
+        _ => {
+            return Err(usage(
+                "--plot timeseries: these runs mix tests and copies, and a file holds one plot; give the tests' ids or the copies'",
+            ))
+        }
+    }
+    Ok(file.to_path_buf())
+}
+
+/// The stored runs with these ids, documents included, in the order given.
+fn runs_by_id(
+    store: &mut dyn fatpipe_archive::Store,
+    ids: &[i64],
+) -> anyhow::Result<Vec<fatpipe_archive::Run>> {
+    let mut out = Vec::new();
+    for &id in ids {
+        let filter = RunFilter {
+            after_id: Some(id - 1),
+            limit: Some(1),
+            ..RunFilter::default()
+        };
+        let run = store
+            .runs(&filter)?
+            .into_iter()
+            .find(|r| r.id == Some(id))
+            .ok_or_else(|| {
+                usage(format!(
+                    "--run {id}: {} has no run {id} (`fatpipe archive list` shows the ids)",
+                    store.location()
+                ))
+            })?;
+        out.push(run);
+    }
+    Ok(out)
+}
+
+/// The HTML report's "runs over time": each cell's median run drawn from
+/// its document (runs without one, or from before intervals were kept,
+/// are left out), at most [`CELLS_OVER_TIME`] cells.
+fn cells_over_time(
+    store: &mut dyn fatpipe_archive::Store,
+    runs: &[fatpipe_archive::Measurement],
+) -> anyhow::Result<Vec<(Plot, String)>> {
+    let ids = fatpipe_report::runs::median_runs(runs, CELLS_OVER_TIME);
+    let cells = fatpipe_report::runs::median_runs(runs, usize::MAX).len();
+    let mut out = Vec::new();
+    for id in ids {
+        let one = runs_by_id(store, &[id])?;
+        if let Ok(plots) =
+            fatpipe_report::runs::plots(&one, TimeKind::Timeseries, &run_context(&one))
+        {
+            for (p, caption) in plots {
+                out.push((p, format!("The median run of its cell. {caption}")));
+            }
+        }
+    }
+    if cells > CELLS_OVER_TIME {
+        if let Some(last) = out.last_mut() {
+            last.1.push_str(&format!(
+                " {} more cells not drawn: `fatpipe report --run ID --plot timeseries --out FILE` draws any run.",
+                cells - CELLS_OVER_TIME
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The subtitle of runs drawn by id: their path, the first's link and host.
+fn run_context(runs: &[fatpipe_archive::Run]) -> String {
+    let mut paths: Vec<&str> = runs.iter().map(|r| r.path.as_str()).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    context_of(runs.first(), &paths)
 }
 
 /// `path lab:x · link 1 Gbit/s, 93 ms, 0.1 % loss · host dtn1 (Linux 6.1)`.
@@ -547,11 +673,15 @@ fn context_line(
     sample: Option<&fatpipe_archive::Run>,
     runs: &[fatpipe_archive::Measurement],
 ) -> String {
-    let mut parts = Vec::new();
     let mut paths: Vec<&str> = runs.iter().map(|m| m.path.as_str()).collect();
     paths.sort_unstable();
     paths.dedup();
-    match paths.as_slice() {
+    context_of(sample, &paths)
+}
+
+fn context_of(sample: Option<&fatpipe_archive::Run>, paths: &[&str]) -> String {
+    let mut parts = Vec::new();
+    match paths {
         [one] => parts.push(format!("path {one}")),
         many => parts.push(format!("{} paths", many.len())),
     }
@@ -596,16 +726,25 @@ fn link_text(v: &serde_json::Value) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
-fn write_plot(plot: &Plot, file: &std::path::Path) -> anyhow::Result<()> {
+/// Writes `plot` to `file` as SVG or PNG, by its extension.
+pub(crate) fn write_plot(plot: &Plot, file: &std::path::Path) -> anyhow::Result<()> {
+    check_plot_file(file)?;
+    if file.extension().and_then(|e| e.to_str()) == Some("png") {
+        plot.png(file)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        Ok(())
+    } else {
+        write_file(file, plot.svg()?.as_bytes())
+    }
+}
+
+/// Refuses a plot file that is neither `.svg` nor `.png` (before a run
+/// that would draw it, so no measurement is lost to a typo).
+pub(crate) fn check_plot_file(file: &std::path::Path) -> anyhow::Result<()> {
     match file.extension().and_then(|e| e.to_str()) {
-        Some("svg") => write_file(file, plot.svg()?.as_bytes()),
-        Some("png") => {
-            plot.png(file)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-            Ok(())
-        }
+        Some("svg" | "png") => Ok(()),
         _ => Err(usage(format!(
-            "--out {}: the file must end in .svg or .png",
+            "{}: a plot file must end in .svg or .png",
             file.display()
         ))),
     }

@@ -160,6 +160,12 @@ pub struct Args {
     /// `--use-pkcs1-padding` expect).
     #[arg(long, requires = "iperf3_username")]
     pub iperf3_oaep: bool,
+    /// When the test ends, draw it over time into FILE.svg or FILE.png:
+    /// throughput (the sum, and the streams' spread), RTT, window and
+    /// retransmits (UDP: loss and jitter) per interval, the adjuster's
+    /// changes and the ramp marked.
+    #[arg(long, value_name = "FILE", conflicts_with = "find_max")]
+    pub plot: Option<PathBuf>,
 }
 
 /// Runs the test and prints it; stores it when `--archive` or
@@ -174,6 +180,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
+    if let Some(f) = &args.plot {
+        super::report::check_plot_file(f)?;
+    }
     if args.iperf3 {
         return super::iperf3::run(&args, rec);
     }
@@ -284,6 +293,9 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     out.flush()?;
     if let Some(r) = rec {
         r.test(&report)?;
+    }
+    if let Some(file) = &args.plot {
+        super::plots::test(&report, file)?;
     }
     Ok(())
 }

@@ -1,8 +1,31 @@
 //! `fatpipe demo`: the README's first command must work end to end.
 
-use crate::util::{assert_exit, need_root, run, setup};
+use crate::report::{chromium, near, screenshot, BLUE, ORANGE};
+use crate::util::{assert_exit, need_root, run, setup, Dir};
+
+/// The copy's colour beside two tests: Okabe–Ito's bluish green.
+const GREEN: [u8; 3] = [0x00, 0x9E, 0x73];
+
+/// The demo's page in headless Chromium: no console messages, and the
+/// default test's, the auto-tuned test's and the copy's colours on screen
+/// (the lead plots fill the first screen).
+fn lead_on_screen(dir: &Dir, page: &std::path::Path) {
+    let Some(browser) = chromium() else { return };
+    let (px, console) = screenshot(&browser, dir, page, "demo");
+    assert!(console.is_empty(), "console messages: {console:?}");
+    for (what, c, least) in [
+        ("default settings", BLUE, 400),
+        ("auto-tuned", ORANGE, 400),
+        ("copy", GREEN, 400),
+    ] {
+        let n = near(&px, c);
+        assert!(n > least, "{what}: {n} pixels of its colour");
+    }
+}
 
 /// On loopback (any user): test, auto test, copy and report all run.
+/// Tests of 2 s: two intervals each, so the page's time series are lines
+/// (one interval would be a dot per panel, too few pixels to tell).
 #[test]
 fn demo_on_loopback_runs_every_step() {
     let dir = setup();
@@ -10,7 +33,7 @@ fn demo_on_loopback_runs_every_step() {
         "demo",
         "--loopback",
         "-t",
-        "1s",
+        "2s",
         "--size",
         "8M",
         "--small-files",
@@ -38,6 +61,13 @@ fn demo_on_loopback_runs_every_step() {
     let page = std::fs::read_to_string(&html).expect("the demo's HTML report");
     assert!(page.contains("<svg "), "no plot in the demo's report");
     assert!(page.contains("2 test, auto-tuned"));
+    // The story first: both tests over time on one plot, then the copy's
+    // progress, before the facts and the tables.
+    let at = |s: &str| page.find(s).unwrap_or_else(|| panic!("{s} missing"));
+    assert!(at("<figure id=\"lead-2\">") < at("<dl class=\"facts\">"));
+    assert!(at("2 tests over time") < at("bytes over time"));
+    assert!(page.contains("1 test, default settings (1 stream)"));
+    lead_on_screen(&dir, &html);
     let listed = run(dir
         .cmd()
         .args(["archive", "list", "--archive"])

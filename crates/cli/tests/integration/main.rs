@@ -20,6 +20,7 @@ mod lab_copy;
 mod lab_faults;
 mod metrics;
 mod path;
+mod plots;
 mod report;
 mod rfc6349;
 mod server_test;

@@ -11,8 +11,8 @@ use serde_json::json;
 use crate::util::{assert_exit, run, setup, Dir};
 
 /// The report's first two series colours (Okabe–Ito blue and orange).
-const BLUE: [u8; 3] = [0x00, 0x72, 0xB2];
-const ORANGE: [u8; 3] = [0xE6, 0x9F, 0x00];
+pub(crate) const BLUE: [u8; 3] = [0x00, 0x72, 0xB2];
+pub(crate) const ORANGE: [u8; 3] = [0xE6, 0x9F, 0x00];
 
 /// Writes the fixture as an export file and imports it into `a.sqlite`:
 /// a window × MTU sweep on a lab link (3 repetitions), and 40 daily runs
@@ -96,7 +96,7 @@ fn report(dir: &Dir, a: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// The texts of an SVG's `<text>` elements.
-fn texts(svg: &str) -> Vec<String> {
+pub(crate) fn texts(svg: &str) -> Vec<String> {
     svg.split("<text")
         .skip(1)
         .filter_map(|t| {
@@ -113,7 +113,7 @@ fn texts(svg: &str) -> Vec<String> {
         .collect()
 }
 
-fn has(t: &[String], want: &str) -> bool {
+pub(crate) fn has(t: &[String], want: &str) -> bool {
     t.iter().any(|x| x == want)
 }
 
@@ -255,7 +255,7 @@ fn report_draws_each_plot_kind_from_a_fixed_archive() {
 }
 
 /// Decodes a PNG: width, height and RGB pixels.
-fn decode(p: &Path) -> (u32, u32, Vec<[u8; 3]>) {
+pub(crate) fn decode(p: &Path) -> (u32, u32, Vec<[u8; 3]>) {
     let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
     let mut reader = dec.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size()];
@@ -272,7 +272,7 @@ fn decode(p: &Path) -> (u32, u32, Vec<[u8; 3]>) {
     (info.width, info.height, px)
 }
 
-fn near(px: &[[u8; 3]], c: [u8; 3]) -> usize {
+pub(crate) fn near(px: &[[u8; 3]], c: [u8; 3]) -> usize {
     px.iter()
         .filter(|p| {
             p.iter()
@@ -284,7 +284,7 @@ fn near(px: &[[u8; 3]], c: [u8; 3]) -> usize {
 
 /// Debian's Chromium, or why the test cannot run: in CI it must (./test.sh
 /// installs it); elsewhere the test skips and says so.
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     let found = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .into_iter()
         .map(PathBuf::from)
@@ -300,7 +300,12 @@ fn chromium() -> Option<PathBuf> {
 
 /// Opens `page` in headless Chromium, takes a screenshot; returns its
 /// pixels and the page's console messages.
-fn screenshot(browser: &Path, dir: &Dir, page: &Path, name: &str) -> (Vec<[u8; 3]>, Vec<String>) {
+pub(crate) fn screenshot(
+    browser: &Path,
+    dir: &Dir,
+    page: &Path,
+    name: &str,
+) -> (Vec<[u8; 3]>, Vec<String>) {
     let shot = dir.path().join(format!("{name}.png"));
     let profile = dir.path().join(format!("chromium-{name}"));
     let out = Command::new(browser)
