@@ -931,14 +931,11 @@ fn sigterm_ends_a_running_iperf3_test_with_a_reason_and_exits_0() {
         "the client is told why: {v}"
     );
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Ok(Some(s)) = srv.0.try_wait() {
-            break s.code();
-        }
-        assert!(Instant::now() < deadline, "the server did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    assert!(
+        util::exits_within(srv.0.id(), Duration::from_secs(10)),
+        "the server did not exit"
+    );
+    let status = srv.0.wait().expect("reap the server").code();
     assert_eq!(status, Some(0), "the server exits 0");
     assert!(
         TcpStream::connect(("127.0.0.1", port)).is_err(),
