@@ -75,7 +75,7 @@ trap run_on_exit EXIT
 stage "installing what the tests need"
 
 # --- what the tests need -----------------------------------------------------
-APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core)
+APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core sccache)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -113,6 +113,20 @@ if [ "${FUZZ_SECONDS:-20}" != 0 ] && rustup toolchain list 2>/dev/null | grep -q
     say "installing cargo-fuzz"
     cargo install cargo-fuzz --locked -q
   }
+fi
+
+# sccache (Debian's) keeps each compiled dependency under ~/.cache/sccache,
+# so a fresh clone compiles only the workspace's own crates, in each of the
+# three builds (lints, tests, fuzz targets). Off with FATPIPE_NO_SCCACHE=1.
+# Its server is stopped on exit.
+if [ -z "${FATPIPE_NO_SCCACHE:-}" ] && command -v sccache >/dev/null 2>&1; then
+  export RUSTC_WRAPPER=sccache CARGO_INCREMENTAL=0
+  sccache --zero-stats >/dev/null 2>&1 || true
+  stop_sccache() {
+    sccache --show-stats 2>/dev/null | grep -E '^(Compile requests|Cache hits|Cache misses) ' | sed 's/^/  sccache: /'
+    sccache --stop-server >/dev/null 2>&1
+  }
+  on_exit=(stop_sccache "${on_exit[@]}")
 fi
 
 # --- archive: a private PostgreSQL for the archive tests (begin) ----------------
