@@ -55,6 +55,7 @@
 
 pub mod client;
 pub mod control;
+pub mod dataplane;
 pub mod error;
 pub mod logsum;
 pub mod observe;

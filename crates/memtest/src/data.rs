@@ -9,6 +9,11 @@
 //! session thread samples them (and `TCP_INFO`) once per interval, so the hot
 //! loops take no lock and allocate nothing.
 //!
+//! What a stream sends is the process's one shared pattern
+//! (`fatpipe_engine::dataplane::payload`), and the buffers it needs of its
+//! own come from the process-wide budget (`dataplane::budget`), so a peer's
+//! streams × length no longer decide the server's memory (docs/security.md).
+//!
 //! Every blocking call has a short timeout so that a worker notices the stop
 //! flag (peer vanished, user interrupted) within a fraction of a second.
 
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
 use crate::pacer::Pacer;
+use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
 
 /// How often a blocked worker looks at its stop flags.
@@ -54,6 +60,11 @@ const RECV_STORAGE: usize = 1 << 20;
 
 /// Longest a stopping UDP receiver reads what is already queued.
 const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+
+/// Bytes of plaintext an encrypted TCP receiver opens per read, and the
+/// least it gets when many streams share the budget (one TLS record).
+const OPENED: usize = 256 * 1024;
+const OPENED_MIN: usize = 16 * 1024;
 
 /// Most receive slots per `recvmmsg` call.
 const RECV_SLOTS: usize = 256;
@@ -263,7 +274,9 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     let result = if let (true, Some(plain)) = (sh.params.zerocopy, s.plain()) {
         tcp_send_file(plain, c, sh, len)
     } else {
-        let buf: Vec<u8> = (0..len as u64).map(fatpipe_sys::pattern_byte).collect();
+        // Every sender of the process writes from the one shared pattern.
+        let buf = payload::pattern(len);
+        let len = buf.len();
         let mut w = s;
         loop {
             if sh.stopped() || sh.past_deadline() {
@@ -291,10 +304,11 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     result
 }
 
-/// `-Z`: `sendfile` from a memfd holding the pattern: the kernel takes page
-/// references instead of copying from user memory.
+/// `-Z`: `sendfile` from the process's shared memfd holding the pattern:
+/// the kernel takes page references instead of copying from user memory.
 fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Result<()> {
-    let file = fatpipe_sys::pattern_memfd(len)?;
+    let file = payload::pattern_file(len)?;
+    let len = file.len();
     loop {
         if sh.stopped() || sh.past_deadline() {
             return Ok(());
@@ -304,7 +318,7 @@ fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Re
             return Ok(());
         }
         let mut offset = 0u64;
-        match fatpipe_sys::sendfile(s, &file, &mut offset, want) {
+        match fatpipe_sys::sendfile(s, file.file(), &mut offset, want) {
             Ok(t) => {
                 sh.give_back(want - t.bytes);
                 c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
@@ -348,11 +362,13 @@ fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
     // An encrypted stream must be read and opened: MSG_TRUNC would discard
-    // the records unchecked.
-    let mut opened = match s.plain() {
-        Some(_) => Vec::new(),
-        None => vec![0u8; 256 * 1024],
-    };
+    // the records unchecked. Its plaintext buffer shrinks towards one
+    // record's worth as streams grow (dataplane::budget).
+    let grant = s.is_encrypted().then(|| {
+        let streams = sh.params.total_streams() as usize;
+        budget::reserve(budget::share(OPENED, OPENED_MIN, streams), OPENED_MIN)
+    });
+    let mut opened = vec![0u8; grant.as_ref().map_or(0, budget::Grant::bytes)];
     loop {
         if sh.stopped() {
             return Ok(());
@@ -381,7 +397,13 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     let len = sh.params.length as usize;
     let path = udp_send_path(s, &sh.params);
     let mut gso = path == UdpPath::Gso;
-    let per_call = udp_burst(&sh.params, path);
+    // The datagrams of one call are written in place (each carries its
+    // sequence number and send time), so this buffer is the stream's own:
+    // from the budget, at least one datagram.
+    let streams = sh.params.total_streams() as usize;
+    let burst = udp_burst(&sh.params, path);
+    let grant = budget::reserve(budget::share(burst * len, len, streams), len);
+    let per_call = (grant.bytes() / len.max(1)).clamp(1, burst.max(1));
     let mut buf: Vec<u8> = (0..(per_call * len) as u64)
         .map(|i| fatpipe_sys::pattern_byte(i % len as u64))
         .collect();
@@ -500,7 +522,9 @@ fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     } else {
         (sh.params.length as usize).clamp(UDP_HEADER, 65_536)
     };
-    let count = (RECV_STORAGE / slot).clamp(1, RECV_SLOTS);
+    let streams = sh.params.total_streams() as usize;
+    let grant = budget::reserve(budget::share(RECV_STORAGE, slot, streams), slot);
+    let count = (grant.bytes() / slot).clamp(1, RECV_SLOTS);
     let mut batch = fatpipe_sys::RecvBatch::new(count, slot);
     let mut draining: Option<Instant> = None;
     loop {
