@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
 use crate::pacer::Pacer;
+use fatpipe_engine::dataplane::udp::UdpReceiver;
 use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
 
@@ -70,7 +71,7 @@ const OPENED_MIN: usize = 16 * 1024;
 const RECV_SLOTS: usize = 256;
 
 /// Bytes of the UDP datagram header: sequence number and send time.
-pub(crate) const UDP_HEADER: usize = 16;
+pub(crate) const UDP_HEADER: usize = fatpipe_engine::dataplane::udp::UDP_HEADER;
 
 /// First bytes of a UDP hello datagram (magic, cookie, stream id).
 pub(crate) const UDP_HELLO: &[u8; 4] = b"FPUH";
@@ -96,7 +97,8 @@ impl Sock {
 pub(crate) struct Counters {
     bytes: AtomicU64,
     packets: AtomicU64,
-    /// UDP receiver: highest sequence number seen + 1.
+    /// UDP receiver: sequence numbers its front has passed (received or
+    /// lost; `dataplane::udp`).
     expected: AtomicU64,
     out_of_order: AtomicU64,
     /// UDP receiver: jitter in microseconds, as f64 bits.
@@ -430,7 +432,7 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
         }
         let now_ns = sh.now_ns();
         for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
-            d[..8].copy_from_slice(&(seq + k as u64).to_be_bytes());
+            d[..8].copy_from_slice(&seq.wrapping_add(k as u64).to_be_bytes());
             d[8..16].copy_from_slice(&now_ns.to_be_bytes());
         }
         let sent = if path == UdpPath::Plain {
@@ -451,7 +453,7 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
                 let done = sent.datagrams.min(n);
                 sh.give_back((n - done) * len);
                 pacer.sent(done);
-                seq += done as u64;
+                seq = seq.wrapping_add(done as u64);
                 c.packets.fetch_add(done as u64, Ordering::Relaxed);
                 c.bytes.fetch_add(sent.bytes as u64, Ordering::Relaxed);
                 c.last_ns.store(now_ns, Ordering::Relaxed);
@@ -627,59 +629,33 @@ pub(crate) fn configure_udp_receiver(s: &UdpSocket, p: &TestParams) {
     }
 }
 
-/// A UDP receiver's loss, order and jitter state, and its counts since
-/// the last [`publish`](UdpRx::publish).
+/// A UDP receiver's accounting (`dataplane::udp`, wrap-safe) and its
+/// publication to the sampler.
 #[derive(Debug, Default)]
 struct UdpRx {
-    jitter_us: f64,
-    last_transit: Option<i128>,
-    next_seq: u64,
-    packets: u64,
-    bytes: u64,
-    out_of_order: u64,
+    rx: UdpReceiver,
 }
 
 impl UdpRx {
     fn datagram(&mut self, d: &[u8], now_ns: u64) {
-        let (Some(seq), Some(sent)) = (d.get(..8), d.get(8..16)) else {
-            return;
-        };
-        if d.starts_with(UDP_HELLO) {
-            return;
+        if !d.starts_with(UDP_HELLO) {
+            self.rx.handle_datagram(d, now_ns);
         }
-        let mut b = [0u8; 8];
-        b.copy_from_slice(seq);
-        let seq = u64::from_be_bytes(b);
-        b.copy_from_slice(sent);
-        let sent_ns = u64::from_be_bytes(b);
-        self.packets += 1;
-        self.bytes += d.len() as u64;
-        if seq >= self.next_seq {
-            self.next_seq = seq + 1;
-        } else {
-            self.out_of_order += 1;
-        }
-        // RFC 3550: the clocks' offset cancels in the transit difference.
-        let transit = i128::from(now_ns) - i128::from(sent_ns);
-        if let Some(prev) = self.last_transit {
-            let d = (transit - prev).abs() as f64 / 1e3;
-            self.jitter_us += (d - self.jitter_us) / 16.0;
-        }
-        self.last_transit = Some(transit);
     }
 
     /// Publishes the running totals (this worker is the counters' only
     /// writer, so plain stores of totals do).
     fn publish(&self, c: &Counters, now_ns: u64) {
-        if self.packets == c.packets.load(Ordering::Relaxed) {
+        let t = self.rx.totals();
+        if t.packets == c.packets.load(Ordering::Relaxed) {
             return;
         }
-        c.packets.store(self.packets, Ordering::Relaxed);
-        c.bytes.store(self.bytes, Ordering::Relaxed);
-        c.expected.store(self.next_seq, Ordering::Relaxed);
-        c.out_of_order.store(self.out_of_order, Ordering::Relaxed);
+        c.packets.store(t.packets, Ordering::Relaxed);
+        c.bytes.store(t.bytes, Ordering::Relaxed);
+        c.expected.store(t.expected, Ordering::Relaxed);
+        c.out_of_order.store(t.out_of_order, Ordering::Relaxed);
         c.jitter_bits
-            .store(self.jitter_us.to_bits(), Ordering::Relaxed);
+            .store(t.jitter_us.to_bits(), Ordering::Relaxed);
         c.last_ns.store(now_ns, Ordering::Relaxed);
     }
 }
@@ -959,6 +935,21 @@ mod tests {
         rx.publish(&c, 13_000_000);
         assert_eq!(c.last_ns.load(Ordering::Relaxed), 12_000_000, "nothing new");
         assert_eq!(c.packets.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn issue_34_a_sequence_number_of_u64_max_is_late_not_a_panic() {
+        // It overflowed `seq + 1` (a panic with overflow checks, the
+        // expected count running backwards without).
+        let c = Counters::default();
+        let mut rx = UdpRx::default();
+        for seq in [0, 1, u64::MAX, 2] {
+            rx.datagram(&datagram(seq, 0), 0);
+        }
+        rx.publish(&c, 1);
+        assert_eq!(c.packets.load(Ordering::Relaxed), 4);
+        assert_eq!(c.expected.load(Ordering::Relaxed), 3);
+        assert_eq!(c.out_of_order.load(Ordering::Relaxed), 1);
     }
 
     #[test]

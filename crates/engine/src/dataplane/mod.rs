@@ -9,6 +9,8 @@
 //!   TLS plaintext) reserved from one process-wide budget, scaled down
 //!   when many streams share it, never below what one stream needs to move
 //!   data at all.
+//! - [`udp`]: a UDP receiver's loss, order and jitter accounting, sans-IO
+//!   and wrap-safe (the peer chooses every sequence number).
 //!
 //! The per-stream state that moves the bytes (counters, byte budget,
 //! pacer, UDP sequence/loss/jitter) still lives in the services' own
@@ -16,3 +18,4 @@
 
 pub mod budget;
 pub mod payload;
+pub mod udp;
