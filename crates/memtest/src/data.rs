@@ -9,6 +9,11 @@
 //! session thread samples them (and `TCP_INFO`) once per interval, so the hot
 //! loops take no lock and allocate nothing.
 //!
+//! What a sender does next (write how much, wait for the pacer, stop at
+//! the deadline or when the `-n` budget is spent) is decided by its
+//! sans-IO state, `fatpipe_engine::dataplane::stream::Sender`; the threads
+//! here only do the I/O it asks for and report what the kernel took.
+//!
 //! What a stream sends is the process's one shared pattern
 //! (`fatpipe_engine::dataplane::payload`), and the buffers it needs of its
 //! own come from the process-wide budget (`dataplane::budget`), so a peer's
@@ -28,7 +33,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
-use crate::pacer::Pacer;
+use fatpipe_engine::dataplane::stream::Sender as StreamSender;
+use fatpipe_engine::dataplane::stream::{ByteBudget, Datagrams, SendAction, SendSpec};
 use fatpipe_engine::dataplane::udp::UdpReceiver;
 use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
@@ -127,7 +133,7 @@ pub(crate) struct Shared {
     /// thousand threads does not eat into the first streams' time.
     pub gate: (Mutex<bool>, Condvar),
     /// Bytes left to send at this end with `-n`.
-    pub budget: Option<AtomicU64>,
+    pub budget: ByteBudget,
     /// Everything stops (abort or end).
     pub stop: AtomicBool,
     /// UDP receivers stop (the peer's senders are done and the queue drained).
@@ -147,30 +153,10 @@ impl Shared {
         self.stop.load(Ordering::Relaxed)
     }
 
-    /// Takes up to `want` bytes from the `-n` budget; `want` without one.
-    fn take(&self, want: usize) -> usize {
-        let Some(budget) = &self.budget else {
-            return want;
-        };
-        let got = budget.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-            (left > 0).then(|| left.saturating_sub(want as u64))
-        });
-        match got {
-            Ok(left) => left.min(want as u64) as usize,
-            Err(_) => 0,
-        }
-    }
-
-    fn give_back(&self, n: usize) {
-        if let Some(b) = &self.budget {
-            b.fetch_add(n as u64, Ordering::AcqRel);
-        }
-    }
-
     /// A shared state whose clock is not yet started.
     pub fn new(params: TestParams) -> Shared {
         Shared {
-            budget: params.bytes.map(AtomicU64::new),
+            budget: ByteBudget::new(params.bytes),
             params,
             clock: OnceLock::new(),
             gate: (Mutex::new(false), Condvar::new()),
@@ -211,13 +197,6 @@ impl Shared {
     /// The test start (now, before `go`; workers never ask that early).
     pub fn start(&self) -> Instant {
         self.clock.get().map_or_else(Instant::now, |c| c.start)
-    }
-
-    fn past_deadline(&self) -> bool {
-        self.clock
-            .get()
-            .and_then(|c| c.send_until)
-            .is_some_and(|d| Instant::now() >= d)
     }
 
     fn now_ns(&self) -> u64 {
@@ -278,26 +257,14 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     } else {
         // Every sender of the process writes from the one shared pattern.
         let buf = payload::pattern(len);
-        let len = buf.len();
         let mut w = s;
-        loop {
-            if sh.stopped() || sh.past_deadline() {
-                break Ok(());
-            }
-            let want = sh.take(len);
-            if want == 0 {
-                break Ok(());
-            }
-            match w.write(&buf[..want]) {
-                Ok(n) => {
-                    sh.give_back(want - n);
-                    c.bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
-                }
-                Err(e) if is_retry(&e) => sh.give_back(want),
-                Err(e) => break Err(e),
-            }
-        }
+        drive_sender(
+            sh,
+            buf.len(),
+            None,
+            |bytes, _| w.write(&buf[..bytes]).map(|n| (n, 0)),
+            c,
+        )
     };
     // The receiver's end of file marks the end of this stream (an
     // encrypted one flushes what a timed-out write left first).
@@ -310,24 +277,68 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
 /// the kernel takes page references instead of copying from user memory.
 fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Result<()> {
     let file = payload::pattern_file(len)?;
-    let len = file.len();
+    drive_sender(
+        sh,
+        file.len(),
+        None,
+        |bytes, _| {
+            let mut offset = 0u64;
+            fatpipe_sys::sendfile(s, file.file(), &mut offset, bytes).map(|t| (t.bytes, 0))
+        },
+        c,
+    )
+}
+
+/// Runs a sending stream's state (`dataplane::stream::Sender`) until it
+/// finishes: `write(bytes, datagrams)` does the I/O and returns what the
+/// kernel took; the counters are published after each write.
+fn drive_sender(
+    sh: &Shared,
+    chunk: usize,
+    datagrams: Option<Datagrams>,
+    mut write: impl FnMut(usize, &SendAction) -> io::Result<(usize, usize)>,
+    c: &Counters,
+) -> io::Result<()> {
+    // The stream's own clock: a stream added mid-test is paced from its
+    // own start, not asked to catch up since the test's.
+    let t0 = Instant::now();
+    let until_ns = sh
+        .clock
+        .get()
+        .and_then(|k| k.send_until)
+        .map(|u| u.saturating_duration_since(t0).as_nanos() as u64);
+    let mut st = StreamSender::new(SendSpec {
+        chunk,
+        datagrams,
+        until_ns,
+    });
+    let budget = &sh.budget;
     loop {
-        if sh.stopped() || sh.past_deadline() {
-            return Ok(());
+        if sh.stopped() {
+            st.handle_stop(budget);
         }
-        let want = sh.take(len);
-        if want == 0 {
-            return Ok(());
-        }
-        let mut offset = 0u64;
-        match fatpipe_sys::sendfile(s, file.file(), &mut offset, want) {
-            Ok(t) => {
-                sh.give_back(want - t.bytes);
-                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
-                c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+        let now = t0.elapsed().as_nanos() as u64;
+        let action = st.poll_action(now, budget);
+        match action {
+            SendAction::Write { bytes, .. } => match write(bytes, &action) {
+                Ok((n, d)) => {
+                    let now = t0.elapsed().as_nanos() as u64;
+                    st.handle_written(now, n, d, budget);
+                    let t = st.totals();
+                    c.bytes.store(t.bytes, Ordering::Relaxed);
+                    c.packets.store(t.packets, Ordering::Relaxed);
+                    c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+                }
+                Err(e) if is_retry(&e) => st.handle_blocked(budget),
+                Err(e) => {
+                    st.handle_blocked(budget);
+                    return Err(e);
+                }
+            },
+            SendAction::WaitUntil(at) => {
+                std::thread::sleep(Duration::from_nanos(at.saturating_sub(now)).min(POLL));
             }
-            Err(e) if is_retry(&e) => sh.give_back(want),
-            Err(e) => return Err(e),
+            SendAction::Finish(_) => return Ok(()),
         }
     }
 }
@@ -410,75 +421,67 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
         .map(|i| fatpipe_sys::pattern_byte(i % len as u64))
         .collect();
     let mut batch = fatpipe_sys::SendBatch::new();
-    let mut pacer = Pacer::new(sh.params.bitrate, len, per_call, MAX_LAG);
-    let t0 = Instant::now();
-    let mut seq = 0u64;
-    loop {
-        if sh.stopped() || sh.past_deadline() {
-            return Ok(());
-        }
-        let now = t0.elapsed().as_nanos() as u64;
-        let ready = pacer.ready(now);
-        if ready == 0 {
-            std::thread::sleep(pacer.wait(now).min(POLL));
-            continue;
-        }
-        let mut n = 0;
-        while n < ready && sh.take(len) == len {
-            n += 1;
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let now_ns = sh.now_ns();
-        for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
-            d[..8].copy_from_slice(&seq.wrapping_add(k as u64).to_be_bytes());
-            d[8..16].copy_from_slice(&now_ns.to_be_bytes());
-        }
-        let sent = if path == UdpPath::Plain {
-            // --no-batch: one datagram, one system call.
-            s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
-                datagrams: 1,
-                bytes,
-                path: fatpipe_sys::IoPath::Copy,
-            })
-        } else if gso {
-            fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
-        } else {
-            let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
-            batch.send(s.as_fd(), &packets)
-        };
-        match sent {
-            Ok(sent) => {
-                let done = sent.datagrams.min(n);
-                sh.give_back((n - done) * len);
-                pacer.sent(done);
-                seq = seq.wrapping_add(done as u64);
-                c.packets.fetch_add(done as u64, Ordering::Relaxed);
-                c.bytes.fetch_add(sent.bytes as u64, Ordering::Relaxed);
-                c.last_ns.store(now_ns, Ordering::Relaxed);
+    let plan = Datagrams {
+        bitrate: sh.params.bitrate,
+        burst: per_call,
+        max_lag: MAX_LAG,
+    };
+    drive_sender(
+        sh,
+        len,
+        Some(plan),
+        |_, action| {
+            let SendAction::Write {
+                datagrams: n,
+                first_seq: seq,
+                ..
+            } = *action
+            else {
+                return Ok((0, 0));
+            };
+            let now_ns = sh.now_ns();
+            for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
+                d[..8].copy_from_slice(&seq.wrapping_add(k as u64).to_be_bytes());
+                d[8..16].copy_from_slice(&now_ns.to_be_bytes());
             }
-            // A full queue (ENOBUFS) or a refused port costs these
-            // datagrams' time, not the test: they were never sent, so
-            // they count neither as sent nor as lost, and the pacer
-            // forgives them if the sender stays behind.
-            Err(e)
-                if is_retry(&e)
-                    || fatpipe_sys::udp::is_no_buffer_space(&e)
-                    || e.kind() == io::ErrorKind::ConnectionRefused =>
-            {
-                sh.give_back(n * len);
-                std::thread::sleep(Duration::from_micros(50));
+            let sent = if path == UdpPath::Plain {
+                // --no-batch: one datagram, one system call.
+                s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
+                    datagrams: 1,
+                    bytes,
+                    path: fatpipe_sys::IoPath::Copy,
+                })
+            } else if gso {
+                fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
+            } else {
+                let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
+                batch.send(s.as_fd(), &packets)
+            };
+            match sent {
+                Ok(sent) => Ok((sent.bytes, sent.datagrams)),
+                // A full queue (ENOBUFS) or a refused port costs these
+                // datagrams' time, not the test: they were never sent, so
+                // they count neither as sent nor as lost, and the pacer
+                // forgives them if the sender stays behind.
+                Err(e)
+                    if is_retry(&e)
+                        || fatpipe_sys::udp::is_no_buffer_space(&e)
+                        || e.kind() == io::ErrorKind::ConnectionRefused =>
+                {
+                    std::thread::sleep(Duration::from_micros(50));
+                    Err(io::ErrorKind::WouldBlock.into())
+                }
+                // GSO refused for this size (e.g. datagrams above the MTU):
+                // batches of plain datagrams from now on.
+                Err(_) if gso => {
+                    gso = false;
+                    Err(io::ErrorKind::WouldBlock.into())
+                }
+                Err(e) => Err(e),
             }
-            // GSO refused for this size (e.g. datagrams above the MTU):
-            // batches of plain datagrams from now on.
-            Err(_) if gso => {
-                gso = false;
-                sh.give_back(n * len);
-            }
-            Err(e) => return Err(e),
-        }
-    }
+        },
+        c,
+    )
 }
 
 fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
@@ -874,33 +877,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{Direction, Protocol};
-
-    fn params(bytes: Option<u64>) -> TestParams {
-        TestParams {
-            protocol: Protocol::Tcp,
-            streams: 1,
-            direction: Direction::Up,
-            duration_ms: 1000,
-            bytes,
-            omit_ms: 0,
-            interval_ms: 1000,
-            window: None,
-            force_buffers: false,
-            start_window: None,
-            mss: None,
-            congestion: None,
-            fq_rate: None,
-            zerocopy: false,
-            length: 1000,
-            bitrate: 0,
-            no_batch: false,
-        }
-    }
-
-    fn shared(bytes: Option<u64>) -> Shared {
-        Shared::new(params(bytes))
-    }
 
     fn datagram(seq: u64, sent_ns: u64) -> Vec<u8> {
         let mut d = vec![0u8; 100];
@@ -950,18 +926,5 @@ mod tests {
         assert_eq!(c.packets.load(Ordering::Relaxed), 4);
         assert_eq!(c.expected.load(Ordering::Relaxed), 3);
         assert_eq!(c.out_of_order.load(Ordering::Relaxed), 1);
-    }
-
-    #[test]
-    fn byte_budget_is_shared_exactly() {
-        let sh = shared(Some(2500));
-        assert_eq!(sh.take(1000), 1000);
-        assert_eq!(sh.take(1000), 1000);
-        assert_eq!(sh.take(1000), 500);
-        assert_eq!(sh.take(1000), 0);
-        sh.give_back(300);
-        assert_eq!(sh.take(1000), 300);
-        let unlimited = shared(None);
-        assert_eq!(unlimited.take(1000), 1000);
     }
 }

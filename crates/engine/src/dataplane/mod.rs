@@ -11,11 +11,17 @@
 //!   data at all.
 //! - [`udp`]: a UDP receiver's loss, order and jitter accounting, sans-IO
 //!   and wrap-safe (the peer chooses every sequence number).
+//! - [`stream`]: a stream's state, sans-IO: what to write or wait for
+//!   next given `now` and what the last write did (counters, the shared
+//!   `-n` [`stream::ByteBudget`], the UDP [`pacer`], datagram numbers) and
+//!   what a receiver counted ([`udp`] for loss, order and jitter).
 //!
-//! The per-stream state that moves the bytes (counters, byte budget,
-//! pacer, UDP sequence/loss/jitter) still lives in the services' own
-//! workers; issue 34 moves it here as sans-IO state driven by one runner.
+//! The threads and sockets that drive this state are still the services'
+//! (memtest: one thread per stream); issue 34's runner, a bounded set of
+//! threads on epoll, is to drive the same state.
 
 pub mod budget;
+pub mod pacer;
 pub mod payload;
+pub mod stream;
 pub mod udp;
