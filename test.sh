@@ -91,11 +91,12 @@ say "cargo test (unit and integration; lab and flood tests apart)"
 # loopback tests, so they run afterwards, one at a time. The server flood
 # test (`flood::`) opens thousands of connections a second for seconds: it
 # runs alone too, since beside it other tests' start-up waits (a stock
-# iperf3 server coming up) ran out.
-cargo test --workspace --release --locked "${FEATURES[@]}" -- --skip lab_ --skip flood::
+# iperf3 server coming up) ran out. So do the memory tests (`memory::`),
+# whose 1,024-stream test runs two thousand threads for seconds.
+cargo test --workspace --release --locked "${FEATURES[@]}" -- --skip lab_ --skip flood:: --skip memory::
 
-say "cargo test: the flood test, alone"
-cargo test --release --locked -p fatpipe --test integration "${FEATURES[@]}" -- flood:: --test-threads=1
+say "cargo test: the flood and memory tests, alone"
+cargo test --release --locked -p fatpipe --test integration "${FEATURES[@]}" -- flood:: memory:: --test-threads=1
 
 say "cargo test: lab tests, one at a time"
 cargo test --workspace --release --locked "${FEATURES[@]}" -- lab_ --test-threads=1
