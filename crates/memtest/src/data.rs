@@ -322,12 +322,14 @@ fn drive_sender(
         match action {
             SendAction::Write { bytes, .. } => match write(bytes, &action) {
                 Ok((n, d)) => {
-                    let now = t0.elapsed().as_nanos() as u64;
-                    st.handle_written(now, n, d, budget);
+                    // One clock read for both clocks.
+                    let at = Instant::now();
+                    st.handle_written(at.duration_since(t0).as_nanos() as u64, n, d, budget);
                     let t = st.totals();
                     c.bytes.store(t.bytes, Ordering::Relaxed);
                     c.packets.store(t.packets, Ordering::Relaxed);
-                    c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+                    let test_ns = at.saturating_duration_since(sh.start()).as_nanos() as u64;
+                    c.last_ns.store(test_ns, Ordering::Relaxed);
                 }
                 Err(e) if is_retry(&e) => st.handle_blocked(budget),
                 Err(e) => {
