@@ -52,6 +52,32 @@ fn issue_34_a_peers_long_streams_do_not_choose_the_servers_memory() {
 }
 
 #[test]
+fn issue_34_udp_senders_batches_come_from_the_budget() {
+    // Each UDP sender fills a batch of datagrams of its own (each carries
+    // its sequence number); 32 of 65,507 B were 2 MiB a stream, 2 GiB for
+    // 1,024. Now the batches come from the process's bounded budget.
+    let dir = setup();
+    let (srv, port) = server(&dir);
+    let pid = srv.0.id();
+    let before = status(pid, "VmRSS:");
+    let streams = STREAMS.to_string();
+    let big = Client::spawn(
+        &dir,
+        port,
+        &["-u", "-R", "-P", &streams, "-l", "65507", "-t", "2"],
+    );
+    let end = big.end();
+    let peak = status(pid, "VmHWM:");
+    let grew = peak.saturating_sub(before);
+    eprintln!("server RSS: {before} KiB before, peak {peak} KiB: grew {grew} KiB");
+    assert!(
+        grew <= RSS_BOUND_KIB,
+        "the server's RSS grew by {grew} KiB (bound {RSS_BOUND_KIB} KiB)"
+    );
+    assert_eq!(end.streams.len(), STREAMS as usize);
+}
+
+#[test]
 fn issue_34_zero_copy_streams_share_one_pattern_file() {
     let dir = setup();
     let (srv, port) = server(&dir);
