@@ -220,7 +220,7 @@ pub(crate) fn spawn(
         .spawn(move || {
             shared.wait_for_go();
             let result = match (&*sock, role) {
-                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared),
+                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared, id),
                 (Sock::Tcp(s), Role::Recv) => tcp_recv(s, &counters, &shared),
                 (Sock::Udp(s), Role::Send) => udp_send(s, &counters, &shared),
                 (Sock::Udp(s), Role::Recv) => udp_recv(s, &counters, &shared),
@@ -241,7 +241,7 @@ pub(crate) fn shutdown_all(streams: &[Stream]) {
     }
 }
 
-fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
+fn tcp_send(s: &Conn, c: &Counters, sh: &Shared, id: u32) -> io::Result<()> {
     s.set_write_timeout(Some(POLL))?;
     // Keep little unsent data queued in the kernel: the window still fills
     // (in-flight bytes are not limited), but a few hundred streams no
@@ -253,7 +253,7 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     let len = sh.params.length as usize;
     // Zero-copy only on a plain stream: sendfile would bypass TLS.
     let result = if let (true, Some(plain)) = (sh.params.zerocopy, s.plain()) {
-        tcp_send_file(plain, c, sh, len)
+        tcp_send_file(plain, c, sh, len, id)
     } else {
         // Every sender of the process writes from the one shared pattern.
         let buf = payload::pattern(len);
@@ -275,8 +275,8 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
 
 /// `-Z`: `sendfile` from the process's shared memfd holding the pattern:
 /// the kernel takes page references instead of copying from user memory.
-fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Result<()> {
-    let file = payload::pattern_file(len)?;
+fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize, id: u32) -> io::Result<()> {
+    let file = payload::pattern_file(len, id as usize)?;
     drive_sender(
         sh,
         file.len(),
