@@ -159,9 +159,9 @@ cargo clippy --workspace --all-targets --locked "${FEATURES[@]}" -- -D warnings
 # --- tests ----------------------------------------------------------------------
 # One nextest run builds and runs every unit and integration test of the
 # workspace. Tests whose name contains `lab_` (time and throughput through
-# an emulated link) and the server flood test each run alone: nextest's
-# config gives them every test thread, so no heavy loopback test shares the
-# 2 cores with them.
+# an emulated link), the server flood test and the memory tests each run
+# alone: nextest's config gives them every test thread, so no heavy
+# loopback test shares the 2 cores with them.
 stage "build the tests (ci profile, with the test hooks)"
 cargo nextest run --workspace --locked "${PROFILE[@]}" "${FEATURES[@]}" --profile ci --no-run
 

@@ -66,6 +66,7 @@
 
 pub mod client;
 pub mod control;
+pub mod dataplane;
 pub mod error;
 pub mod front;
 pub mod logsum;

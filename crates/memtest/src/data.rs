@@ -9,6 +9,16 @@
 //! session thread samples them (and `TCP_INFO`) once per interval, so the hot
 //! loops take no lock and allocate nothing.
 //!
+//! What a sender does next (write how much, wait for the pacer, stop at
+//! the deadline or when the `-n` budget is spent) is decided by its
+//! sans-IO state, `fatpipe_engine::dataplane::stream::Sender`; the threads
+//! here only do the I/O it asks for and report what the kernel took.
+//!
+//! What a stream sends is the process's one shared pattern
+//! (`fatpipe_engine::dataplane::payload`), and the buffers it needs of its
+//! own come from the process-wide budget (`dataplane::budget`), so a peer's
+//! streams × length no longer decide the server's memory (docs/security.md).
+//!
 //! Every blocking call has a short timeout so that a worker notices the stop
 //! flag (peer vanished, user interrupted) within a fraction of a second.
 
@@ -23,7 +33,10 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
-use crate::pacer::Pacer;
+use fatpipe_engine::dataplane::stream::Sender as StreamSender;
+use fatpipe_engine::dataplane::stream::{ByteBudget, Datagrams, SendAction, SendSpec};
+use fatpipe_engine::dataplane::udp::UdpReceiver;
+use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
 
 /// How often a blocked worker looks at its stop flags.
@@ -55,11 +68,16 @@ const RECV_STORAGE: usize = 1 << 20;
 /// Longest a stopping UDP receiver reads what is already queued.
 const DRAIN_LIMIT: Duration = Duration::from_millis(200);
 
+/// Bytes of plaintext an encrypted TCP receiver opens per read, and the
+/// least it gets when many streams share the budget (one TLS record).
+const OPENED: usize = 256 * 1024;
+const OPENED_MIN: usize = 16 * 1024;
+
 /// Most receive slots per `recvmmsg` call.
 const RECV_SLOTS: usize = 256;
 
 /// Bytes of the UDP datagram header: sequence number and send time.
-pub(crate) const UDP_HEADER: usize = 16;
+pub(crate) const UDP_HEADER: usize = fatpipe_engine::dataplane::udp::UDP_HEADER;
 
 /// First bytes of a UDP hello datagram (magic, cookie, stream id).
 pub(crate) const UDP_HELLO: &[u8; 4] = b"FPUH";
@@ -85,7 +103,8 @@ impl Sock {
 pub(crate) struct Counters {
     bytes: AtomicU64,
     packets: AtomicU64,
-    /// UDP receiver: highest sequence number seen + 1.
+    /// UDP receiver: sequence numbers its front has passed (received or
+    /// lost; `dataplane::udp`).
     expected: AtomicU64,
     out_of_order: AtomicU64,
     /// UDP receiver: jitter in microseconds, as f64 bits.
@@ -114,7 +133,7 @@ pub(crate) struct Shared {
     /// thousand threads does not eat into the first streams' time.
     pub gate: (Mutex<bool>, Condvar),
     /// Bytes left to send at this end with `-n`.
-    pub budget: Option<AtomicU64>,
+    pub budget: ByteBudget,
     /// Everything stops (abort or end).
     pub stop: AtomicBool,
     /// UDP receivers stop (the peer's senders are done and the queue drained).
@@ -134,30 +153,10 @@ impl Shared {
         self.stop.load(Ordering::Relaxed)
     }
 
-    /// Takes up to `want` bytes from the `-n` budget; `want` without one.
-    fn take(&self, want: usize) -> usize {
-        let Some(budget) = &self.budget else {
-            return want;
-        };
-        let got = budget.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
-            (left > 0).then(|| left.saturating_sub(want as u64))
-        });
-        match got {
-            Ok(left) => left.min(want as u64) as usize,
-            Err(_) => 0,
-        }
-    }
-
-    fn give_back(&self, n: usize) {
-        if let Some(b) = &self.budget {
-            b.fetch_add(n as u64, Ordering::AcqRel);
-        }
-    }
-
     /// A shared state whose clock is not yet started.
     pub fn new(params: TestParams) -> Shared {
         Shared {
-            budget: params.bytes.map(AtomicU64::new),
+            budget: ByteBudget::new(params.bytes),
             params,
             clock: OnceLock::new(),
             gate: (Mutex::new(false), Condvar::new()),
@@ -200,13 +199,6 @@ impl Shared {
         self.clock.get().map_or_else(Instant::now, |c| c.start)
     }
 
-    fn past_deadline(&self) -> bool {
-        self.clock
-            .get()
-            .and_then(|c| c.send_until)
-            .is_some_and(|d| Instant::now() >= d)
-    }
-
     fn now_ns(&self) -> u64 {
         self.start().elapsed().as_nanos() as u64
     }
@@ -228,7 +220,7 @@ pub(crate) fn spawn(
         .spawn(move || {
             shared.wait_for_go();
             let result = match (&*sock, role) {
-                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared),
+                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared, id),
                 (Sock::Tcp(s), Role::Recv) => tcp_recv(s, &counters, &shared),
                 (Sock::Udp(s), Role::Send) => udp_send(s, &counters, &shared),
                 (Sock::Udp(s), Role::Recv) => udp_recv(s, &counters, &shared),
@@ -249,7 +241,7 @@ pub(crate) fn shutdown_all(streams: &[Stream]) {
     }
 }
 
-fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
+fn tcp_send(s: &Conn, c: &Counters, sh: &Shared, id: u32) -> io::Result<()> {
     s.set_write_timeout(Some(POLL))?;
     // Keep little unsent data queued in the kernel: the window still fills
     // (in-flight bytes are not limited), but a few hundred streams no
@@ -261,28 +253,18 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     let len = sh.params.length as usize;
     // Zero-copy only on a plain stream: sendfile would bypass TLS.
     let result = if let (true, Some(plain)) = (sh.params.zerocopy, s.plain()) {
-        tcp_send_file(plain, c, sh, len)
+        tcp_send_file(plain, c, sh, len, id)
     } else {
-        let buf: Vec<u8> = (0..len as u64).map(fatpipe_sys::pattern_byte).collect();
+        // Every sender of the process writes from the one shared pattern.
+        let buf = payload::pattern(len);
         let mut w = s;
-        loop {
-            if sh.stopped() || sh.past_deadline() {
-                break Ok(());
-            }
-            let want = sh.take(len);
-            if want == 0 {
-                break Ok(());
-            }
-            match w.write(&buf[..want]) {
-                Ok(n) => {
-                    sh.give_back(want - n);
-                    c.bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
-                }
-                Err(e) if is_retry(&e) => sh.give_back(want),
-                Err(e) => break Err(e),
-            }
-        }
+        drive_sender(
+            sh,
+            buf.len(),
+            None,
+            |bytes, _| w.write(&buf[..bytes]).map(|n| (n, 0)),
+            c,
+        )
     };
     // The receiver's end of file marks the end of this stream (an
     // encrypted one flushes what a timed-out write left first).
@@ -291,27 +273,74 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     result
 }
 
-/// `-Z`: `sendfile` from a memfd holding the pattern: the kernel takes page
-/// references instead of copying from user memory.
-fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize) -> io::Result<()> {
-    let file = fatpipe_sys::pattern_memfd(len)?;
+/// `-Z`: `sendfile` from the process's shared memfd holding the pattern:
+/// the kernel takes page references instead of copying from user memory.
+fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize, id: u32) -> io::Result<()> {
+    let file = payload::pattern_file(len, id as usize)?;
+    drive_sender(
+        sh,
+        file.len(),
+        None,
+        |bytes, _| {
+            let mut offset = 0u64;
+            fatpipe_sys::sendfile(s, file.file(), &mut offset, bytes).map(|t| (t.bytes, 0))
+        },
+        c,
+    )
+}
+
+/// Runs a sending stream's state (`dataplane::stream::Sender`) until it
+/// finishes: `write(bytes, datagrams)` does the I/O and returns what the
+/// kernel took; the counters are published after each write.
+fn drive_sender(
+    sh: &Shared,
+    chunk: usize,
+    datagrams: Option<Datagrams>,
+    mut write: impl FnMut(usize, &SendAction) -> io::Result<(usize, usize)>,
+    c: &Counters,
+) -> io::Result<()> {
+    // The stream's own clock: a stream added mid-test is paced from its
+    // own start, not asked to catch up since the test's.
+    let t0 = Instant::now();
+    let until_ns = sh
+        .clock
+        .get()
+        .and_then(|k| k.send_until)
+        .map(|u| u.saturating_duration_since(t0).as_nanos() as u64);
+    let mut st = StreamSender::new(SendSpec {
+        chunk,
+        datagrams,
+        until_ns,
+    });
+    let budget = &sh.budget;
     loop {
-        if sh.stopped() || sh.past_deadline() {
-            return Ok(());
+        if sh.stopped() {
+            st.handle_stop(budget);
         }
-        let want = sh.take(len);
-        if want == 0 {
-            return Ok(());
-        }
-        let mut offset = 0u64;
-        match fatpipe_sys::sendfile(s, &file, &mut offset, want) {
-            Ok(t) => {
-                sh.give_back(want - t.bytes);
-                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
-                c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+        let now = t0.elapsed().as_nanos() as u64;
+        let action = st.poll_action(now, budget);
+        match action {
+            SendAction::Write { bytes, .. } => match write(bytes, &action) {
+                Ok((n, d)) => {
+                    // One clock read for both clocks.
+                    let at = Instant::now();
+                    st.handle_written(at.duration_since(t0).as_nanos() as u64, n, d, budget);
+                    let t = st.totals();
+                    c.bytes.store(t.bytes, Ordering::Relaxed);
+                    c.packets.store(t.packets, Ordering::Relaxed);
+                    let test_ns = at.saturating_duration_since(sh.start()).as_nanos() as u64;
+                    c.last_ns.store(test_ns, Ordering::Relaxed);
+                }
+                Err(e) if is_retry(&e) => st.handle_blocked(budget),
+                Err(e) => {
+                    st.handle_blocked(budget);
+                    return Err(e);
+                }
+            },
+            SendAction::WaitUntil(at) => {
+                std::thread::sleep(Duration::from_nanos(at.saturating_sub(now)).min(POLL));
             }
-            Err(e) if is_retry(&e) => sh.give_back(want),
-            Err(e) => return Err(e),
+            SendAction::Finish(_) => return Ok(()),
         }
     }
 }
@@ -348,11 +377,13 @@ fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
     // An encrypted stream must be read and opened: MSG_TRUNC would discard
-    // the records unchecked.
-    let mut opened = match s.plain() {
-        Some(_) => Vec::new(),
-        None => vec![0u8; 256 * 1024],
-    };
+    // the records unchecked. Its plaintext buffer shrinks towards one
+    // record's worth as streams grow (dataplane::budget).
+    let grant = s.is_encrypted().then(|| {
+        let streams = sh.params.total_streams() as usize;
+        budget::reserve(budget::share(OPENED, OPENED_MIN, streams), OPENED_MIN)
+    });
+    let mut opened = vec![0u8; grant.as_ref().map_or(0, budget::Grant::bytes)];
     loop {
         if sh.stopped() {
             return Ok(());
@@ -381,80 +412,78 @@ fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     let len = sh.params.length as usize;
     let path = udp_send_path(s, &sh.params);
     let mut gso = path == UdpPath::Gso;
-    let per_call = udp_burst(&sh.params, path);
+    // The datagrams of one call are written in place (each carries its
+    // sequence number and send time), so this buffer is the stream's own:
+    // from the budget, at least one datagram.
+    let streams = sh.params.total_streams() as usize;
+    let burst = udp_burst(&sh.params, path);
+    let grant = budget::reserve(budget::share(burst * len, len, streams), len);
+    let per_call = (grant.bytes() / len.max(1)).clamp(1, burst.max(1));
     let mut buf: Vec<u8> = (0..(per_call * len) as u64)
         .map(|i| fatpipe_sys::pattern_byte(i % len as u64))
         .collect();
     let mut batch = fatpipe_sys::SendBatch::new();
-    let mut pacer = Pacer::new(sh.params.bitrate, len, per_call, MAX_LAG);
-    let t0 = Instant::now();
-    let mut seq = 0u64;
-    loop {
-        if sh.stopped() || sh.past_deadline() {
-            return Ok(());
-        }
-        let now = t0.elapsed().as_nanos() as u64;
-        let ready = pacer.ready(now);
-        if ready == 0 {
-            std::thread::sleep(pacer.wait(now).min(POLL));
-            continue;
-        }
-        let mut n = 0;
-        while n < ready && sh.take(len) == len {
-            n += 1;
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let now_ns = sh.now_ns();
-        for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
-            d[..8].copy_from_slice(&(seq + k as u64).to_be_bytes());
-            d[8..16].copy_from_slice(&now_ns.to_be_bytes());
-        }
-        let sent = if path == UdpPath::Plain {
-            // --no-batch: one datagram, one system call.
-            s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
-                datagrams: 1,
-                bytes,
-                path: fatpipe_sys::IoPath::Copy,
-            })
-        } else if gso {
-            fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
-        } else {
-            let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
-            batch.send(s.as_fd(), &packets)
-        };
-        match sent {
-            Ok(sent) => {
-                let done = sent.datagrams.min(n);
-                sh.give_back((n - done) * len);
-                pacer.sent(done);
-                seq += done as u64;
-                c.packets.fetch_add(done as u64, Ordering::Relaxed);
-                c.bytes.fetch_add(sent.bytes as u64, Ordering::Relaxed);
-                c.last_ns.store(now_ns, Ordering::Relaxed);
+    let plan = Datagrams {
+        bitrate: sh.params.bitrate,
+        burst: per_call,
+        max_lag: MAX_LAG,
+    };
+    drive_sender(
+        sh,
+        len,
+        Some(plan),
+        |_, action| {
+            let SendAction::Write {
+                datagrams: n,
+                first_seq: seq,
+                ..
+            } = *action
+            else {
+                return Ok((0, 0));
+            };
+            let now_ns = sh.now_ns();
+            for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
+                d[..8].copy_from_slice(&seq.wrapping_add(k as u64).to_be_bytes());
+                d[8..16].copy_from_slice(&now_ns.to_be_bytes());
             }
-            // A full queue (ENOBUFS) or a refused port costs these
-            // datagrams' time, not the test: they were never sent, so
-            // they count neither as sent nor as lost, and the pacer
-            // forgives them if the sender stays behind.
-            Err(e)
-                if is_retry(&e)
-                    || fatpipe_sys::udp::is_no_buffer_space(&e)
-                    || e.kind() == io::ErrorKind::ConnectionRefused =>
-            {
-                sh.give_back(n * len);
-                std::thread::sleep(Duration::from_micros(50));
+            let sent = if path == UdpPath::Plain {
+                // --no-batch: one datagram, one system call.
+                s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
+                    datagrams: 1,
+                    bytes,
+                    path: fatpipe_sys::IoPath::Copy,
+                })
+            } else if gso {
+                fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
+            } else {
+                let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
+                batch.send(s.as_fd(), &packets)
+            };
+            match sent {
+                Ok(sent) => Ok((sent.bytes, sent.datagrams)),
+                // A full queue (ENOBUFS) or a refused port costs these
+                // datagrams' time, not the test: they were never sent, so
+                // they count neither as sent nor as lost, and the pacer
+                // forgives them if the sender stays behind.
+                Err(e)
+                    if is_retry(&e)
+                        || fatpipe_sys::udp::is_no_buffer_space(&e)
+                        || e.kind() == io::ErrorKind::ConnectionRefused =>
+                {
+                    std::thread::sleep(Duration::from_micros(50));
+                    Err(io::ErrorKind::WouldBlock.into())
+                }
+                // GSO refused for this size (e.g. datagrams above the MTU):
+                // batches of plain datagrams from now on.
+                Err(_) if gso => {
+                    gso = false;
+                    Err(io::ErrorKind::WouldBlock.into())
+                }
+                Err(e) => Err(e),
             }
-            // GSO refused for this size (e.g. datagrams above the MTU):
-            // batches of plain datagrams from now on.
-            Err(_) if gso => {
-                gso = false;
-                sh.give_back(n * len);
-            }
-            Err(e) => return Err(e),
-        }
-    }
+        },
+        c,
+    )
 }
 
 fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
@@ -500,7 +529,9 @@ fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
     } else {
         (sh.params.length as usize).clamp(UDP_HEADER, 65_536)
     };
-    let count = (RECV_STORAGE / slot).clamp(1, RECV_SLOTS);
+    let streams = sh.params.total_streams() as usize;
+    let grant = budget::reserve(budget::share(RECV_STORAGE, slot, streams), slot);
+    let count = (grant.bytes() / slot).clamp(1, RECV_SLOTS);
     let mut batch = fatpipe_sys::RecvBatch::new(count, slot);
     let mut draining: Option<Instant> = None;
     loop {
@@ -603,59 +634,33 @@ pub(crate) fn configure_udp_receiver(s: &UdpSocket, p: &TestParams) {
     }
 }
 
-/// A UDP receiver's loss, order and jitter state, and its counts since
-/// the last [`publish`](UdpRx::publish).
+/// A UDP receiver's accounting (`dataplane::udp`, wrap-safe) and its
+/// publication to the sampler.
 #[derive(Debug, Default)]
 struct UdpRx {
-    jitter_us: f64,
-    last_transit: Option<i128>,
-    next_seq: u64,
-    packets: u64,
-    bytes: u64,
-    out_of_order: u64,
+    rx: UdpReceiver,
 }
 
 impl UdpRx {
     fn datagram(&mut self, d: &[u8], now_ns: u64) {
-        let (Some(seq), Some(sent)) = (d.get(..8), d.get(8..16)) else {
-            return;
-        };
-        if d.starts_with(UDP_HELLO) {
-            return;
+        if !d.starts_with(UDP_HELLO) {
+            self.rx.handle_datagram(d, now_ns);
         }
-        let mut b = [0u8; 8];
-        b.copy_from_slice(seq);
-        let seq = u64::from_be_bytes(b);
-        b.copy_from_slice(sent);
-        let sent_ns = u64::from_be_bytes(b);
-        self.packets += 1;
-        self.bytes += d.len() as u64;
-        if seq >= self.next_seq {
-            self.next_seq = seq + 1;
-        } else {
-            self.out_of_order += 1;
-        }
-        // RFC 3550: the clocks' offset cancels in the transit difference.
-        let transit = i128::from(now_ns) - i128::from(sent_ns);
-        if let Some(prev) = self.last_transit {
-            let d = (transit - prev).abs() as f64 / 1e3;
-            self.jitter_us += (d - self.jitter_us) / 16.0;
-        }
-        self.last_transit = Some(transit);
     }
 
     /// Publishes the running totals (this worker is the counters' only
     /// writer, so plain stores of totals do).
     fn publish(&self, c: &Counters, now_ns: u64) {
-        if self.packets == c.packets.load(Ordering::Relaxed) {
+        let t = self.rx.totals();
+        if t.packets == c.packets.load(Ordering::Relaxed) {
             return;
         }
-        c.packets.store(self.packets, Ordering::Relaxed);
-        c.bytes.store(self.bytes, Ordering::Relaxed);
-        c.expected.store(self.next_seq, Ordering::Relaxed);
-        c.out_of_order.store(self.out_of_order, Ordering::Relaxed);
+        c.packets.store(t.packets, Ordering::Relaxed);
+        c.bytes.store(t.bytes, Ordering::Relaxed);
+        c.expected.store(t.expected, Ordering::Relaxed);
+        c.out_of_order.store(t.out_of_order, Ordering::Relaxed);
         c.jitter_bits
-            .store(self.jitter_us.to_bits(), Ordering::Relaxed);
+            .store(t.jitter_us.to_bits(), Ordering::Relaxed);
         c.last_ns.store(now_ns, Ordering::Relaxed);
     }
 }
@@ -874,33 +879,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{Direction, Protocol};
-
-    fn params(bytes: Option<u64>) -> TestParams {
-        TestParams {
-            protocol: Protocol::Tcp,
-            streams: 1,
-            direction: Direction::Up,
-            duration_ms: 1000,
-            bytes,
-            omit_ms: 0,
-            interval_ms: 1000,
-            window: None,
-            force_buffers: false,
-            start_window: None,
-            mss: None,
-            congestion: None,
-            fq_rate: None,
-            zerocopy: false,
-            length: 1000,
-            bitrate: 0,
-            no_batch: false,
-        }
-    }
-
-    fn shared(bytes: Option<u64>) -> Shared {
-        Shared::new(params(bytes))
-    }
 
     fn datagram(seq: u64, sent_ns: u64) -> Vec<u8> {
         let mut d = vec![0u8; 100];
@@ -938,15 +916,17 @@ mod tests {
     }
 
     #[test]
-    fn byte_budget_is_shared_exactly() {
-        let sh = shared(Some(2500));
-        assert_eq!(sh.take(1000), 1000);
-        assert_eq!(sh.take(1000), 1000);
-        assert_eq!(sh.take(1000), 500);
-        assert_eq!(sh.take(1000), 0);
-        sh.give_back(300);
-        assert_eq!(sh.take(1000), 300);
-        let unlimited = shared(None);
-        assert_eq!(unlimited.take(1000), 1000);
+    fn issue_34_a_sequence_number_of_u64_max_is_late_not_a_panic() {
+        // It overflowed `seq + 1` (a panic with overflow checks, the
+        // expected count running backwards without).
+        let c = Counters::default();
+        let mut rx = UdpRx::default();
+        for seq in [0, 1, u64::MAX, 2] {
+            rx.datagram(&datagram(seq, 0), 0);
+        }
+        rx.publish(&c, 1);
+        assert_eq!(c.packets.load(Ordering::Relaxed), 4);
+        assert_eq!(c.expected.load(Ordering::Relaxed), 3);
+        assert_eq!(c.out_of_order.load(Ordering::Relaxed), 1);
     }
 }

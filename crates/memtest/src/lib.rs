@@ -23,7 +23,6 @@
 pub(crate) mod data;
 pub mod findmax;
 pub mod msg;
-mod pacer;
 mod ramp;
 mod report;
 pub mod rfc6349;

@@ -18,6 +18,7 @@ mod iperf3;
 mod lab;
 mod lab_copy;
 mod lab_faults;
+mod memory;
 mod metrics;
 mod path;
 mod plots;

@@ -2,7 +2,7 @@
 //!
 //! Pure arithmetic over "nanoseconds since the stream started", so the
 //! tests below drive it with a virtual clock and the sender's hot loop
-//! (`data::udp_send`) only feeds it `Instant::elapsed`. The schedule is
+//! (`stream::Sender`) only feeds it `Instant::elapsed`. The schedule is
 //! absolute, not a token bucket refilled per call: datagram `k` is due at
 //! `k / rate`, so rounding never accumulates and the offered rate over a
 //! trial is the asked one to well within 1 % whenever the sender keeps up.
@@ -34,7 +34,7 @@ use std::time::Duration;
 
 /// How much faster than the asked rate a sender that fell behind may send
 /// while it makes its debt good.
-pub(crate) const CATCH_UP: f64 = 1.5;
+pub const CATCH_UP: f64 = 1.5;
 
 /// How much catch-up the bucket holds, as time at the catch-up rate: what
 /// a sleeping sender's wake-up delay on a loaded host costs (hundreds of
@@ -44,7 +44,7 @@ const BUCKET: Duration = Duration::from_millis(4);
 
 /// Datagram schedule of one sending stream.
 #[derive(Debug, Clone)]
-pub(crate) struct Pacer {
+pub struct Pacer {
     /// Datagrams per second asked for.
     pps: f64,
     /// Most datagrams per call.
@@ -69,7 +69,7 @@ pub(crate) struct Pacer {
 impl Pacer {
     /// Paces `length`-byte datagrams at `bitrate` bit/s of UDP payload, at
     /// most `burst` per call, catching up at most `max_lag` of lateness.
-    pub(crate) fn new(bitrate: u64, length: usize, burst: usize, max_lag: Duration) -> Pacer {
+    pub fn new(bitrate: u64, length: usize, burst: usize, max_lag: Duration) -> Pacer {
         let pps = bitrate as f64 / (length.max(1) as f64 * 8.0);
         let burst = burst.max(1);
         let max_debt = ((pps * max_lag.as_secs_f64()) as u64).max(burst as u64);
@@ -92,7 +92,7 @@ impl Pacer {
     /// the sender is behind, this is zero until the catch-up bucket holds
     /// all it may send (a batch, or the whole debt if smaller), so catching
     /// up goes in whole batches at the catch-up rate.
-    pub(crate) fn ready(&mut self, now_ns: u64) -> usize {
+    pub fn ready(&mut self, now_ns: u64) -> usize {
         let want = self.debt(now_ns);
         if want == 0 {
             return 0;
@@ -107,7 +107,7 @@ impl Pacer {
     }
 
     /// Records `n` datagrams as sent.
-    pub(crate) fn sent(&mut self, n: usize) {
+    pub fn sent(&mut self, n: usize) {
         self.sent += n as u64;
         self.fast_at_ns += n as f64 * self.fast_gap_ns;
     }
@@ -115,7 +115,7 @@ impl Pacer {
     /// How long from `now_ns` until [`ready`](Self::ready) gives datagrams
     /// (zero if it does already): the next one's due time, or while behind,
     /// when the catch-up bucket holds what may go.
-    pub(crate) fn wait(&self, now_ns: u64) -> Duration {
+    pub fn wait(&self, now_ns: u64) -> Duration {
         let next = self.sent + self.forgiven;
         let due_ns = next as f64 / self.pps * 1e9;
         let want = self.debt_at(now_ns).clamp(1, self.burst as u64);
@@ -126,8 +126,7 @@ impl Pacer {
     }
 
     /// Datagrams skipped because the sender could not keep up.
-    #[cfg(test)]
-    pub(crate) fn forgiven(&self) -> u64 {
+    pub fn forgiven(&self) -> u64 {
         self.forgiven
     }
 

@@ -1,0 +1,197 @@
+//! What a peer can make the server hold in memory (issue 34): many long
+//! sending streams share one payload pattern, so the server's RSS no
+//! longer grows with streams × `-l`, and the server keeps serving others.
+//!
+//! The server is the real binary on loopback; its memory is read from
+//! `/proc/PID/status` (`VmHWM`, the peak resident set, so no sample can
+//! miss the worst moment) and its pattern memory files from `/proc/PID/fd`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use fatpipe_schema::test::{TestEnd, TestReport, TestStreamLine};
+
+use crate::util::{assert_exit, run, setup, spawn_server, Dir, Guard};
+
+/// Streams of the big test: the issue's 1,024 (the session's cap).
+const STREAMS: u32 = 1024;
+
+/// What the server's resident set may grow by under it.
+const RSS_BOUND_KIB: u64 = 256 * 1024;
+
+/// Longest a test here waits for anything.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+#[test]
+fn issue_34_a_peers_long_streams_do_not_choose_the_servers_memory() {
+    let dir = setup();
+    let (srv, port) = server(&dir);
+    let pid = srv.0.id();
+    let before = status(pid, "VmRSS:");
+    let streams = STREAMS.to_string();
+    let big = Client::spawn(&dir, port, &["-R", "-P", &streams, "-l", "16M", "-t", "3"]);
+    // Once the big test reports its first interval every stream is
+    // attached and sending; the other client comes then.
+    big.next_interval();
+    let small = run(&mut test_cmd(&dir, port, &["-t", "1", "--json"]));
+    assert_exit(&small, 0);
+    let small: TestReport = serde_json::from_slice(&small.stdout).expect("small report");
+    assert!(small.end.sums[0].bytes > 0, "the other client moved data");
+    let end = big.end();
+    let peak = status(pid, "VmHWM:");
+    let grew = peak.saturating_sub(before);
+    eprintln!("server RSS: {before} KiB before, peak {peak} KiB: grew {grew} KiB");
+    assert!(
+        grew <= RSS_BOUND_KIB,
+        "the server's RSS grew by {grew} KiB (bound {RSS_BOUND_KIB} KiB)"
+    );
+    assert_eq!(end.streams.len(), STREAMS as usize);
+    assert!(end.sums[0].bytes > 0);
+}
+
+#[test]
+fn issue_34_udp_senders_batches_come_from_the_budget() {
+    // Each UDP sender fills a batch of datagrams of its own (each carries
+    // its sequence number); 32 of 65,507 B were 2 MiB a stream, 2 GiB for
+    // 1,024. Now the batches come from the process's bounded budget.
+    let dir = setup();
+    let (srv, port) = server(&dir);
+    let pid = srv.0.id();
+    let before = status(pid, "VmRSS:");
+    let streams = STREAMS.to_string();
+    let big = Client::spawn(
+        &dir,
+        port,
+        &["-u", "-R", "-P", &streams, "-l", "65507", "-t", "2"],
+    );
+    let end = big.end();
+    let peak = status(pid, "VmHWM:");
+    let grew = peak.saturating_sub(before);
+    eprintln!("server RSS: {before} KiB before, peak {peak} KiB: grew {grew} KiB");
+    assert!(
+        grew <= RSS_BOUND_KIB,
+        "the server's RSS grew by {grew} KiB (bound {RSS_BOUND_KIB} KiB)"
+    );
+    assert_eq!(end.streams.len(), STREAMS as usize);
+}
+
+#[test]
+fn issue_34_zero_copy_streams_share_one_pattern_file() {
+    let dir = setup();
+    let (srv, port) = server(&dir);
+    let pid = srv.0.id();
+    let big = Client::spawn(
+        &dir,
+        port,
+        &["-R", "-Z", "-P", "64", "-l", "16M", "-t", "2"],
+    );
+    // Each sending stream used to make a memory file of its own (64 here,
+    // 16 MiB each); look at every interval, while they all send.
+    let mut most = 0;
+    for _ in 0..3 {
+        big.next_interval();
+        most = most.max(pattern_files(pid));
+    }
+    big.end();
+    assert!(most > 0, "never saw the pattern file");
+    assert!(
+        most <= fatpipe_engine::dataplane::payload::FILE_STRIPES,
+        "{most} pattern memory files open at once"
+    );
+}
+
+/// Starts `fatpipe server --port 0` (no key: anyone may test).
+fn server(dir: &Dir) -> (Guard, u16) {
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"]);
+    spawn_server(cmd)
+}
+
+fn test_cmd(dir: &Dir, port: u16, args: &[&str]) -> Command {
+    let mut cmd = dir.cmd();
+    cmd.arg("test").arg(format!("127.0.0.1:{port}")).args(args);
+    cmd
+}
+
+/// A `fatpipe test --json-stream` running beside the test, its lines
+/// read on a thread so every wait has a deadline; killed (by PID) and
+/// reaped when dropped.
+struct Client {
+    guard: Guard,
+    lines: mpsc::Receiver<TestStreamLine>,
+}
+
+impl Client {
+    fn spawn(dir: &Dir, port: u16, args: &[&str]) -> Client {
+        let mut child = test_cmd(dir, port, args)
+            .args(["--json-stream", "-i", "0.5"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn fatpipe test");
+        let stdout = child.stdout.take().expect("client stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                let parsed = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+                if tx.send(parsed).is_err() {
+                    return;
+                }
+            }
+        });
+        Client {
+            guard: Guard(child),
+            lines,
+        }
+    }
+
+    fn next(&self) -> TestStreamLine {
+        self.lines
+            .recv_timeout(DEADLINE)
+            .expect("the test printed nothing more before the deadline (or exited early)")
+    }
+
+    /// Waits for the next interval line.
+    fn next_interval(&self) {
+        loop {
+            match self.next() {
+                TestStreamLine::Interval(_) => return,
+                TestStreamLine::End(_) => panic!("the test ended before an interval"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for the end record and the exit (which must be 0).
+    fn end(mut self) -> TestEnd {
+        loop {
+            if let TestStreamLine::End(end) = self.next() {
+                let status = self.guard.0.wait().expect("wait for fatpipe test");
+                assert!(status.success(), "fatpipe test exited {status}");
+                return end;
+            }
+        }
+    }
+}
+
+/// A field of `/proc/PID/status` (KiB for memory, a count for threads).
+fn status(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Pattern memory files the process holds open.
+fn pattern_files(pid: u32) -> usize {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("fatpipe-pattern"))
+        .count()
+}
