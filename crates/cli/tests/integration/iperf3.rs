@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use fatpipe_schema::test::{Direction, TestReport};
 use serde_json::Value;
 
-use crate::util::{self, assert_exit, run, setup, wait_for, Dir, Guard};
+use crate::util::{self, assert_exit, run, setup, Dir, Guard};
 
 /// A TCP and UDP port nothing listens on right now.
 fn free_port() -> u16 {
@@ -42,6 +42,41 @@ fn listening(port: u16) -> bool {
 }
 
 /// `iperf3 -s -1 -J` on a free port: one test, then its JSON report.
+/// A stock `iperf3 -s` on a free port, made by `cmd(port)`, returned once
+/// it listens. The port is free when chosen, but a parallel test's
+/// connection may take it before iperf3 binds it; iperf3 then exits at
+/// once ("address already in use"), and another port is tried.
+fn stock_listening(mut cmd: impl FnMut(u16) -> Command) -> (Child, u16) {
+    let mut why = String::new();
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = cmd(port)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn iperf3 -s (apt-get install iperf3)");
+        let mut exited = false;
+        let up = util::within(Duration::from_secs(5), || {
+            exited = matches!(child.try_wait(), Ok(Some(_)));
+            exited || listening(port)
+        });
+        if up && !exited {
+            return (child, port);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        why = format!("port {port}: exited {exited}: {}", err.trim());
+        if !exited {
+            break;
+        }
+    }
+    panic!("iperf3 -s did not listen ({why})");
+}
+
 struct StockServer {
     child: Child,
     port: u16,
@@ -49,15 +84,11 @@ struct StockServer {
 
 impl StockServer {
     fn start() -> StockServer {
-        let port = free_port();
-        let child = Command::new("iperf3")
-            .args(["-s", "-1", "-J", "-p", &port.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn iperf3 -s (apt-get install iperf3)");
-        wait_for(Duration::from_secs(5), "iperf3 -s to listen", || {
-            listening(port)
+        let (child, port) = stock_listening(|port| {
+            let mut c = Command::new("iperf3");
+            c.args(["-s", "-1", "-J", "-p", &port.to_string()])
+                .stdout(Stdio::piped());
+            c
         });
         StockServer { child, port }
     }
@@ -130,17 +161,13 @@ const BLOCK: u64 = 128 * 1024;
 #[test]
 fn iperf3_server_is_recognised_within_a_second_and_named() {
     let dir = setup();
-    let port = free_port();
-    let child = Command::new("iperf3")
-        .args(["-s", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn iperf3 -s");
-    let _srv = Guard(child);
-    wait_for(Duration::from_secs(5), "iperf3 -s to listen", || {
-        listening(port)
+    let (child, port) = stock_listening(|port| {
+        let mut c = Command::new("iperf3");
+        c.args(["-s", "-p", &port.to_string()])
+            .stdout(Stdio::null());
+        c
     });
+    let _srv = Guard(child);
     for extra in [&[][..], &["--no-auto"]] {
         let t0 = Instant::now();
         let out = run(dir
@@ -705,21 +732,17 @@ fn iperf3_auth_fatpipe_client_against_a_stock_server() {
     let dir = setup();
     let (key, public, users) = auth_files(&dir);
     let stock = || {
-        let port = free_port();
-        let child = Command::new("iperf3")
-            .args(["-s", "-1", "-p", &port.to_string()])
-            .args([
-                "--rsa-private-key-path",
-                &key,
-                "--authorized-users-path",
-                &users,
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn iperf3 -s");
-        wait_for(Duration::from_secs(5), "iperf3 -s to listen", || {
-            listening(port)
+        let (child, port) = stock_listening(|port| {
+            let mut c = Command::new("iperf3");
+            c.args(["-s", "-1", "-p", &port.to_string()])
+                .args([
+                    "--rsa-private-key-path",
+                    &key,
+                    "--authorized-users-path",
+                    &users,
+                ])
+                .stdout(Stdio::null());
+            c
         });
         (Guard(child), port)
     };
