@@ -384,22 +384,14 @@ impl Live {
     }
 }
 
-/// Congestion controls this host lets a socket select: every loaded one
-/// for root, else the allowed list.
+/// Congestion controls this host lets a socket select, as
+/// [`fatpipe_tune::host::congestion_allowed`] answers for every policy (by
+/// capability: root or `CAP_NET_ADMIN` may use every loaded one), held to
+/// what one `Accept` may carry.
 pub fn congestion_allowed() -> Vec<String> {
-    let root = fatpipe_sys::process::is_root();
-    let file = if root {
-        "/proc/sys/net/ipv4/tcp_available_congestion_control"
-    } else {
-        "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
-    };
-    std::fs::read_to_string(file)
-        .map(|s| {
-            s.split_whitespace()
-                .filter(|n| n.len() <= crate::wire::MAX_CONGESTION_NAME)
-                .take(crate::wire::MAX_CONGESTION_NAMES)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    fatpipe_tune::host::congestion_allowed()
+        .into_iter()
+        .filter(|n| n.len() <= crate::wire::MAX_CONGESTION_NAME)
+        .take(crate::wire::MAX_CONGESTION_NAMES)
+        .collect()
 }
