@@ -138,7 +138,8 @@ pub struct CopyTimeline {
     /// The server accepted the request.
     pub accepted_at: Option<f64>,
     /// Every data connection asked for was open (data flows on each as it
-    /// opens, so this may come after `first_byte_sent_at`).
+    /// opens, so this may come after `first_byte_sent_at`); `None` when
+    /// the data was all moved before the last one opened.
     pub data_open_at: Option<f64>,
     /// Push: this end began writing its first chunk to a data socket.
     pub first_byte_sent_at: Option<f64>,
