@@ -57,7 +57,7 @@ trap 'exit 130' INT TERM
 install_missing jq:jq ping:iputils-ping
 build_fatpipe
 
-echo "encrypt-bench-key-$$-0123456789" >"$work/key"
+(umask 077 && echo "encrypt-bench-key-$$-0123456789" >"$work/key")
 mkdir -p "$work/export"
 head -c $((BIG_MB << 20)) /dev/urandom >"$work/big.bin"
 cat "$work/big.bin" >/dev/null

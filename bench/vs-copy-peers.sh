@@ -146,7 +146,7 @@ start() { start_server "$NS_S" "$@"; }
 dest() { mkdir -p "$work/dst/$1" && chmod 1777 "$work/dst/$1" && echo "$work/dst/$1"; }
 
 start_fatpipe() {
-    echo "fatpipe-bench-key-$$" >"$work/key"
+    (umask 077 && echo "fatpipe-bench-key-$$" >"$work/key")
     start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
         --key-file "$work/key" --export "dst=$(dest fatpipe)" --export "dstb=$(dest fatpipe-buffered)" \
         --export "dur=$(dest durable)" --export "src=$work/src" -q

@@ -8,6 +8,7 @@
 //! failed, 2 usage, configuration or authentication errors.
 
 mod cmd;
+mod config;
 mod exit;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -42,6 +43,8 @@ enum Command {
     Report(cmd::report::Args),
     /// List, show, export, import and annotate archived runs.
     Archive(cmd::archive::Args),
+    /// Make a pre-shared key file (`key new PATH`, mode 0600).
+    Key(cmd::key::Args),
     /// Print a shell completion script (bash, zsh, fish, …) for fatpipe.
     Completions(cmd::completions::CompletionsArgs),
     /// Print fatpipe's manual page (or write every page with --dir).
@@ -49,8 +52,21 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // `fatpipe server --config FILE`: the file's keys become flags before
+    // the command line's; an error in it is one line, exit 2.
+    let argv = match config::expand(std::env::args_os().collect(), &Cli::command()) {
+        Ok(config::Expanded::Run(argv)) => argv,
+        Ok(config::Expanded::Print(text)) => {
+            print!("{text}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("fatpipe: {}", fatpipe_proto::escape(&e.to_string()));
+            return std::process::ExitCode::from(2);
+        }
+    };
     // clap prints usage errors itself and exits 2, as we want.
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(argv);
     let result = match cli.command {
         Command::Server(a) => cmd::server::run(a),
         Command::Test(a) => cmd::test::run(a),
@@ -62,6 +78,7 @@ fn main() -> std::process::ExitCode {
         Command::Sweep(a) => cmd::sweep::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Archive(a) => cmd::archive::run(a),
+        Command::Key(a) => cmd::key::run(a),
         Command::Completions(a) => cmd::completions::completions(a, Cli::command()),
         Command::Man(a) => cmd::completions::man(a, Cli::command()),
     };

@@ -85,16 +85,51 @@ pub use server::{
 };
 
 /// Reads a pre-shared key file: its contents with trailing whitespace
-/// (a final newline) removed. At least 8 bytes.
+/// (a final newline) removed. At least 8 bytes. A file that any other user
+/// may read or write (a group or other permission bit, as ssh judges a
+/// private key) is refused, with the command that fixes it.
 pub fn load_key(path: &std::path::Path) -> Result<fatpipe_proto::Key> {
-    let raw = std::fs::read(path)
+    let mut file = std::fs::File::open(path)
         .map_err(|e| EngineError::io(format!("read key file {}", path.display()), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| EngineError::io(format!("read key file {}", path.display()), e))?;
+    key_mode_ok(path, &meta)?;
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut file, MAX_KEY_FILE + 1),
+        &mut raw,
+    )
+    .map_err(|e| EngineError::io(format!("read key file {}", path.display()), e))?;
+    if raw.len() as u64 > MAX_KEY_FILE {
+        return Err(EngineError::Service(format!(
+            "key file {}: longer than {MAX_KEY_FILE} bytes; is it the right file?",
+            path.display()
+        )));
+    }
     let end = raw
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())
         .map_or(0, |i| i + 1);
     fatpipe_proto::Key::new(&raw[..end])
         .map_err(|e| EngineError::Service(format!("key file {}: {e}", path.display())))
+}
+
+/// The largest key file read (`fatpipe key new` writes 65 bytes).
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// Refuses a key file other users may read or write.
+fn key_mode_ok(path: &std::path::Path, meta: &std::fs::Metadata) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        let p = fatpipe_proto::escape(&path.display().to_string()).into_owned();
+        return Err(EngineError::Service(format!(
+            "key file {p} may be read or written by other users (mode {mode:04o}); \
+             make it private: chmod 600 {p}"
+        )));
+    }
+    Ok(())
 }
 
 /// Raises this process's open-file limit to its hard limit: a test with

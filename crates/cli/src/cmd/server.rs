@@ -27,6 +27,15 @@ use fatpipe_transfer::service::CopyService;
 /// Arguments of `fatpipe server`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Read settings from this TOML file: each key is a long flag below
+    /// (`max-sessions = 64`, `export = ["data=/srv/data"]`); a flag on the
+    /// command line wins over the file's key (docs/config.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective settings (defaults, file, command line) as a
+    /// configuration file and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// Address to listen on (IPv4 or IPv6).
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,

@@ -45,7 +45,7 @@ impl Server {
 fn key_file(dir: &Dir) -> PathBuf {
     let key = dir.path().join("key");
     if !key.exists() {
-        std::fs::write(&key, "copy-test-key-0123456789\n").unwrap();
+        crate::util::write_key(&key, "copy-test-key-0123456789\n");
     }
     key
 }
@@ -521,7 +521,7 @@ fn escapes_wrong_keys_and_read_only_are_refused() {
     assert_exit(&out, 0);
 
     let bad = dir.path().join("bad-key");
-    std::fs::write(&bad, "not-the-right-key-at-all").unwrap();
+    crate::util::write_key(&bad, "not-the-right-key-at-all");
     let out = util::run(
         dir.cmd()
             .args(["copy", "--port", &srv.port.to_string(), "--key-file"])

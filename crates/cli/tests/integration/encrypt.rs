@@ -56,7 +56,7 @@ fn server(dir: &Dir, exports: &[String]) -> Server {
 
 fn key_file(dir: &Dir, name: &str, text: &str) -> PathBuf {
     let p = dir.path().join(name);
-    std::fs::write(&p, text).unwrap();
+    crate::util::write_key(&p, text);
     p
 }
 

@@ -56,7 +56,7 @@ fn a_flood_from_one_address_does_not_lock_out_the_others() {
     fatpipe_sys::process::raise_fd_limit();
     let dir = setup();
     let key_path = dir.path().join("key");
-    std::fs::write(&key_path, "flood-test-key-0123456789\n").unwrap();
+    crate::util::write_key(&key_path, "flood-test-key-0123456789\n");
     let key = Key::new(b"flood-test-key-0123456789").unwrap();
     let export = mkdir(&dir.path().join("export"));
     random_file(&dir.path().join("src.bin"), 4 << 20, 16);

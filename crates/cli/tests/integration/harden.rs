@@ -65,7 +65,7 @@ fn hostile_names_from_the_server_are_escaped_in_notes_and_errors() {
 fn a_keyed_server_serves_public_exports_and_only_them_without_the_key() {
     let dir = setup();
     let key = dir.path().join("key");
-    std::fs::write(&key, "public-test-key-0123\n").unwrap();
+    crate::util::write_key(&key, "public-test-key-0123\n");
     let public = mkdir(&dir.path().join("pub"));
     let private = mkdir(&dir.path().join("priv"));
     std::fs::write(public.join("open"), b"anyone may read this").unwrap();

@@ -9,6 +9,7 @@ mod util;
 
 mod adjust;
 mod auto;
+mod config;
 mod copy;
 mod demo;
 mod encrypt;

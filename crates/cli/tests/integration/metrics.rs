@@ -105,8 +105,8 @@ const OK: &str = "fatpipe_sessions_total{service=\"test\",outcome=\"ok\"}";
 #[test]
 fn metrics_count_tests_during_and_after_by_the_right_amounts() {
     let dir = setup();
-    std::fs::write(dir.path().join("key"), "metrics-test-key\n").unwrap();
-    std::fs::write(dir.path().join("wrong"), "not-the-key-at-all\n").unwrap();
+    crate::util::write_key(dir.path().join("key"), "metrics-test-key\n");
+    crate::util::write_key(dir.path().join("wrong"), "not-the-key-at-all\n");
     let (_srv, port, maddr) = server_with_metrics(&dir, &["--key-file", "key"]);
     let target = format!("127.0.0.1:{port}");
     let (code, before) = get(&maddr, "/metrics");
@@ -199,7 +199,7 @@ fn metrics_count_tests_during_and_after_by_the_right_amounts() {
 #[test]
 fn probe_runs_a_short_test_and_answers_with_its_result() {
     let dir = setup();
-    std::fs::write(dir.path().join("key"), "probe-test-key-1\n").unwrap();
+    crate::util::write_key(dir.path().join("key"), "probe-test-key-1\n");
     // The target: a plain server with the same key as the prober.
     let mut target_cmd = dir.cmd();
     target_cmd
@@ -376,7 +376,7 @@ fn sigterm_ends_a_running_test_with_a_reason_and_exits_0() {
 #[test]
 fn sigterm_during_a_copy_exits_0_and_the_copy_resumes_from_its_journal() {
     let dir = setup();
-    std::fs::write(dir.path().join("key"), "copy-sigterm-key-1\n").unwrap();
+    crate::util::write_key(dir.path().join("key"), "copy-sigterm-key-1\n");
     let src = dir.path().join("f.bin");
     random_file(&src, 64 << 20, 11);
     let exp = dir.path().join("export");

@@ -157,8 +157,8 @@ fn bad_host_is_a_usage_error_in_one_line() {
 #[test]
 fn wrong_key_is_a_usage_error_and_no_server_a_failure() {
     let dir = setup();
-    std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
-    std::fs::write(dir.path().join("client.key"), "wrong horse battery\n").unwrap();
+    crate::util::write_key(dir.path().join("server.key"), "correct horse battery\n");
+    crate::util::write_key(dir.path().join("client.key"), "wrong horse battery\n");
     let mut cmd = dir.cmd();
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
         .args(["--key-file", "server.key"]);

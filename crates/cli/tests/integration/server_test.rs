@@ -208,8 +208,8 @@ fn text_output_has_intervals_and_a_summary() {
 #[test]
 fn wrong_key_exits_2_with_one_clear_line() {
     let dir = setup();
-    std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
-    std::fs::write(dir.path().join("wrong.key"), "incorrect pony staple\n").unwrap();
+    crate::util::write_key(dir.path().join("server.key"), "correct horse battery\n");
+    crate::util::write_key(dir.path().join("wrong.key"), "incorrect pony staple\n");
     let (_srv, port) = server(&dir, &["--key-file", "server.key"]);
     let out = run(&mut test_cmd(
         &dir,

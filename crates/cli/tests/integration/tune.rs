@@ -326,8 +326,8 @@ fn for_a_loopback_server_audits_the_probed_path_and_the_peer() {
 #[test]
 fn for_errors_are_one_line_with_the_path_exit_codes() {
     let dir = setup();
-    std::fs::write(dir.path().join("server.key"), "correct horse battery\n").unwrap();
-    std::fs::write(dir.path().join("client.key"), "wrong horse battery\n").unwrap();
+    crate::util::write_key(dir.path().join("server.key"), "correct horse battery\n");
+    crate::util::write_key(dir.path().join("client.key"), "wrong horse battery\n");
     let mut cmd = dir.cmd();
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
         .args(["--key-file", "server.key"]);

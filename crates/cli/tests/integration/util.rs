@@ -461,3 +461,25 @@ pub fn complete_files(src: &Path, dest: &Path) -> (u64, u64) {
     }
     (n, bytes)
 }
+
+/// Writes a pre-shared key file the way `fatpipe key new` does: mode 0600
+/// from its creation (the server and clients refuse one others can read).
+pub fn write_key(path: impl AsRef<std::path::Path>, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = path.as_ref();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("create key {}: {e}", path.display()));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("write key {}: {e}", path.display()));
+}
+
+/// A command's stderr as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
