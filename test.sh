@@ -75,7 +75,7 @@ trap run_on_exit EXIT
 stage "installing what the tests need"
 
 # --- what the tests need -----------------------------------------------------
-APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core sccache)
+APT_PACKAGES=(iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core sccache lintian rpmlint)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -108,6 +108,13 @@ command -v cargo-nextest >/dev/null 2>&1 || {
   say "installing cargo-nextest"
   cargo install cargo-nextest --locked -q
 }
+# cargo-deb and cargo-generate-rpm build the packages (scripts/package.sh).
+for tool in deb generate-rpm; do
+  command -v "cargo-$tool" >/dev/null 2>&1 || {
+    say "installing cargo-$tool"
+    cargo install "cargo-$tool" --locked -q
+  }
+done
 if [ "${FUZZ_SECONDS:-20}" != 0 ] && rustup toolchain list 2>/dev/null | grep -q nightly; then
   command -v cargo-fuzz >/dev/null 2>&1 || {
     say "installing cargo-fuzz"
@@ -196,6 +203,21 @@ cargo nextest run --locked "${PROFILE[@]}" -p fatpipe --test integration \
 if grep -aq FATPIPE_TEST_CORRUPT_CHUNK target/ci/fatpipe; then
   echo "error: target/ci/fatpipe knows FATPIPE_TEST_CORRUPT_CHUNK: the test-hooks feature leaked into a build without it" >&2
   exit 1
+fi
+
+# --- packages -------------------------------------------------------------------
+# The .deb and .rpm of that hook-free build (scripts/package.sh), linted,
+# and the .deb installed, served from and purged (scripts/package-check.sh;
+# root only: it installs on this machine).
+if [ "$(id -u)" = 0 ]; then
+  stage "packages: build, lint, install, serve, purge"
+  FATPIPE_PROFILE=ci scripts/package.sh --no-build
+  scripts/package-check.sh
+elif [ -n "${CI:-}" ]; then
+  echo "error: the package check needs root, and CI runs as root" >&2
+  exit 1
+else
+  echo "note: package check skipped: it installs the .deb, so it needs root"
 fi
 
 # --- fuzzing --------------------------------------------------------------------

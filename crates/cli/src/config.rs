@@ -316,6 +316,12 @@ fn print_config(
         } else {
             format!("{name} = {}", toml_value(&raw[0]))
         };
+        // The flag's help above its key, so the file explains itself.
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        out.push('\n');
+        for l in wrap(&help, 74) {
+            out.push_str(&format!("# {l}\n"));
+        }
         if source.is_empty() {
             out.push_str(&format!("{line}\n"));
         } else {
@@ -323,6 +329,26 @@ fn print_config(
         }
     }
     out
+}
+
+/// `text`'s words in lines of at most `width` characters (a longer word
+/// gets a line of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
 }
 
 /// A flag's text as a TOML value: integers bare, the rest quoted.
@@ -356,6 +382,7 @@ mod tests {
         config: Option<PathBuf>,
         #[arg(long)]
         print_config: bool,
+        /// Most sessions at once.
         #[arg(long, default_value_t = 64)]
         max_sessions: usize,
         #[arg(long)]
@@ -469,7 +496,10 @@ mod tests {
         let Ok(Expanded::Print(p)) = expand_with(text, &["--print-config", "--quiet"]) else {
             panic!("no print");
         };
-        assert!(p.contains("max-sessions = 16  # file\n"), "{p}");
+        assert!(
+            p.contains("\n# Most sessions at once\nmax-sessions = 16  # file\n"),
+            "{p}"
+        );
         assert!(p.contains("quiet = true  # command line\n"), "{p}");
         assert!(p.contains("bind = \"0.0.0.0\"  # default\n"), "{p}");
         assert!(p.contains("quiet = true"), "{p}");
