@@ -522,6 +522,74 @@ mod tests {
         );
     }
 
+    /// Every flag of the real `fatpipe server` is a key the file takes:
+    /// written with its default (or, for a flag without one, a sample
+    /// value from this table), it comes back as that flag and the server's
+    /// parser takes it. A new flag without a long name, or without a
+    /// default and a sample here, fails this test.
+    #[test]
+    fn every_server_flag_has_a_key() {
+        const SAMPLES: &[(&str, &str)] = &[
+            ("key-file", "\"/etc/fatpipe/key\""),
+            ("export", "[\"data=/srv/fatpipe:ro\"]"),
+            ("user", "\"fatpipe\""),
+            ("metrics", "\"127.0.0.1:9301\""),
+            ("iperf3-port", "5201"),
+            ("iperf3-rsa-private-key", "\"/etc/fatpipe/iperf3.pem\""),
+            ("iperf3-authorized-users", "\"/etc/fatpipe/iperf3-users\""),
+            ("http", "\"[::]:8443\""),
+            ("tls-cert", "\"/etc/fatpipe/cert.pem\""),
+            ("tls-key", "\"/etc/fatpipe/key.pem\""),
+            ("token-key-file", "\"/etc/fatpipe/token.key\""),
+        ];
+        let cli = crate::Cli::command();
+        let server = cli.find_subcommand("server").expect("a server subcommand");
+        let mut checked = 0;
+        for arg in server.get_arguments() {
+            let id = arg.get_id().as_str();
+            if ["help", "version", "config", "print_config"].contains(&id) {
+                continue;
+            }
+            let name = arg
+                .get_long()
+                .unwrap_or_else(|| panic!("server flag {id} has no long name, so no key"));
+            let value = if !takes_value(arg) {
+                "true".to_string()
+            } else if let Some((_, v)) = SAMPLES.iter().find(|(k, _)| *k == name) {
+                v.to_string()
+            } else {
+                let d = arg.get_default_values();
+                assert!(
+                    !d.is_empty(),
+                    "server flag --{name} has no default: add a sample value to SAMPLES"
+                );
+                toml_value(&d[0].to_string_lossy())
+            };
+            let text = format!("{name} = {value}\n");
+            let dir = tempfile::tempdir().expect("tempdir");
+            let file = dir.path().join("server.toml");
+            std::fs::write(&file, &text).expect("write config");
+            let argv: Vec<OsString> = ["fatpipe", "server", "--config"]
+                .iter()
+                .map(OsString::from)
+                .chain([file.into_os_string()])
+                .collect();
+            match expand(argv, &cli) {
+                Ok(Expanded::Run(a)) => {
+                    let want = format!("--{name}");
+                    assert!(
+                        a.iter().any(|s| s.to_string_lossy().starts_with(&want)),
+                        "{text} gave {a:?}"
+                    );
+                }
+                Ok(Expanded::Print(_)) => panic!("printed"),
+                Err(e) => panic!("{text}: {e}"),
+            }
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} server flags");
+    }
+
     #[test]
     fn other_commands_pass_through() {
         let argv: Vec<OsString> = ["fatpipe", "other"].iter().map(OsString::from).collect();
