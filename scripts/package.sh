@@ -7,9 +7,11 @@
 # tmpfiles.d entries, a commented /etc/fatpipe/server.toml generated from
 # the binary's own flags (`server --print-config`), man pages and
 # bash/zsh/fish completions generated from the binary, the Grafana
-# dashboard and the docs. Packaging tools: cargo-deb and cargo-generate-rpm
-# (installed with `cargo install` if missing). Neither package starts the
-# service: an operator configures a key and exports first.
+# dashboard and the docs. Packaging tools: cargo-deb (installed with `cargo
+# install` if missing) and rpmbuild (packaging/rpm/fatpipe.spec; Debian's
+# `rpm` package has it). FATPIPE_RPM_SIGN=KEYID signs the .rpm with that
+# GnuPG key (rpmsign). Neither package starts the service: an operator
+# configures a key and exports first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,12 +27,14 @@ for a in "$@"; do
     esac
 done
 
-for tool in deb generate-rpm; do
-    if ! cargo "$tool" --version >/dev/null 2>&1; then
-        echo "==> cargo install cargo-$tool (once per machine)"
-        cargo install --locked "cargo-$tool"
-    fi
-done
+if ! cargo deb --version >/dev/null 2>&1; then
+    echo "==> cargo install cargo-deb (once per machine)"
+    cargo install --locked cargo-deb
+fi
+command -v rpmbuild >/dev/null || {
+    echo "package.sh: rpmbuild is missing (Debian: apt install rpm)" >&2
+    exit 2
+}
 
 if [ "$build" = 1 ]; then
     cargo build --profile "$profile" -p fatpipe --locked
@@ -77,7 +81,18 @@ if grep -qv -e '^#' -e '^$' "$gen/server.toml"; then
 fi
 
 mkdir -p target/pkg
-rm -f target/pkg/*.deb target/pkg/*.rpm
+rm -f target/pkg/*.deb target/pkg/*.rpm target/pkg/RPM-GPG-KEY-fatpipe
 cargo deb -p fatpipe --profile "$profile" --no-build --output target/pkg/
-cargo generate-rpm -p crates/cli --profile "$profile" -o target/pkg/
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+rm -rf target/pkg/rpmbuild
+strip -o "$gen/fatpipe" "$bin"
+rpmbuild -bb --quiet --define "_topdir $PWD/target/pkg/rpmbuild" --define "fp_src $PWD" \
+    --define "fp_bin $gen/fatpipe" --define "fp_version $version" packaging/rpm/fatpipe.spec
+mv target/pkg/rpmbuild/RPMS/*/fatpipe-*.rpm target/pkg/
+if [ -n "${FATPIPE_RPM_SIGN:-}" ]; then
+    rpmsign --define "_gpg_name $FATPIPE_RPM_SIGN" --define "__gpg $(command -v gpg)" \
+        --addsign target/pkg/fatpipe-*.rpm
+    # Published beside the packages: users `rpm --import` it first.
+    gpg --batch --armor --export "$FATPIPE_RPM_SIGN" >target/pkg/RPM-GPG-KEY-fatpipe
+fi
 ls -l target/pkg/*.deb target/pkg/*.rpm
