@@ -163,38 +163,9 @@ pub fn chunk_to_fit(sizes: &[u64], chunk: u32, bound: u64, max: u32) -> u32 {
     c
 }
 
-/// The chunk size an auto-tuned copy uses when none is given: about
-/// [`AUTO_CHUNK_SECS`] of one stream's share of the path's rate, rounded
-/// down to a power of two within [`AUTO_CHUNK_RANGE`]; the range's top
-/// when the rate is unknown.
-///
-/// Why: at the end of a copy the streams run out of chunks one by one, and
-/// the last chunk a stream takes keeps it busy for the chunk's size at the
-/// stream's share while the others idle (measured at 1 Gbit/s x 228 ms with
-/// 32 streams, 2 MiB chunks: the streams went idle over 0.5-0.9 s). Small
-/// chunks shorten that tail; on fast paths they cost per-chunk work (512 KiB
-/// was 8 % slower to disk between namespaces than 2 MiB), so the size
-/// follows the share.
-pub fn auto_chunk_size(rate: Option<u64>, streams: u32) -> u32 {
-    let (lo, hi) = AUTO_CHUNK_RANGE;
-    let Some(rate) = rate.filter(|&r| r > 0) else {
-        return hi;
-    };
-    let share = rate as f64 / 8.0 / f64::from(streams.max(1)) * AUTO_CHUNK_SECS;
-    let mut cs = hi;
-    while cs > lo && f64::from(cs) > share {
-        cs /= 2;
-    }
-    cs
-}
-
-/// Seconds of a stream's share [`auto_chunk_size`] sizes a chunk to.
-pub const AUTO_CHUNK_SECS: f64 = 0.15;
-
-/// The smallest and largest chunk [`auto_chunk_size`] picks: 2 MiB was the
-/// fixed default before, and below 512 KiB the per-chunk work grows with
-/// no tail left to gain on the paths measured.
-pub const AUTO_CHUNK_RANGE: (u32, u32) = (512 << 10, 2 << 20);
+// The chunk size a copy uses when none is given is policy: it lives in
+// `fatpipe_tune::plan::auto_chunk_size`, re-exported here.
+pub use fatpipe_tune::plan::{auto_chunk_size, AUTO_CHUNK_RANGE, AUTO_CHUNK_SECS};
 
 /// The shared work queue.
 #[derive(Debug, Default)]
@@ -355,22 +326,6 @@ mod tests {
             chunk_to_fit(&[40 << 40], 512 << 10, 1 << 26, 64 << 20),
             1 << 20
         );
-    }
-
-    #[test]
-    fn auto_chunk_size_is_a_power_of_two_near_a_fraction_of_a_streams_share() {
-        // 1 Gbit/s over 32 streams: ~29 Mbit/s each, 0.15 s of it ~0.55 MB.
-        assert_eq!(auto_chunk_size(Some(941_000_000), 32), 512 << 10);
-        // Over 16 streams, twice that.
-        assert_eq!(auto_chunk_size(Some(941_000_000), 16), 1 << 20);
-        // Fast paths, few streams, or no rate known: the old default.
-        assert_eq!(auto_chunk_size(Some(5_000_000_000), 32), 2 << 20);
-        assert_eq!(auto_chunk_size(Some(941_000_000), 4), 2 << 20);
-        assert_eq!(auto_chunk_size(None, 32), 2 << 20);
-        assert_eq!(auto_chunk_size(Some(0), 0), 2 << 20);
-        // Slow paths never go below the floor.
-        assert_eq!(auto_chunk_size(Some(10_000_000), 32), 512 << 10);
-        assert_eq!(auto_chunk_size(Some(10_000_000), 0), 512 << 10);
     }
 
     #[test]
