@@ -590,8 +590,8 @@ fn systemd_units_pass_systemd_analyze_verify() {
         ("fatpipe-test@.timer", "fatpipe-test@dtn2.timer"),
     ] {
         let text = std::fs::read_to_string(src.join(from)).expect("read a unit");
-        assert!(text.contains("/usr/local/bin/fatpipe") || from.ends_with(".timer"));
-        let text = text.replace("/usr/local/bin/fatpipe", &exe.to_string_lossy());
+        assert!(text.contains("/usr/bin/fatpipe ") || from.ends_with(".timer"));
+        let text = text.replace("/usr/bin/fatpipe ", &format!("{} ", exe.to_string_lossy()));
         std::fs::write(dir.path().join(to), text).unwrap();
     }
     let out = verify(&[
@@ -610,4 +610,11 @@ fn systemd_units_pass_systemd_analyze_verify() {
     // The scheduled run tests and archives; the server drains on SIGTERM.
     let test_unit = std::fs::read_to_string(src.join("fatpipe-test@.service")).unwrap();
     assert!(test_unit.contains("fatpipe test %I") && test_unit.contains("--archive"));
+    // The server's settings are the packaged file's (docs/config.md).
+    let server_unit = std::fs::read_to_string(src.join("fatpipe-server.service")).unwrap();
+    assert!(
+        server_unit
+            .contains("\nExecStart=/usr/bin/fatpipe server --config /etc/fatpipe/server.toml\n"),
+        "{server_unit}"
+    );
 }
