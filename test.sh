@@ -216,6 +216,7 @@ if [ "$(id -u)" = 0 ]; then
     --quick-gen-key "fatpipe CI throwaway <ci@fatpipe.invalid>" rsa2048 sign 1d
   GNUPGHOME=$gnupg FATPIPE_PROFILE=ci FATPIPE_RPM_SIGN=ci@fatpipe.invalid \
     scripts/package.sh --no-build
+  GNUPGHOME=$gnupg gpgconf --kill all 2>/dev/null || true
   rm -rf "$gnupg"
   scripts/package-check.sh
 elif [ -n "${CI:-}" ]; then
