@@ -677,6 +677,12 @@ impl Work {
                             if moved >= *len {
                                 break;
                             }
+                            if t.bytes < *len {
+                                // The queue is empty: the next read would
+                                // only fail; data (past the low-water
+                                // mark) or the tick wakes the stream.
+                                return Ok(Step::Blocked(Some(Instant::now() + RECV_TICK)));
+                            }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             return Ok(Step::Blocked(Some(Instant::now() + RECV_TICK)));

@@ -400,7 +400,9 @@ pub struct SendClock {
 /// for), reporting each outcome to the sender's state; `published` gets
 /// the totals and the test-clock time in nanoseconds after each write
 /// that moved bytes. `stop` ends the stream (its write in progress given
-/// back). An error from `write` ends the turn with it.
+/// back). An error from `write` ends the turn with it. A short stream
+/// write (no datagrams) ends the turn as blocked: the kernel took what
+/// fitted, and the socket's next writable edge says when more fits.
 #[allow(clippy::too_many_arguments)]
 pub fn send_turn(
     st: &mut Sender,
@@ -418,7 +420,7 @@ pub fn send_turn(
         let now = clock.stream_start.elapsed().as_nanos() as u64;
         let action = st.poll_action(now, budget);
         match action {
-            SendAction::Write { .. } => match write(&action) {
+            SendAction::Write { bytes, .. } => match write(&action) {
                 Ok(Wrote::Took(n, d)) => {
                     // One clock read for both clocks.
                     let at = Instant::now();
@@ -429,6 +431,12 @@ pub fn send_turn(
                     moved += n;
                     if moved >= QUANTUM_BYTES {
                         return Ok(Step::Again);
+                    }
+                    if d == 0 && n > 0 && n < bytes {
+                        // A short stream write: the socket is full, and
+                        // says so when it has room again; the next write
+                        // would only fail.
+                        return Ok(Step::Blocked(None));
                     }
                 }
                 Ok(Wrote::Blocked) => {
