@@ -7,11 +7,18 @@
 //! atomics that the session thread samples once per interval. Every
 //! blocking call has a short timeout so that a worker notices its stop
 //! flag within a fraction of a second.
+//!
+//! TCP senders write (or, `-Z`, `sendfile`) the process's one shared
+//! pattern (`fatpipe_engine::dataplane::payload`), so a peer's streams ×
+//! block length do not decide the server's memory. These threads are not
+//! yet on the engine's runner (`dataplane::runner`), as the test
+//! service's streams are.
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::net::{TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use fatpipe_engine::dataplane::payload;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -134,9 +141,14 @@ impl Shared {
 /// spent; with `zerocopy`, `sendfile`s them from a memory file instead.
 pub fn tcp_send(mut sock: TcpStream, len: usize, zerocopy: bool, shared: &Shared, c: &Counters) {
     let _ = sock.set_write_timeout(Some(POLL));
-    let buf = payload(len);
-    let file: Option<File> = if zerocopy {
-        match fatpipe_sys::pattern_memfd(len) {
+    // The process's one shared pattern (engine::dataplane::payload), not a
+    // buffer or memory file of the peer-chosen length per stream; a length
+    // past its cap (16 MiB) writes blocks of the cap.
+    let buf = payload::pattern(len);
+    let len = buf.len();
+    let file: Option<payload::PayloadFile> = if zerocopy {
+        static STRIPE: AtomicUsize = AtomicUsize::new(0);
+        match payload::pattern_file(len, STRIPE.fetch_add(1, Ordering::Relaxed)) {
             Ok(f) => Some(f),
             Err(e) => {
                 c.fail(format!("zero-copy source: {e}"));
@@ -156,7 +168,7 @@ pub fn tcp_send(mut sock: TcpStream, len: usize, zerocopy: bool, shared: &Shared
             let r = match &file {
                 Some(f) => {
                     let mut off = done as u64;
-                    fatpipe_sys::sendfile(&sock, f, &mut off, want - done).map(|t| t.bytes)
+                    fatpipe_sys::sendfile(&sock, f.file(), &mut off, want - done).map(|t| t.bytes)
                 }
                 None => sock.write(&buf[done..want]),
             };
@@ -208,7 +220,8 @@ pub fn tcp_recv(sock: TcpStream, shared: &Shared, c: &Counters) {
 /// with iperf3's header, 64-bit sequence numbers if `wide`.
 pub fn udp_send(sock: UdpSocket, len: usize, rate: u64, wide: bool, shared: &Shared, c: &Counters) {
     let _ = sock.set_write_timeout(Some(POLL));
-    let mut buf = payload(len.max(UDP_HEADER_WIDE));
+    // Its own: every datagram's header is written in place (one datagram).
+    let mut buf = datagram(len.max(UDP_HEADER_WIDE));
     let start = Instant::now();
     let mut seq: u64 = 0;
     let mut sent_bits: f64 = 0.0;
@@ -329,9 +342,9 @@ fn wall_secs() -> f64 {
         .as_secs_f64()
 }
 
-/// A write buffer of a repeating pattern (iperf3 sends whatever is in its
-/// buffer; the pattern makes misplaced data easy to see in a capture).
-fn payload(len: usize) -> Vec<u8> {
+/// A datagram buffer of the repeating pattern (iperf3 sends whatever is in
+/// its buffer; the pattern makes misplaced data easy to see in a capture).
+fn datagram(len: usize) -> Vec<u8> {
     (0..len as u64).map(fatpipe_sys::pattern_byte).collect()
 }
 

@@ -217,8 +217,11 @@ struct Slot {
     fd: RawFd,
     done: Arc<Done>,
     queued: bool,
-    /// Matches the timer entry that may wake it (older ones are stale).
-    timer: u64,
+    /// When it wants a turn without readiness (a retry, a pacer, a
+    /// receiver's tick); `None`: only on readiness.
+    due: Option<Instant>,
+    /// The time of its one entry in the timer heap, if it has one.
+    armed: Option<Instant>,
 }
 
 /// One I/O thread's state.
@@ -228,9 +231,12 @@ struct Loop {
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     ready: VecDeque<usize>,
-    /// (when, slot, timer id), earliest first.
-    timers: BinaryHeap<std::cmp::Reverse<(Instant, usize, u64)>>,
-    next_timer: u64,
+    /// (when, slot), earliest first: at most one entry per slot (its
+    /// `armed`); an entry that fires before the slot's `due` (it asked
+    /// for a later time since) is pushed again at `due`, so a fast
+    /// receiver that re-asks for its tick on every read costs one heap
+    /// entry per tick, not one per read.
+    timers: BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
 }
 
 impl Loop {
@@ -242,7 +248,6 @@ impl Loop {
             free: Vec::new(),
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
-            next_timer: 1,
         }
     }
 
@@ -279,15 +284,8 @@ impl Loop {
                     }
                 }
             }
-            let now = Instant::now();
-            while let Some(std::cmp::Reverse((at, i, id))) = self.timers.peek().copied() {
-                if at > now {
-                    break;
-                }
-                self.timers.pop();
-                if self.slots.get(i).and_then(Option::as_ref).map(|s| s.timer) == Some(id) {
-                    self.enqueue(i);
-                }
+            if self.timers.peek().is_some() {
+                self.fire_timers(Instant::now());
             }
             // One round: every task ready now gets one turn.
             for _ in 0..self.ready.len() {
@@ -295,6 +293,35 @@ impl Loop {
                     break;
                 };
                 self.turn(i);
+            }
+        }
+    }
+
+    /// Queues every slot whose time has come; re-arms those that asked
+    /// for a later time since their entry was pushed.
+    fn fire_timers(&mut self, now: Instant) {
+        while let Some(std::cmp::Reverse((at, i))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(Some(slot)) = self.slots.get_mut(i) else {
+                continue;
+            };
+            if slot.armed != Some(at) {
+                continue; // an entry of an earlier task in this slot
+            }
+            slot.armed = None;
+            match slot.due {
+                Some(due) if due <= now => {
+                    slot.due = None;
+                    self.enqueue(i);
+                }
+                Some(due) => {
+                    slot.armed = Some(due);
+                    self.timers.push(std::cmp::Reverse((due, i)));
+                }
+                None => {}
             }
         }
     }
@@ -337,7 +364,8 @@ impl Loop {
                 fd,
                 done,
                 queued: false,
-                timer: 0,
+                due: None,
+                armed: None,
             });
             self.enqueue(i);
         }
@@ -351,15 +379,17 @@ impl Loop {
         let step = slot.task.turn();
         match step {
             Step::Again => {
+                slot.due = None;
                 slot.queued = true;
                 self.ready.push_back(i);
             }
-            Step::Blocked(None) => slot.timer = 0,
+            Step::Blocked(None) => slot.due = None,
             Step::Blocked(Some(at)) | Step::Sleep(at) => {
-                let id = self.next_timer;
-                self.next_timer += 1;
-                slot.timer = id;
-                self.timers.push(std::cmp::Reverse((at, i, id)));
+                slot.due = Some(at);
+                if slot.armed.is_none_or(|armed| armed > at) {
+                    slot.armed = Some(at);
+                    self.timers.push(std::cmp::Reverse((at, i)));
+                }
             }
             Step::Done => {
                 if let Some(slot) = self.slots[i].take() {
