@@ -173,9 +173,12 @@ struct Pool {
     workers: Vec<Arc<Worker>>,
 }
 
+/// A task handed over, with the flag its handle waits on.
+type Handed = (Box<dyn Task>, Arc<Done>);
+
 /// What other threads share with one I/O thread.
 struct Worker {
-    inbox: Mutex<Vec<(Box<dyn Task>, Arc<Done>)>>,
+    inbox: Mutex<Vec<Handed>>,
     waker: Waker,
     load: AtomicUsize,
     wake_all: AtomicBool,
