@@ -153,6 +153,80 @@ fn issue_34_a_thousand_streams_each_way_run_on_a_few_threads_and_all_move_data()
     assert!(idle.is_empty(), "streams that moved nothing: {idle:?}");
 }
 
+#[test]
+fn issue_34_stock_iperf3_streams_run_on_the_servers_few_threads() {
+    // iperf3's port gave every stream a thread (2 MiB stack reserved):
+    // `iperf3 -c -P 128 --bidir` was 256 threads. On the runner the
+    // server keeps its few threads.
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
+        .args(["--iperf3-port", "0", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let srv = Guard(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let _fatpipe = lines.next();
+    let second = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    let port: u16 = second
+        .strip_prefix("iperf3 listening on ")
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected second line: {second:?}"));
+    let mut client = Command::new("iperf3")
+        .args(["-c", "127.0.0.1", "-p", &port.to_string()])
+        .args([
+            "-P",
+            "128",
+            "--bidir",
+            "-t",
+            "3",
+            "-i",
+            "0.5",
+            "--forceflush",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn iperf3 -c (test.sh installs iperf3)");
+    let out = client.stdout.take().expect("iperf3 stdout");
+    let client = Guard(client);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let bound = 4 * cores + 16;
+    // Each interval's sum line is printed while data flows.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let (mut most, mut intervals) = (0, 0);
+    while let Ok(line) = rx.recv_timeout(DEADLINE) {
+        if line.starts_with("[SUM]") && line.contains("sec") && !line.contains("sender") {
+            let t = status(srv.0.id(), "Threads:");
+            eprintln!("server threads: {t}  ({line})");
+            most = most.max(t);
+            intervals += 1;
+        }
+        if line.contains("iperf Done") {
+            break;
+        }
+    }
+    let mut client = client;
+    let status = client.0.wait().expect("wait for iperf3 -c");
+    assert!(status.success(), "iperf3 -c exited {status}");
+    assert!(intervals > 0, "no interval line from iperf3 -c");
+    assert!(
+        most <= bound,
+        "the server ran {most} threads (bound 4 x {cores} cores + 16 = {bound})"
+    );
+}
+
 /// Starts `fatpipe server --port 0` (no key: anyone may test).
 fn server(dir: &Dir) -> (Guard, u16) {
     let mut cmd = dir.cmd();
