@@ -122,8 +122,17 @@ impl Done {
     }
 }
 
-/// I/O threads of the process: one per core, at most [`MAX_THREADS`].
+/// I/O threads of the process: one per core, at most [`MAX_THREADS`]
+/// (`FATPIPE_DATAPLANE_THREADS=N` chooses N instead, still 1 to
+/// [`MAX_THREADS`]: for experiments; on a loaded 2-core host 4 threads
+/// moved no more than 2).
 pub fn threads() -> usize {
+    if let Some(n) = std::env::var("FATPIPE_DATAPLANE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return n.clamp(1, MAX_THREADS);
+    }
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, MAX_THREADS)
