@@ -469,6 +469,8 @@ struct Work {
     id: u32,
     done: Sender<super::Ev>,
     kind: Kind,
+    /// Its end was reported on `done`.
+    reported: bool,
 }
 
 enum Kind {
@@ -621,6 +623,7 @@ impl Work {
             id: stream.id,
             done,
             kind,
+            reported: false,
         })
     }
 
@@ -809,7 +812,19 @@ impl runner::Task for Work {
             _ => None,
         };
         let _ = self.done.send(super::Ev::Done(self.id, err));
+        self.reported = true;
         Step::Done
+    }
+}
+
+impl Drop for Work {
+    /// A stream dropped without reporting its end (its turn panicked)
+    /// still ends, with an error, so that its session does not wait for it.
+    fn drop(&mut self) {
+        if !self.reported {
+            let err = format!("stream {}: internal error in the data plane", self.id);
+            let _ = self.done.send(super::Ev::Done(self.id, Some(err)));
+        }
     }
 }
 

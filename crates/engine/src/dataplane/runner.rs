@@ -80,7 +80,8 @@ pub trait Task: Send + 'static {
     /// The readiness it waits for.
     fn wants(&self) -> Wants;
 
-    /// Moves at most a quantum and says what it waits for next.
+    /// Moves at most a quantum and says what it waits for next. A turn
+    /// that panics ends the task (it is dropped as if it said `Done`).
     fn turn(&mut self) -> Step;
 }
 
@@ -388,7 +389,11 @@ impl Loop {
             return;
         };
         slot.queued = false;
-        let step = slot.task.turn();
+        // A task that panics ends (dropped like a finished one), instead
+        // of taking the thread and every other stream on it down.
+        let task = &mut slot.task;
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.turn()))
+            .unwrap_or(Step::Done);
         match step {
             Step::Again => {
                 slot.due = None;
@@ -616,6 +621,55 @@ mod tests {
             assert_eq!(sent.load(Ordering::Relaxed), 1_000_000);
         }
         assert!(threads() <= MAX_THREADS);
+    }
+
+    /// A task whose first turn panics.
+    struct Panics(TcpStream);
+
+    impl Task for Panics {
+        fn fd(&self) -> RawFd {
+            self.0.as_raw_fd()
+        }
+        fn wants(&self) -> Wants {
+            Wants::Read
+        }
+        fn turn(&mut self) -> Step {
+            panic!("a bug in a task");
+        }
+    }
+
+    #[test]
+    fn a_task_that_panics_ends_and_the_thread_goes_on() {
+        let threads_before = threads();
+        let (a, _b) = pair();
+        let h = spawn(Box::new(Panics(a))).unwrap();
+        h.join();
+        // The threads still serve: a sender after it moves its bytes.
+        let (a, b) = pair();
+        a.set_nonblocking(true).unwrap();
+        let now = Instant::now();
+        let sent = Arc::new(AtomicU64::new(0));
+        let h = spawn(Box::new(Writer {
+            sock: a,
+            st: Sender::new(SendSpec {
+                chunk: 1000,
+                datagrams: None,
+                until_ns: None,
+            }),
+            clock: SendClock {
+                stream_start: now,
+                test_start: now,
+            },
+            budget: Arc::new(ByteBudget::new(Some(5000))),
+            sent: Arc::clone(&sent),
+            stop: Arc::new(AtomicBool::new(false)),
+        }))
+        .unwrap();
+        let mut got = Vec::new();
+        (&b).read_to_end(&mut got).unwrap();
+        h.join();
+        assert_eq!(got.len(), 5000);
+        assert_eq!(threads(), threads_before);
     }
 
     #[test]
