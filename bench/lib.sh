@@ -88,16 +88,17 @@ ratio() {
 }
 
 # start_server NETNS NAME PORT CMD...: runs CMD in network namespace NETNS
-# (output in $work/server-NAME.log), records its PID in SERVER_PID[NAME]
+# (an empty NETNS: the current one) (output in $work/server-NAME.log), records its PID in SERVER_PID[NAME]
 # (`ip netns exec` execs, so $! is the server itself) and waits up to 10 s
 # until TCP PORT listens. On failure prints the log's tail and returns 1.
 start_server() {
-    local ns=$1 name=$2 port=$3 i
+    local ns=$1 name=$2 port=$3 i in_ns=()
     shift 3
-    ip netns exec "$ns" "$@" >"$work/server-$name.log" 2>&1 &
+    [ -z "$ns" ] || in_ns=(ip netns exec "$ns")
+    "${in_ns[@]}" "$@" >"$work/server-$name.log" 2>&1 &
     SERVER_PID[$name]=$!
     for i in $(seq 100); do
-        if ip netns exec "$ns" ss -Hltn "sport = :$port" | grep -q .; then
+        if "${in_ns[@]}" ss -Hltn "sport = :$port" | grep -q .; then
             return 0
         fi
         kill -0 "${SERVER_PID[$name]}" 2>/dev/null || break

@@ -163,14 +163,10 @@ pub fn run(
     // Whatever happened, the workers stop and are joined.
     let finish =
         outcome.and_then(|()| finish(&mut ctrl, cfg, &shared, &streams, &mut sampler, cpu_start));
-    shared
-        .stop_send
-        .store(true, std::sync::atomic::Ordering::Relaxed);
-    shared
-        .stop_recv
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    shared.stop_sending();
+    shared.stop_receiving();
     for w in workers {
-        let _ = w.join();
+        w.join();
     }
     let (end, server) = finish?;
     for s in &streams {
@@ -404,11 +400,10 @@ fn finish(
     sampler: &mut Sampler,
     cpu_start: Option<fatpipe_sys::CpuSample>,
 ) -> Result<(TestEnd, Results)> {
-    use std::sync::atomic::Ordering;
     let seconds = Instant::now()
         .duration_since(sampler.measured_from)
         .as_secs_f64();
-    shared.stop_send.store(true, Ordering::Relaxed);
+    shared.stop_sending();
     let t0 = Instant::now();
     let senders: Vec<&Stream> = streams
         .iter()
@@ -463,7 +458,7 @@ fn finish(
             break;
         }
     }
-    shared.stop_recv.store(true, Ordering::Relaxed);
+    shared.stop_receiving();
     let totals = Totals::take(streams, sampler, cpu_start, seconds);
     ctrl.expect(State::ExchangeResults, "waiting for the results exchange")?;
     let ours = our_results(

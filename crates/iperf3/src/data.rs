@@ -1,17 +1,26 @@
-//! The data plane of an iperf3 test, either end: one OS thread per stream.
+//! The data plane of an iperf3 test, either end: every stream a task of
+//! the engine's runner (`fatpipe_engine::dataplane::runner`, one I/O
+//! thread per core for every stream of the process), no thread per stream.
 //!
 //! TCP streams carry raw payload with no framing; UDP datagrams start with
 //! iperf3's header (send time as seconds and microseconds, then a sequence
 //! number of 32 or 64 bits, all big-endian) and receivers count loss,
 //! reordering and RFC 3550 jitter from it. Workers publish counters in
-//! atomics that the session thread samples once per interval. Every
-//! blocking call has a short timeout so that a worker notices its stop
-//! flag within a fraction of a second.
+//! atomics that the session thread samples once per interval. Sockets are
+//! non-blocking; a stop flag is set with `Shared::stop_sending` or
+//! `stop_receiving`, which wake the runner so that every stream sees it.
+//!
+//! TCP senders write (or, `-Z`, `sendfile`) the process's one shared
+//! pattern (`fatpipe_engine::dataplane::payload`), so a peer's streams ×
+//! block length do not decide the server's memory.
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::net::{TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use fatpipe_engine::dataplane::payload;
+use fatpipe_engine::dataplane::runner::{self, Step};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -121,6 +130,18 @@ impl Shared {
         }
     }
 
+    /// Senders stop (and the runner gives them a turn to see it).
+    pub fn stop_sending(&self) {
+        self.stop_send.store(true, Ordering::Relaxed);
+        runner::wake_all();
+    }
+
+    /// Receivers stop (and the runner gives them a turn to see it).
+    pub fn stop_receiving(&self) {
+        self.stop_recv.store(true, Ordering::Relaxed);
+        runner::wake_all();
+    }
+
     fn sending(&self) -> bool {
         !self.stop_send.load(Ordering::Relaxed)
     }
@@ -130,159 +151,358 @@ impl Shared {
     }
 }
 
-/// Sends `len`-byte writes on `sock` until told to stop or the budget is
-/// spent; with `zerocopy`, `sendfile`s them from a memory file instead.
-pub fn tcp_send(mut sock: TcpStream, len: usize, zerocopy: bool, shared: &Shared, c: &Counters) {
-    let _ = sock.set_write_timeout(Some(POLL));
-    let buf = payload(len);
-    let file: Option<File> = if zerocopy {
-        match fatpipe_sys::pattern_memfd(len) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                c.fail(format!("zero-copy source: {e}"));
-                return;
-            }
-        }
-    } else {
-        None
-    };
-    while shared.sending() {
-        let want = shared.take(len);
-        if want == 0 {
-            break;
-        }
-        let mut done = 0;
-        while done < want && shared.sending() {
-            let r = match &file {
-                Some(f) => {
-                    let mut off = done as u64;
-                    fatpipe_sys::sendfile(&sock, f, &mut off, want - done).map(|t| t.bytes)
-                }
-                None => sock.write(&buf[done..want]),
-            };
-            match r {
-                Ok(0) => {
-                    c.fail("the peer closed the stream".into());
-                    return;
-                }
-                Ok(n) => {
-                    done += n;
-                    c.bytes.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if is_retry(&e) => {}
-                Err(e) => {
-                    if shared.sending() {
-                        c.fail(format!("send: {e}"));
-                    }
-                    return;
-                }
-            }
-        }
-    }
+/// One stream of an iperf3 test, a task of the engine's data-plane
+/// runner (`fatpipe_engine::dataplane::runner`) over a non-blocking
+/// socket: no thread of its own.
+pub struct Flow {
+    kind: FlowKind,
+    shared: Arc<Shared>,
+    c: Arc<Counters>,
 }
 
-/// Receives and discards until told to stop or the peer closes; the
-/// kernel drops the data without copying it out where it can
-/// (`recv(MSG_TRUNC)`, `fatpipe_sys::Discarder`).
-pub fn tcp_recv(sock: TcpStream, shared: &Shared, c: &Counters) {
-    let _ = sock.set_read_timeout(Some(POLL));
-    let mut sink = fatpipe_sys::Discarder::new();
-    while shared.receiving() {
-        match sink.recv(&sock, 4 << 20) {
-            Ok(t) if t.bytes == 0 => return,
-            Ok(t) => {
-                c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
-            }
-            Err(e) if is_retry(&e) => {}
-            Err(e) => {
-                if shared.receiving() {
-                    c.fail(format!("receive: {e}"));
-                }
-                return;
-            }
-        }
-    }
+enum FlowKind {
+    /// Whole `len`-byte blocks from the budget, written from the shared
+    /// pattern (or `sendfile`d from the shared memory file).
+    TcpSend {
+        sock: TcpStream,
+        buf: payload::Payload,
+        file: Option<payload::PayloadFile>,
+        len: usize,
+        /// The block in progress: its size and what went of it.
+        want: usize,
+        done: usize,
+    },
+    /// Discarded (`recv(MSG_TRUNC)` where it works).
+    TcpRecv {
+        sock: TcpStream,
+        sink: fatpipe_sys::Discarder,
+    },
+    /// Datagrams with iperf3's header at `rate` bit/s (0: unpaced).
+    UdpSend {
+        sock: UdpSocket,
+        buf: Vec<u8>,
+        len: usize,
+        rate: u64,
+        wide: bool,
+        start: Instant,
+        seq: u64,
+        sent_bits: f64,
+    },
+    /// Loss, reordering and jitter.
+    UdpRecv {
+        sock: UdpSocket,
+        buf: Vec<u8>,
+        wide: bool,
+        max_seq: u64,
+        prev_transit: Option<f64>,
+        jitter: f64,
+    },
 }
 
-/// Sends `len`-byte datagrams at `rate` bit/s (0: as fast as possible)
-/// with iperf3's header, 64-bit sequence numbers if `wide`.
-pub fn udp_send(sock: UdpSocket, len: usize, rate: u64, wide: bool, shared: &Shared, c: &Counters) {
-    let _ = sock.set_write_timeout(Some(POLL));
-    let mut buf = payload(len.max(UDP_HEADER_WIDE));
-    let start = Instant::now();
-    let mut seq: u64 = 0;
-    let mut sent_bits: f64 = 0.0;
-    while shared.sending() {
-        if rate > 0 {
-            let allowed = rate as f64 * start.elapsed().as_secs_f64();
-            if sent_bits >= allowed {
-                let wait = (sent_bits - allowed) / rate as f64;
-                std::thread::sleep(Duration::from_secs_f64(wait.min(0.005)));
-                continue;
-            }
-        }
-        let n = shared.take(len);
-        if n == 0 {
-            break;
-        }
-        seq += 1;
-        write_header(&mut buf, seq, wide);
-        match sock.send(&buf[..len]) {
-            Ok(sent) => {
-                c.bytes.fetch_add(sent as u64, Ordering::Relaxed);
-                c.packets.fetch_add(1, Ordering::Relaxed);
-                sent_bits += (len * 8) as f64;
-            }
-            Err(e) if is_retry(&e) || fatpipe_sys::udp::is_no_buffer_space(&e) => {
-                seq -= 1;
-                std::thread::yield_now();
-            }
-            Err(e) => {
-                // The peer's socket is gone once its test ended.
-                if shared.sending() && e.kind() != io::ErrorKind::ConnectionRefused {
-                    c.fail(format!("send: {e}"));
-                }
-                return;
-            }
-        }
-    }
-}
-
-/// Receives datagrams, counting loss, reordering and jitter.
-pub fn udp_recv(sock: UdpSocket, wide: bool, shared: &Shared, c: &Counters) {
-    let _ = sock.set_read_timeout(Some(POLL));
-    let mut buf = vec![0u8; 65_536];
-    let mut max_seq = 0u64;
-    let mut prev_transit: Option<f64> = None;
-    let mut jitter = 0.0f64;
-    while shared.receiving() {
-        let n = match sock.recv(&mut buf) {
-            Ok(n) => n,
-            Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => continue,
-            Err(e) => {
-                if shared.receiving() {
-                    c.fail(format!("receive: {e}"));
-                }
-                return;
-            }
-        };
-        let Some((sent, seq)) = read_header(&buf[..n], wide) else {
-            continue;
-        };
-        c.bytes.fetch_add(n as u64, Ordering::Relaxed);
-        c.packets.fetch_add(1, Ordering::Relaxed);
-        if seq > max_seq {
-            max_seq = seq;
-            c.max_seq.store(seq, Ordering::Relaxed);
+impl Flow {
+    /// Sends `len`-byte writes on `sock` until told to stop or the budget
+    /// is spent; with `zerocopy`, `sendfile`s them from a memory file.
+    pub fn tcp_send(
+        sock: TcpStream,
+        len: usize,
+        zerocopy: bool,
+        shared: &Arc<Shared>,
+        c: &Arc<Counters>,
+    ) -> io::Result<Flow> {
+        sock.set_nonblocking(true)?;
+        // The process's one shared pattern (engine::dataplane::payload),
+        // not a buffer or memory file of the peer-chosen length per
+        // stream; a length past its cap (16 MiB) writes blocks of the cap.
+        let buf = payload::pattern(len);
+        let len = buf.len();
+        let file = if zerocopy {
+            static STRIPE: AtomicUsize = AtomicUsize::new(0);
+            let stripe = STRIPE.fetch_add(1, Ordering::Relaxed);
+            let f = payload::pattern_file(len, stripe)
+                .map_err(|e| io::Error::new(e.kind(), format!("zero-copy source: {e}")))?;
+            Some(f)
         } else {
-            c.out_of_order.fetch_add(1, Ordering::Relaxed);
+            None
+        };
+        Ok(Flow::new(
+            FlowKind::TcpSend {
+                sock,
+                buf,
+                file,
+                len,
+                want: 0,
+                done: 0,
+            },
+            shared,
+            c,
+        ))
+    }
+
+    /// Receives and discards until told to stop or the peer closes; the
+    /// kernel drops the data without copying it out where it can
+    /// (`recv(MSG_TRUNC)`, `fatpipe_sys::Discarder`).
+    pub fn tcp_recv(sock: TcpStream, shared: &Arc<Shared>, c: &Arc<Counters>) -> io::Result<Flow> {
+        sock.set_nonblocking(true)?;
+        let sink = fatpipe_sys::Discarder::new();
+        Ok(Flow::new(FlowKind::TcpRecv { sock, sink }, shared, c))
+    }
+
+    /// Sends `len`-byte datagrams at `rate` bit/s (0: as fast as
+    /// possible) with iperf3's header, 64-bit sequence numbers if `wide`.
+    pub fn udp_send(
+        sock: UdpSocket,
+        len: usize,
+        rate: u64,
+        wide: bool,
+        shared: &Arc<Shared>,
+        c: &Arc<Counters>,
+    ) -> io::Result<Flow> {
+        sock.set_nonblocking(true)?;
+        // Its own: every datagram's header is written in place (one
+        // datagram).
+        let buf = datagram(len.max(UDP_HEADER_WIDE));
+        let kind = FlowKind::UdpSend {
+            sock,
+            buf,
+            len,
+            rate,
+            wide,
+            start: Instant::now(),
+            seq: 0,
+            sent_bits: 0.0,
+        };
+        Ok(Flow::new(kind, shared, c))
+    }
+
+    /// Receives datagrams, counting loss, reordering and jitter.
+    pub fn udp_recv(
+        sock: UdpSocket,
+        wide: bool,
+        shared: &Arc<Shared>,
+        c: &Arc<Counters>,
+    ) -> io::Result<Flow> {
+        sock.set_nonblocking(true)?;
+        let kind = FlowKind::UdpRecv {
+            sock,
+            buf: vec![0u8; 65_536],
+            wide,
+            max_seq: 0,
+            prev_transit: None,
+            jitter: 0.0,
+        };
+        Ok(Flow::new(kind, shared, c))
+    }
+
+    fn new(kind: FlowKind, shared: &Arc<Shared>, c: &Arc<Counters>) -> Flow {
+        Flow {
+            kind,
+            shared: Arc::clone(shared),
+            c: Arc::clone(c),
         }
-        let transit = wall_secs() - sent;
-        if let Some(prev) = prev_transit {
-            jitter += ((transit - prev).abs() - jitter) / 16.0;
-            c.jitter_bits.store(jitter.to_bits(), Ordering::Relaxed);
+    }
+
+    /// One turn: at most a quantum of calls.
+    fn step(&mut self) -> Step {
+        let (shared, c) = (&*self.shared, &*self.c);
+        for _ in 0..runner::QUANTUM_CALLS {
+            match &mut self.kind {
+                FlowKind::TcpSend {
+                    sock,
+                    buf,
+                    file,
+                    len,
+                    want,
+                    done,
+                } => {
+                    if !shared.sending() {
+                        return Step::Done;
+                    }
+                    if *done >= *want {
+                        *want = shared.take(*len);
+                        *done = 0;
+                        if *want == 0 {
+                            return Step::Done;
+                        }
+                    }
+                    let ask = *want - *done;
+                    let r = match file {
+                        Some(f) => {
+                            let mut off = *done as u64;
+                            fatpipe_sys::sendfile(&*sock, f.file(), &mut off, ask).map(|t| t.bytes)
+                        }
+                        None => (&*sock).write(&buf[*done..*want]),
+                    };
+                    match r {
+                        Ok(0) => {
+                            c.fail("the peer closed the stream".into());
+                            return Step::Done;
+                        }
+                        Ok(n) => {
+                            *done += n;
+                            c.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                            if n < ask {
+                                // The socket is full; it says when it has room.
+                                return Step::Blocked(None);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return Step::Blocked(None)
+                        }
+                        Err(e) if is_retry(&e) => {}
+                        Err(e) => {
+                            if shared.sending() {
+                                c.fail(format!("send: {e}"));
+                            }
+                            return Step::Done;
+                        }
+                    }
+                }
+                FlowKind::TcpRecv { sock, sink } => {
+                    if !shared.receiving() {
+                        return Step::Done;
+                    }
+                    const ASK: usize = 4 << 20;
+                    match sink.recv(&*sock, ASK) {
+                        Ok(t) if t.bytes == 0 => return Step::Done,
+                        Ok(t) => {
+                            c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
+                            if t.bytes < ASK {
+                                // The queue is empty; data wakes it.
+                                return Step::Blocked(None);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return Step::Blocked(None)
+                        }
+                        Err(e) if is_retry(&e) => {}
+                        Err(e) => {
+                            if shared.receiving() {
+                                c.fail(format!("receive: {e}"));
+                            }
+                            return Step::Done;
+                        }
+                    }
+                }
+                FlowKind::UdpSend {
+                    sock,
+                    buf,
+                    len,
+                    rate,
+                    wide,
+                    start,
+                    seq,
+                    sent_bits,
+                } => {
+                    if !shared.sending() {
+                        return Step::Done;
+                    }
+                    if *rate > 0 {
+                        let allowed = *rate as f64 * start.elapsed().as_secs_f64();
+                        if *sent_bits >= allowed {
+                            let wait = (*sent_bits - allowed) / *rate as f64;
+                            return Step::Sleep(
+                                Instant::now() + Duration::from_secs_f64(wait.min(0.005)),
+                            );
+                        }
+                    }
+                    let n = shared.take(*len);
+                    if n == 0 {
+                        return Step::Done;
+                    }
+                    *seq += 1;
+                    write_header(buf, *seq, *wide);
+                    match sock.send(&buf[..*len]) {
+                        Ok(sent) => {
+                            c.bytes.fetch_add(sent as u64, Ordering::Relaxed);
+                            c.packets.fetch_add(1, Ordering::Relaxed);
+                            *sent_bits += (*len * 8) as f64;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            *seq -= 1;
+                            return Step::Blocked(None);
+                        }
+                        Err(e) if is_retry(&e) || fatpipe_sys::udp::is_no_buffer_space(&e) => {
+                            // A full device queue says nothing when it
+                            // drains: a short breath.
+                            *seq -= 1;
+                            return Step::Sleep(Instant::now() + Duration::from_micros(50));
+                        }
+                        Err(e) => {
+                            // The peer's socket is gone once its test ended.
+                            if shared.sending() && e.kind() != io::ErrorKind::ConnectionRefused {
+                                c.fail(format!("send: {e}"));
+                            }
+                            return Step::Done;
+                        }
+                    }
+                }
+                FlowKind::UdpRecv {
+                    sock,
+                    buf,
+                    wide,
+                    max_seq,
+                    prev_transit,
+                    jitter,
+                } => {
+                    if !shared.receiving() {
+                        return Step::Done;
+                    }
+                    let n = match sock.recv(buf) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return Step::Blocked(None)
+                        }
+                        Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => {
+                            continue
+                        }
+                        Err(e) => {
+                            if shared.receiving() {
+                                c.fail(format!("receive: {e}"));
+                            }
+                            return Step::Done;
+                        }
+                    };
+                    let Some((sent, seq)) = read_header(&buf[..n], *wide) else {
+                        continue;
+                    };
+                    c.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    c.packets.fetch_add(1, Ordering::Relaxed);
+                    if seq > *max_seq {
+                        *max_seq = seq;
+                        c.max_seq.store(seq, Ordering::Relaxed);
+                    } else {
+                        c.out_of_order.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let transit = wall_secs() - sent;
+                    if let Some(prev) = *prev_transit {
+                        *jitter += ((transit - prev).abs() - *jitter) / 16.0;
+                        c.jitter_bits.store(jitter.to_bits(), Ordering::Relaxed);
+                    }
+                    *prev_transit = Some(transit);
+                }
+            }
         }
-        prev_transit = Some(transit);
+        Step::Again
+    }
+}
+
+impl runner::Task for Flow {
+    fn fd(&self) -> RawFd {
+        match &self.kind {
+            FlowKind::TcpSend { sock, .. } | FlowKind::TcpRecv { sock, .. } => sock.as_raw_fd(),
+            FlowKind::UdpSend { sock, .. } | FlowKind::UdpRecv { sock, .. } => sock.as_raw_fd(),
+        }
+    }
+
+    fn wants(&self) -> runner::Wants {
+        match self.kind {
+            FlowKind::TcpSend { .. } | FlowKind::UdpSend { .. } => runner::Wants::Write,
+            FlowKind::TcpRecv { .. } | FlowKind::UdpRecv { .. } => runner::Wants::Read,
+        }
+    }
+
+    fn turn(&mut self) -> Step {
+        self.step()
     }
 }
 
@@ -329,9 +549,9 @@ fn wall_secs() -> f64 {
         .as_secs_f64()
 }
 
-/// A write buffer of a repeating pattern (iperf3 sends whatever is in its
-/// buffer; the pattern makes misplaced data easy to see in a capture).
-fn payload(len: usize) -> Vec<u8> {
+/// A datagram buffer of the repeating pattern (iperf3 sends whatever is in
+/// its buffer; the pattern makes misplaced data easy to see in a capture).
+fn datagram(len: usize) -> Vec<u8> {
     (0..len as u64).map(fatpipe_sys::pattern_byte).collect()
 }
 

@@ -6,7 +6,8 @@
 //! defines it (notes in docs/iperf3.md). The control messages are sans-IO
 //! ([`wire`]: state bytes, cookie, length-prefixed JSON, each decoder
 //! size-capped and fuzzed); [`client`] and [`server`] drive them over
-//! blocking sockets with one thread per data stream ([`data`]), and hand
+//! blocking control sockets, their data streams running as tasks of the
+//! engine's data-plane runner ([`data`]: no thread per stream), and hand
 //! back the same `fatpipe_schema::test` types as a fatpipe test, so the
 //! binary renders and stores both alike.
 //!

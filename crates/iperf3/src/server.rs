@@ -34,7 +34,6 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -457,10 +456,10 @@ fn run_session(
         congestion,
         cpu_start,
     );
-    shared.stop_send.store(true, Ordering::Relaxed);
-    shared.stop_recv.store(true, Ordering::Relaxed);
+    shared.stop_sending();
+    shared.stop_receiving();
     for w in workers {
-        let _ = w.join();
+        w.join();
     }
     r
 }
@@ -675,7 +674,7 @@ fn run(
         }
     }
     let seconds = sampler.measured_from.elapsed().as_secs_f64();
-    shared.stop_send.store(true, Ordering::Relaxed);
+    shared.stop_sending();
     // As iperf3's server does at TEST_END: its clients read whole blocks
     // and wait for the rest of a torn one unless the stream ends.
     for s in streams.iter().filter(|s| s.direction == Direction::Down) {
@@ -701,7 +700,7 @@ fn run(
             break;
         }
     }
-    shared.stop_recv.store(true, Ordering::Relaxed);
+    shared.stop_receiving();
     let last_iv = Instant::now();
     if last_iv.duration_since(sampler.start) > Duration::from_millis(50) {
         sampler.sample(streams, last_iv);

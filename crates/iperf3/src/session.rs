@@ -9,9 +9,9 @@
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use fatpipe_engine::dataplane::runner;
 use fatpipe_schema::test::{Direction, Protocol, StreamStats, TestInterval};
 
 use crate::data::{self, Counters, Shared, Snapshot};
@@ -166,46 +166,57 @@ pub(crate) struct Work {
     pub wide: bool,
 }
 
-/// Starts one worker thread per stream.
+/// Starts every stream on the engine's data-plane runner (no thread per
+/// stream); join the handles after a stop.
 pub(crate) fn spawn(
     w: Work,
     streams: &[Stream],
     shared: &Arc<Shared>,
-) -> Result<Vec<JoinHandle<()>>> {
+) -> Result<Vec<runner::TaskHandle>> {
     let mut out = Vec::with_capacity(streams.len());
+    let started = |out: &mut Vec<runner::TaskHandle>, flow: std::io::Result<data::Flow>| {
+        let flow = flow.map_err(|e| Iperf3Error::io("start a stream", e))?;
+        let h = runner::spawn(Box::new(flow)).map_err(|e| Iperf3Error::io("start a stream", e))?;
+        out.push(h);
+        Ok::<(), Iperf3Error>(())
+    };
     for s in streams {
-        let shared = Arc::clone(shared);
-        let c = Arc::clone(&s.counters);
+        let c = &s.counters;
         let len = w.length as usize;
         let (zc, rate, wide) = (w.zerocopy, w.bitrate, w.wide);
-        let name = format!("iperf3 stream {}", s.id);
-        let job: Box<dyn FnOnce() + Send> = match (&s.sock, s.direction) {
-            (Sock::Tcp(t), d) => {
-                let t = t
-                    .try_clone()
-                    .map_err(|e| Iperf3Error::io("clone a stream", e))?;
-                if d == w.sends {
-                    Box::new(move || data::tcp_send(t, len, zc, &shared, &c))
-                } else {
-                    Box::new(move || data::tcp_recv(t, &shared, &c))
-                }
-            }
-            (Sock::Udp(u), d) => {
-                let u = u
-                    .try_clone()
-                    .map_err(|e| Iperf3Error::io("clone a stream", e))?;
-                if d == w.sends {
-                    Box::new(move || data::udp_send(u, len, rate, wide, &shared, &c))
-                } else {
-                    Box::new(move || data::udp_recv(u, wide, &shared, &c))
-                }
-            }
+        let result = match (&s.sock, s.direction) {
+            (Sock::Tcp(t), d) => t
+                .try_clone()
+                .map_err(|e| Iperf3Error::io("clone a stream", e))
+                .and_then(|t| {
+                    let flow = if d == w.sends {
+                        data::Flow::tcp_send(t, len, zc, shared, c)
+                    } else {
+                        data::Flow::tcp_recv(t, shared, c)
+                    };
+                    started(&mut out, flow)
+                }),
+            (Sock::Udp(u), d) => u
+                .try_clone()
+                .map_err(|e| Iperf3Error::io("clone a stream", e))
+                .and_then(|u| {
+                    let flow = if d == w.sends {
+                        data::Flow::udp_send(u, len, rate, wide, shared, c)
+                    } else {
+                        data::Flow::udp_recv(u, wide, shared, c)
+                    };
+                    started(&mut out, flow)
+                }),
         };
-        let h = std::thread::Builder::new()
-            .name(name)
-            .spawn(job)
-            .map_err(|e| Iperf3Error::io("start a stream thread", e))?;
-        out.push(h);
+        if let Err(e) = result {
+            // Those already started see the stop and end.
+            shared.stop_sending();
+            shared.stop_receiving();
+            for h in out {
+                h.join();
+            }
+            return Err(e);
+        }
     }
     Ok(out)
 }

@@ -1,40 +1,48 @@
-//! The data plane of the throughput test: one thread per stream.
+//! The data plane of the throughput test, on the engine's runner.
 //!
-//! Each stream is a blocking socket driven by one OS thread, as fast as the
-//! kernel allows: TCP senders write one preallocated buffer over and over
-//! (or `sendfile` it from a memfd with `-Z`), TCP receivers discard with
-//! `recv(MSG_TRUNC)` so the kernel never copies the data out, UDP senders
-//! pace datagrams with `sendmmsg` bursts, UDP receivers track loss,
-//! reordering and RFC 3550 jitter. Workers publish counters in atomics; the
-//! session thread samples them (and `TCP_INFO`) once per interval, so the hot
-//! loops take no lock and allocate nothing.
+//! Every plain TCP and UDP stream is a task of
+//! `fatpipe_engine::dataplane::runner`: a few I/O threads (one per core)
+//! serve all streams of the process over non-blocking sockets, a quantum
+//! each per round, so `-P 1024` adds no thread and every stream moves
+//! data. TCP senders write the one shared pattern (or `sendfile` it from a
+//! shared memfd with `-Z`), TCP receivers discard with `recv(MSG_TRUNC)`
+//! so the kernel never copies the data out, UDP senders pace datagrams
+//! with `sendmmsg` or GSO bursts, UDP receivers (`recvmmsg`, GRO) track
+//! loss, reordering and RFC 3550 jitter. An encrypted (`--encrypt`) TCP
+//! stream keeps a thread of its own: its record layer is driven through
+//! blocking reads and writes. Streams publish counters in atomics; the
+//! session thread samples them (and `TCP_INFO`) once per interval, so the
+//! hot paths take no lock and allocate nothing.
 //!
 //! What a sender does next (write how much, wait for the pacer, stop at
 //! the deadline or when the `-n` budget is spent) is decided by its
-//! sans-IO state, `fatpipe_engine::dataplane::stream::Sender`; the threads
-//! here only do the I/O it asks for and report what the kernel took.
+//! sans-IO state, `fatpipe_engine::dataplane::stream::Sender`, one
+//! quantum at a time (`runner::send_turn`); the code here only does the
+//! I/O it asks for and reports what the kernel took.
 //!
 //! What a stream sends is the process's one shared pattern
 //! (`fatpipe_engine::dataplane::payload`), and the buffers it needs of its
 //! own come from the process-wide budget (`dataplane::budget`), so a peer's
 //! streams × length no longer decide the server's memory (docs/security.md).
 //!
-//! Every blocking call has a short timeout so that a worker notices the stop
-//! flag (peer vanished, user interrupted) within a fraction of a second.
+//! Stopping: the session sets a stop flag and wakes the runner
+//! (`Shared::stop_all`); an encrypted stream's thread sees the flag within
+//! its short socket timeout.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, UdpSocket};
 
 use fatpipe_secure::Stream as Conn;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
+use fatpipe_engine::dataplane::runner::{self, SendClock, Step, Wrote};
 use fatpipe_engine::dataplane::stream::Sender as StreamSender;
-use fatpipe_engine::dataplane::stream::{ByteBudget, Datagrams, SendAction, SendSpec};
+use fatpipe_engine::dataplane::stream::{ByteBudget, Datagrams, SendAction, SendSpec, SendTotals};
 use fatpipe_engine::dataplane::udp::UdpReceiver;
 use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
@@ -177,6 +185,20 @@ impl Shared {
         clock
     }
 
+    /// Stops every stream: sets the stop flag, releases threads waiting
+    /// for the clock and gives every runner task a turn to see it.
+    pub fn stop_all(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.release();
+        runner::wake_all();
+    }
+
+    /// UDP receivers drain what is queued, then stop.
+    pub fn stop_udp_receivers(&self) {
+        self.udp_recv_stop.store(true, Ordering::Relaxed);
+        runner::wake_all();
+    }
+
     /// Releases the workers (after `go`, or to let them see `stop`).
     pub fn release(&self) {
         *lock(&self.gate.0) = true;
@@ -204,12 +226,46 @@ impl Shared {
     }
 }
 
-/// Starts the worker thread of `stream`; it sends `id` on `done` when it ends.
+/// A started stream: a task on the data plane's runner, or (TLS) a
+/// thread of its own.
+#[derive(Debug)]
+pub(crate) enum Worker {
+    Task(runner::TaskHandle),
+    Thread(std::thread::JoinHandle<()>),
+}
+
+impl Worker {
+    /// Waits until the stream's I/O has ended (its socket no longer used
+    /// by the runner or the thread).
+    pub fn join(self) {
+        match self {
+            Worker::Task(h) => h.join(),
+            Worker::Thread(h) => {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// True if the stream runs on the data plane's runner: every plain TCP
+/// and UDP stream. An encrypted stream keeps a thread of its own (its
+/// record layer is driven through blocking reads and writes).
+pub(crate) fn on_runner(stream: &Stream) -> bool {
+    !matches!(&*stream.sock, Sock::Tcp(t) if t.is_encrypted())
+}
+
+/// Starts `stream`: a task on the runner (call after the clock is set),
+/// or a thread that waits for the clock. It sends `id` on `done` when it
+/// ends.
 pub(crate) fn spawn(
     stream: &Stream,
     shared: &Arc<Shared>,
     done: Sender<super::Ev>,
-) -> io::Result<std::thread::JoinHandle<()>> {
+) -> io::Result<Worker> {
+    if on_runner(stream) {
+        let task = Work::new(stream, shared, done)?;
+        return runner::spawn(Box::new(task)).map(Worker::Task);
+    }
     let sock = Arc::clone(&stream.sock);
     let counters = Arc::clone(&stream.counters);
     let shared = Arc::clone(shared);
@@ -220,10 +276,9 @@ pub(crate) fn spawn(
         .spawn(move || {
             shared.wait_for_go();
             let result = match (&*sock, role) {
-                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared, id),
+                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared),
                 (Sock::Tcp(s), Role::Recv) => tcp_recv(s, &counters, &shared),
-                (Sock::Udp(s), Role::Send) => udp_send(s, &counters, &shared),
-                (Sock::Udp(s), Role::Recv) => udp_recv(s, &counters, &shared),
+                (Sock::Udp(_), _) => Ok(()),
             };
             // Errors after a stop are the stop's doing (sockets shut down).
             let err = match result {
@@ -232,6 +287,7 @@ pub(crate) fn spawn(
             };
             let _ = done.send(super::Ev::Done(id, err));
         })
+        .map(Worker::Thread)
 }
 
 /// Wakes every worker blocked on its socket.
@@ -241,31 +297,27 @@ pub(crate) fn shutdown_all(streams: &[Stream]) {
     }
 }
 
-fn tcp_send(s: &Conn, c: &Counters, sh: &Shared, id: u32) -> io::Result<()> {
-    s.set_write_timeout(Some(POLL))?;
-    // Keep little unsent data queued in the kernel: the window still fills
-    // (in-flight bytes are not limited), but a few hundred streams no
-    // longer park gigabytes in send queues, which on a small host trips
-    // the global TCP memory limit and starves whole streams.
+/// Keeps little unsent data queued in the kernel: the window still fills
+/// (in-flight bytes are not limited), but a few hundred streams no longer
+/// park gigabytes in send queues, which on a small host trips the global
+/// TCP memory limit and starves whole streams.
+fn limit_notsent(s: &TcpStream, sh: &Shared) {
     let per_stream = NOTSENT_TOTAL / u64::from(sh.params.total_streams());
     let notsent = per_stream.clamp(128 * 1024, 1 << 20);
-    let _ = fatpipe_sys::set_notsent_lowat(s.tcp(), notsent);
-    let len = sh.params.length as usize;
-    // Zero-copy only on a plain stream: sendfile would bypass TLS.
-    let result = if let (true, Some(plain)) = (sh.params.zerocopy, s.plain()) {
-        tcp_send_file(plain, c, sh, len, id)
-    } else {
-        // Every sender of the process writes from the one shared pattern.
-        let buf = payload::pattern(len);
-        let mut w = s;
-        drive_sender(
-            sh,
-            buf.len(),
-            None,
-            |bytes, _| w.write(&buf[..bytes]).map(|n| (n, 0)),
-            c,
-        )
-    };
+    let _ = fatpipe_sys::set_notsent_lowat(s, notsent);
+}
+
+/// An encrypted sending stream, on its own thread (blocking writes with a
+/// short timeout, so that it sees the stop flag).
+fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
+    s.set_write_timeout(Some(POLL))?;
+    limit_notsent(s.tcp(), sh);
+    // Every sender of the process writes from the one shared pattern.
+    let buf = payload::pattern(sh.params.length as usize);
+    let mut w = s;
+    let result = drive_sender(sh, buf.len(), None, c, |bytes, _| {
+        w.write(&buf[..bytes]).map(|n| (n, 0))
+    });
     // The receiver's end of file marks the end of this stream (an
     // encrypted one flushes what a timed-out write left first).
     let _ = (&*s).flush();
@@ -273,32 +325,12 @@ fn tcp_send(s: &Conn, c: &Counters, sh: &Shared, id: u32) -> io::Result<()> {
     result
 }
 
-/// `-Z`: `sendfile` from the process's shared memfd holding the pattern:
-/// the kernel takes page references instead of copying from user memory.
-fn tcp_send_file(s: &TcpStream, c: &Counters, sh: &Shared, len: usize, id: u32) -> io::Result<()> {
-    let file = payload::pattern_file(len, id as usize)?;
-    drive_sender(
-        sh,
-        file.len(),
-        None,
-        |bytes, _| {
-            let mut offset = 0u64;
-            fatpipe_sys::sendfile(s, file.file(), &mut offset, bytes).map(|t| (t.bytes, 0))
-        },
-        c,
-    )
-}
-
-/// Runs a sending stream's state (`dataplane::stream::Sender`) until it
-/// finishes: `write(bytes, datagrams)` does the I/O and returns what the
-/// kernel took; the counters are published after each write.
-fn drive_sender(
+/// A new sending stream's state and clocks.
+fn new_sender(
     sh: &Shared,
     chunk: usize,
     datagrams: Option<Datagrams>,
-    mut write: impl FnMut(usize, &SendAction) -> io::Result<(usize, usize)>,
-    c: &Counters,
-) -> io::Result<()> {
+) -> (StreamSender, SendClock) {
     // The stream's own clock: a stream added mid-test is paced from its
     // own start, not asked to catch up since the test's.
     let t0 = Instant::now();
@@ -307,68 +339,88 @@ fn drive_sender(
         .get()
         .and_then(|k| k.send_until)
         .map(|u| u.saturating_duration_since(t0).as_nanos() as u64);
-    let mut st = StreamSender::new(SendSpec {
+    let st = StreamSender::new(SendSpec {
         chunk,
         datagrams,
         until_ns,
     });
-    let budget = &sh.budget;
+    let clock = SendClock {
+        stream_start: t0,
+        test_start: sh.start(),
+    };
+    (st, clock)
+}
+
+/// Publishes a sender's totals (its only writer: plain stores do).
+fn publish_sent(c: &Counters, t: &SendTotals, test_ns: u64) {
+    c.bytes.store(t.bytes, Ordering::Relaxed);
+    c.packets.store(t.packets, Ordering::Relaxed);
+    c.last_ns.store(test_ns, Ordering::Relaxed);
+}
+
+/// Runs a sending stream's state until it finishes, on a thread of its
+/// own with a blocking socket: `write(bytes, action)` does the I/O and
+/// returns what the kernel took (a timeout is a retry).
+fn drive_sender(
+    sh: &Shared,
+    chunk: usize,
+    datagrams: Option<Datagrams>,
+    c: &Counters,
+    mut write: impl FnMut(usize, &SendAction) -> io::Result<(usize, usize)>,
+) -> io::Result<()> {
+    let (mut st, clock) = new_sender(sh, chunk, datagrams);
     loop {
-        if sh.stopped() {
-            st.handle_stop(budget);
-        }
-        let now = t0.elapsed().as_nanos() as u64;
-        let action = st.poll_action(now, budget);
-        match action {
-            SendAction::Write { bytes, .. } => match write(bytes, &action) {
-                Ok((n, d)) => {
-                    // One clock read for both clocks.
-                    let at = Instant::now();
-                    st.handle_written(at.duration_since(t0).as_nanos() as u64, n, d, budget);
-                    let t = st.totals();
-                    c.bytes.store(t.bytes, Ordering::Relaxed);
-                    c.packets.store(t.packets, Ordering::Relaxed);
-                    let test_ns = at.saturating_duration_since(sh.start()).as_nanos() as u64;
-                    c.last_ns.store(test_ns, Ordering::Relaxed);
-                }
-                Err(e) if is_retry(&e) => st.handle_blocked(budget),
-                Err(e) => {
-                    st.handle_blocked(budget);
-                    return Err(e);
+        let step = runner::send_turn(
+            &mut st,
+            clock,
+            &sh.budget,
+            sh.stopped(),
+            |action| {
+                let SendAction::Write { bytes, .. } = *action else {
+                    return Ok(Wrote::Took(0, 0));
+                };
+                match write(bytes, action) {
+                    Ok((n, d)) => Ok(Wrote::Took(n, d)),
+                    Err(e) if is_retry(&e) => Ok(Wrote::Blocked),
+                    Err(e) => Err(e),
                 }
             },
-            SendAction::WaitUntil(at) => {
-                std::thread::sleep(Duration::from_nanos(at.saturating_sub(now)).min(POLL));
+            |t, ns| publish_sent(c, t, ns),
+        )?;
+        match step {
+            Step::Again | Step::Blocked(_) => {}
+            Step::Sleep(at) => {
+                std::thread::sleep(at.saturating_duration_since(Instant::now()).min(POLL));
             }
-            SendAction::Finish(_) => return Ok(()),
+            Step::Done => return Ok(()),
         }
     }
 }
 
-fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
+/// A TCP receiver's socket settings; returns the length to ask per call
+/// and the window hold (`-w`).
+fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::WindowHold>) {
     // Wake the receiver per quarter megabyte, not per segment: on a
-    // 2-core host the wakeups cost more than the discarding. The short
-    // timeout bounds how late a slow stream's bytes are counted (recv
-    // returns what it has when it expires), and the kernel wakes us early
+    // 2-core host the wakeups cost more than the discarding. A receiver
+    // looks again RECV_TICK after it last found nothing, which bounds how
+    // late a slow stream's bytes are counted; the kernel wakes it early
     // anyway under memory pressure or at end of file.
     // With hundreds of streams the parked bytes add up against the host's
     // TCP memory limit (tcp_mem), so the mark shrinks as streams grow.
-    let granted = fatpipe_sys::get_recv_buffer(s.tcp()).unwrap_or(0);
+    let granted = fatpipe_sys::get_recv_buffer(s).unwrap_or(0);
     let per_stream = (RCV_LOWAT_TOTAL / u64::from(sh.params.total_streams())).max(16 * 1024);
     let lowat = if sh.params.window.is_some() {
         (granted / 4).min(RCV_LOWAT).min(per_stream)
     } else {
         RCV_LOWAT.min(per_stream)
     };
-    let _ = set_rcvlowat(s.tcp(), lowat);
-    s.set_read_timeout(Some(RECV_TICK))?;
-    let mut sink = fatpipe_sys::Discarder::new();
+    let _ = set_rcvlowat(s, lowat);
     // `-w` (or a plan) sets the window the sender may fill, exactly: the
     // kernel would otherwise let a multiple of the buffer be in flight.
-    let mut hold = sh
+    let hold = sh
         .params
         .window
-        .and_then(|w| fatpipe_sys::WindowHold::new(s.tcp(), w))
+        .and_then(|w| fatpipe_sys::WindowHold::new(s, w))
         .map(|h| {
             let start = sh.params.start_window;
             h.starting_at(start.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))))
@@ -376,23 +428,24 @@ fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
-    // An encrypted stream must be read and opened: MSG_TRUNC would discard
-    // the records unchecked. Its plaintext buffer shrinks towards one
-    // record's worth as streams grow (dataplane::budget).
-    let grant = s.is_encrypted().then(|| {
-        let streams = sh.params.total_streams() as usize;
-        budget::reserve(budget::share(OPENED, OPENED_MIN, streams), OPENED_MIN)
-    });
-    let mut opened = vec![0u8; grant.as_ref().map_or(0, budget::Grant::bytes)];
+    (len, hold)
+}
+
+/// An encrypted receiving stream, on its own thread: its records must be
+/// read and opened (MSG_TRUNC would discard them unchecked).
+fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
+    let (_, mut hold) = tcp_recv_setup(s.tcp(), sh);
+    s.set_read_timeout(Some(RECV_TICK))?;
+    // Its plaintext buffer shrinks towards one record's worth as streams
+    // grow (dataplane::budget).
+    let streams = sh.params.total_streams() as usize;
+    let grant = budget::reserve(budget::share(OPENED, OPENED_MIN, streams), OPENED_MIN);
+    let mut opened = vec![0u8; grant.bytes()];
     loop {
         if sh.stopped() {
             return Ok(());
         }
-        let got = match s.plain() {
-            Some(plain) => sink.recv(plain, len).map(|t| t.bytes),
-            None => (&*s).read(&mut opened),
-        };
-        match got {
+        match (&*s).read(&mut opened) {
             Ok(0) => return Ok(()),
             Ok(bytes) => {
                 if let Some(h) = hold.as_mut() {
@@ -407,161 +460,427 @@ fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
     }
 }
 
-fn udp_send(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
-    s.set_write_timeout(Some(POLL))?;
-    let len = sh.params.length as usize;
-    let path = udp_send_path(s, &sh.params);
-    let mut gso = path == UdpPath::Gso;
-    // The datagrams of one call are written in place (each carries its
-    // sequence number and send time), so this buffer is the stream's own:
-    // from the budget, at least one datagram.
-    let streams = sh.params.total_streams() as usize;
-    let burst = udp_burst(&sh.params, path);
-    let grant = budget::reserve(budget::share(burst * len, len, streams), len);
-    let per_call = (grant.bytes() / len.max(1)).clamp(1, burst.max(1));
-    let mut buf: Vec<u8> = (0..(per_call * len) as u64)
-        .map(|i| fatpipe_sys::pattern_byte(i % len as u64))
-        .collect();
-    let mut batch = fatpipe_sys::SendBatch::new();
-    let plan = Datagrams {
-        bitrate: sh.params.bitrate,
-        burst: per_call,
-        max_lag: MAX_LAG,
-    };
-    drive_sender(
-        sh,
-        len,
-        Some(plan),
-        |_, action| {
-            let SendAction::Write {
-                datagrams: n,
-                first_seq: seq,
-                ..
-            } = *action
-            else {
-                return Ok((0, 0));
-            };
-            let now_ns = sh.now_ns();
-            for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
-                d[..8].copy_from_slice(&seq.wrapping_add(k as u64).to_be_bytes());
-                d[8..16].copy_from_slice(&now_ns.to_be_bytes());
-            }
-            let sent = if path == UdpPath::Plain {
-                // --no-batch: one datagram, one system call.
-                s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
-                    datagrams: 1,
-                    bytes,
-                    path: fatpipe_sys::IoPath::Copy,
-                })
-            } else if gso {
-                fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
-            } else {
-                let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
-                batch.send(s.as_fd(), &packets)
-            };
-            match sent {
-                Ok(sent) => Ok((sent.bytes, sent.datagrams)),
-                // A full queue (ENOBUFS) or a refused port costs these
-                // datagrams' time, not the test: they were never sent, so
-                // they count neither as sent nor as lost, and the pacer
-                // forgives them if the sender stays behind.
-                Err(e)
-                    if is_retry(&e)
-                        || fatpipe_sys::udp::is_no_buffer_space(&e)
-                        || e.kind() == io::ErrorKind::ConnectionRefused =>
-                {
-                    std::thread::sleep(Duration::from_micros(50));
-                    Err(io::ErrorKind::WouldBlock.into())
-                }
-                // GSO refused for this size (e.g. datagrams above the MTU):
-                // batches of plain datagrams from now on.
-                Err(_) if gso => {
-                    gso = false;
-                    Err(io::ErrorKind::WouldBlock.into())
-                }
-                Err(e) => Err(e),
-            }
-        },
-        c,
-    )
+/// A stream on the runner: its socket (non-blocking), counters and the
+/// state of its role.
+struct Work {
+    sock: Arc<Sock>,
+    c: Arc<Counters>,
+    sh: Arc<Shared>,
+    id: u32,
+    done: Sender<super::Ev>,
+    kind: Kind,
+    /// Its end was reported on `done`.
+    reported: bool,
 }
 
-fn udp_recv(s: &UdpSocket, c: &Counters, sh: &Shared) -> io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_millis(50)))?;
-    let mut rx = UdpRx::default();
-    // Once: choosing the path turns GRO on, a system call.
-    let path = udp_recv_path(s, &sh.params);
-    if path == UdpPath::Plain {
-        // --no-batch: one datagram, one system call.
-        let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
-        loop {
-            if sh.stopped() {
-                return Ok(());
-            }
-            if sh.udp_recv_stop.load(Ordering::Relaxed) {
-                // Count what is already queued: on a busy host the drain
-                // time may pass before this thread ran again.
+enum Kind {
+    /// Plain TCP: `write` from the shared pattern, or `sendfile` from the
+    /// shared memory file (`-Z`).
+    TcpSend {
+        st: StreamSender,
+        clock: SendClock,
+        src: Src,
+    },
+    /// Plain TCP: discarded with `recv(MSG_TRUNC)`.
+    TcpRecv {
+        sink: fatpipe_sys::Discarder,
+        len: usize,
+        hold: Option<fatpipe_sys::WindowHold>,
+    },
+    /// Paced datagrams: `sendmmsg` batches, GSO, or one per call.
+    UdpSend {
+        st: StreamSender,
+        clock: SendClock,
+        path: UdpPath,
+        gso: bool,
+        len: usize,
+        buf: Vec<u8>,
+        batch: fatpipe_sys::SendBatch,
+        _grant: budget::Grant,
+    },
+    /// Datagrams counted for loss, order and jitter.
+    UdpRecv {
+        rx: UdpRx,
+        recv: UdpIn,
+        draining: Option<Instant>,
+    },
+}
+
+enum Src {
+    Buf(payload::Payload),
+    File(payload::PayloadFile),
+}
+
+/// How a UDP receiver reads.
+enum UdpIn {
+    /// `--no-batch`: one datagram per call.
+    Plain(Vec<u8>),
+    /// `recvmmsg` (with GRO where offered), slots from the budget.
+    Batch {
+        batch: fatpipe_sys::RecvBatch,
+        _grant: budget::Grant,
+    },
+}
+
+impl Work {
+    fn new(stream: &Stream, sh: &Arc<Shared>, done: Sender<super::Ev>) -> io::Result<Work> {
+        let p = &sh.params;
+        let kind = match (&*stream.sock, stream.role) {
+            (Sock::Tcp(t), Role::Send) => {
+                let s = t.tcp();
                 s.set_nonblocking(true)?;
-                let deadline = Instant::now() + DRAIN_LIMIT;
-                while Instant::now() < deadline {
-                    let Ok(n) = s.recv(&mut buf) else { break };
-                    rx.datagram(&buf[..n], sh.now_ns());
+                limit_notsent(s, sh);
+                let len = p.length as usize;
+                // Every sender of the process sends the one shared pattern.
+                let src = if p.zerocopy {
+                    Src::File(payload::pattern_file(len, stream.id as usize)?)
+                } else {
+                    Src::Buf(payload::pattern(len))
+                };
+                let chunk = match &src {
+                    Src::Buf(b) => b.len(),
+                    Src::File(f) => f.len(),
+                };
+                let (st, clock) = new_sender(sh, chunk, None);
+                Kind::TcpSend { st, clock, src }
+            }
+            (Sock::Tcp(t), Role::Recv) => {
+                let s = t.tcp();
+                s.set_nonblocking(true)?;
+                let (len, hold) = tcp_recv_setup(s, sh);
+                Kind::TcpRecv {
+                    sink: fatpipe_sys::Discarder::new(),
+                    len,
+                    hold,
                 }
+            }
+            (Sock::Udp(u), Role::Send) => {
+                u.set_nonblocking(true)?;
+                let len = (p.length as usize).max(1);
+                let path = udp_send_path(u, p);
+                // The datagrams of one call are written in place (each
+                // carries its sequence number and send time), so this
+                // buffer is the stream's own: from the budget, at least
+                // one datagram.
+                let streams = p.total_streams() as usize;
+                let burst = udp_burst(p, path);
+                let grant = budget::reserve(budget::share(burst * len, len, streams), len);
+                let per_call = (grant.bytes() / len).clamp(1, burst.max(1));
+                let buf: Vec<u8> = (0..(per_call * len) as u64)
+                    .map(|i| fatpipe_sys::pattern_byte(i % len as u64))
+                    .collect();
+                let plan = Datagrams {
+                    bitrate: p.bitrate,
+                    burst: per_call,
+                    max_lag: MAX_LAG,
+                };
+                let (st, clock) = new_sender(sh, len, Some(plan));
+                Kind::UdpSend {
+                    st,
+                    clock,
+                    path,
+                    gso: path == UdpPath::Gso,
+                    len,
+                    buf,
+                    batch: fatpipe_sys::SendBatch::new(),
+                    _grant: grant,
+                }
+            }
+            (Sock::Udp(u), Role::Recv) => {
+                u.set_nonblocking(true)?;
+                // Once: choosing the path turns GRO on, a system call.
+                let path = udp_recv_path(u, p);
+                let recv = if path == UdpPath::Plain {
+                    UdpIn::Plain(vec![0u8; MAX_UDP_PAYLOAD])
+                } else {
+                    // Many datagrams per call, in about 1 MiB of slots
+                    // (GRO's are 64 KiB, each holding up to 64 of the
+                    // sender's datagrams).
+                    let slot = if path == UdpPath::Gso {
+                        65_536
+                    } else {
+                        (p.length as usize).clamp(UDP_HEADER, 65_536)
+                    };
+                    let streams = p.total_streams() as usize;
+                    let grant = budget::reserve(budget::share(RECV_STORAGE, slot, streams), slot);
+                    let count = (grant.bytes() / slot).clamp(1, RECV_SLOTS);
+                    UdpIn::Batch {
+                        batch: fatpipe_sys::RecvBatch::new(count, slot),
+                        _grant: grant,
+                    }
+                };
+                Kind::UdpRecv {
+                    rx: UdpRx::default(),
+                    recv,
+                    draining: None,
+                }
+            }
+        };
+        Ok(Work {
+            sock: Arc::clone(&stream.sock),
+            c: Arc::clone(&stream.counters),
+            sh: Arc::clone(sh),
+            id: stream.id,
+            done,
+            kind,
+            reported: false,
+        })
+    }
+
+    /// One turn of the stream's role.
+    fn step(&mut self) -> io::Result<Step> {
+        let sh = &*self.sh;
+        let c = &*self.c;
+        match (&mut self.kind, &*self.sock) {
+            (Kind::TcpSend { st, clock, src }, Sock::Tcp(t)) => {
+                let s = t.tcp();
+                runner::send_turn(
+                    st,
+                    *clock,
+                    &sh.budget,
+                    sh.stopped(),
+                    |action| {
+                        let SendAction::Write { bytes, .. } = *action else {
+                            return Ok(Wrote::Took(0, 0));
+                        };
+                        let r = match src {
+                            Src::Buf(buf) => (&*s).write(&buf[..bytes]),
+                            // -Z: the kernel takes page references of the
+                            // shared memory file instead of copying.
+                            Src::File(f) => {
+                                fatpipe_sys::sendfile(s, f.file(), &mut 0, bytes).map(|t| t.bytes)
+                            }
+                        };
+                        match r {
+                            Ok(n) => Ok(Wrote::Took(n, 0)),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Wrote::Blocked),
+                            Err(e) if is_retry(&e) => Ok(Wrote::Took(0, 0)),
+                            Err(e) => Err(e),
+                        }
+                    },
+                    |t, ns| publish_sent(c, t, ns),
+                )
+            }
+            (Kind::TcpRecv { sink, len, hold }, Sock::Tcp(t)) => {
+                let s = t.tcp();
+                let mut moved = 0usize;
+                for _ in 0..runner::QUANTUM_CALLS {
+                    if sh.stopped() {
+                        return Ok(Step::Done);
+                    }
+                    match sink.recv(s, *len) {
+                        Ok(t) if t.bytes == 0 => return Ok(Step::Done),
+                        Ok(t) => {
+                            if let Some(h) = hold.as_mut() {
+                                h.tick(s);
+                            }
+                            c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
+                            c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+                            moved += t.bytes;
+                            if moved >= *len {
+                                break;
+                            }
+                            if t.bytes < *len {
+                                // The queue is empty: the next read would
+                                // only fail; data (past the low-water
+                                // mark) or the tick wakes the stream.
+                                return Ok(Step::Blocked(Some(Instant::now() + RECV_TICK)));
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            return Ok(Step::Blocked(Some(Instant::now() + RECV_TICK)));
+                        }
+                        Err(e) if is_retry(&e) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(Step::Again)
+            }
+            (
+                Kind::UdpSend {
+                    st,
+                    clock,
+                    path,
+                    gso,
+                    len,
+                    buf,
+                    batch,
+                    ..
+                },
+                Sock::Udp(s),
+            ) => {
+                let (path, len) = (*path, *len);
+                runner::send_turn(
+                    st,
+                    *clock,
+                    &sh.budget,
+                    sh.stopped(),
+                    |action| {
+                        let SendAction::Write {
+                            datagrams: n,
+                            first_seq: seq,
+                            ..
+                        } = *action
+                        else {
+                            return Ok(Wrote::Took(0, 0));
+                        };
+                        udp_write(s, sh, path, gso, len, buf, batch, n, seq)
+                    },
+                    |t, ns| publish_sent(c, t, ns),
+                )
+            }
+            (Kind::UdpRecv { rx, recv, draining }, Sock::Udp(s)) => {
+                if sh.stopped() {
+                    return Ok(Step::Done);
+                }
+                if draining.is_none() && sh.udp_recv_stop.load(Ordering::Relaxed) {
+                    // Count what is already queued, then stop.
+                    *draining = Some(Instant::now() + DRAIN_LIMIT);
+                }
+                let mut step = Step::Again;
+                for _ in 0..runner::QUANTUM_CALLS {
+                    let got = match recv {
+                        UdpIn::Plain(buf) => s.recv(buf).map(|n| {
+                            rx.datagram(&buf[..n], sh.now_ns());
+                        }),
+                        UdpIn::Batch { batch, .. } => batch.recv(s.as_fd()).map(|_| {
+                            let now = sh.now_ns();
+                            for i in 0..batch.len() {
+                                for d in batch.segments(i) {
+                                    rx.datagram(d, now);
+                                }
+                            }
+                        }),
+                    };
+                    match got {
+                        Ok(()) => {}
+                        Err(_) if draining.is_some() => {
+                            step = Step::Done;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            step = Step::Blocked(None);
+                            break;
+                        }
+                        Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => {}
+                        Err(e) => return Err(e),
+                    }
+                    if draining.is_some_and(|d| Instant::now() >= d) {
+                        step = Step::Done;
+                        break;
+                    }
+                }
+                // One publication per turn, not per datagram: at millions
+                // of datagrams a second the shared counters' cache line
+                // would otherwise bounce to the sampler's core on every one.
                 rx.publish(c, sh.now_ns());
-                return Ok(());
+                Ok(step)
             }
-            match s.recv(&mut buf) {
-                Ok(n) => {
-                    let now = sh.now_ns();
-                    rx.datagram(&buf[..n], now);
-                    rx.publish(c, now);
-                }
-                Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => {}
-                Err(e) => return Err(e),
-            }
+            _ => Ok(Step::Done),
         }
     }
-    // recvmmsg, with GRO coalescing where offered: many datagrams per
-    // call, in about 1 MiB of slots (GRO's are 64 KiB, each holding up
-    // to 64 of the sender's datagrams).
-    let slot = if path == UdpPath::Gso {
-        65_536
+}
+
+impl runner::Task for Work {
+    fn fd(&self) -> RawFd {
+        match &*self.sock {
+            Sock::Tcp(t) => t.tcp().as_raw_fd(),
+            Sock::Udp(u) => u.as_raw_fd(),
+        }
+    }
+
+    fn wants(&self) -> runner::Wants {
+        match self.kind {
+            Kind::TcpSend { .. } | Kind::UdpSend { .. } => runner::Wants::Write,
+            Kind::TcpRecv { .. } | Kind::UdpRecv { .. } => runner::Wants::Read,
+        }
+    }
+
+    fn turn(&mut self) -> Step {
+        let result = match self.step() {
+            Ok(Step::Done) => Ok(()),
+            Ok(step) => return step,
+            Err(e) => Err(e),
+        };
+        if let (Kind::TcpSend { .. }, Sock::Tcp(t)) = (&self.kind, &*self.sock) {
+            // The receiver's end of file marks the end of this stream.
+            let _ = t.shutdown(Shutdown::Write);
+        }
+        // Errors after a stop are the stop's doing (sockets shut down).
+        let err = match result {
+            Err(e) if !self.sh.stopped() => Some(format!("stream {}: {e}", self.id)),
+            _ => None,
+        };
+        let _ = self.done.send(super::Ev::Done(self.id, err));
+        self.reported = true;
+        Step::Done
+    }
+}
+
+impl Drop for Work {
+    /// A stream dropped without reporting its end (its turn panicked)
+    /// still ends, with an error, so that its session does not wait for it.
+    fn drop(&mut self) {
+        if !self.reported {
+            let err = format!("stream {}: internal error in the data plane", self.id);
+            let _ = self.done.send(super::Ev::Done(self.id, Some(err)));
+        }
+    }
+}
+
+/// One call of a UDP sender: `n` datagrams numbered from `seq`, stamped
+/// with the send time.
+#[allow(clippy::too_many_arguments)]
+fn udp_write(
+    s: &UdpSocket,
+    sh: &Shared,
+    path: UdpPath,
+    gso: &mut bool,
+    len: usize,
+    buf: &mut [u8],
+    batch: &mut fatpipe_sys::SendBatch,
+    n: usize,
+    seq: u64,
+) -> io::Result<Wrote> {
+    let now_ns = sh.now_ns();
+    for (k, d) in buf.chunks_mut(len).take(n).enumerate() {
+        d[..8].copy_from_slice(&seq.wrapping_add(k as u64).to_be_bytes());
+        d[8..16].copy_from_slice(&now_ns.to_be_bytes());
+    }
+    let sent = if path == UdpPath::Plain {
+        // --no-batch: one datagram, one system call.
+        s.send(&buf[..len]).map(|bytes| fatpipe_sys::Batch {
+            datagrams: 1,
+            bytes,
+            path: fatpipe_sys::IoPath::Copy,
+        })
+    } else if *gso {
+        fatpipe_sys::send_gso(s.as_fd(), &buf[..n * len], len)
     } else {
-        (sh.params.length as usize).clamp(UDP_HEADER, 65_536)
+        let packets: Vec<&[u8]> = buf[..n * len].chunks(len).collect();
+        batch.send(s.as_fd(), &packets)
     };
-    let streams = sh.params.total_streams() as usize;
-    let grant = budget::reserve(budget::share(RECV_STORAGE, slot, streams), slot);
-    let count = (grant.bytes() / slot).clamp(1, RECV_SLOTS);
-    let mut batch = fatpipe_sys::RecvBatch::new(count, slot);
-    let mut draining: Option<Instant> = None;
-    loop {
-        if sh.stopped() {
-            return Ok(());
+    match sent {
+        Ok(sent) => Ok(Wrote::Took(sent.bytes, sent.datagrams)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Wrote::Blocked),
+        // A full queue (ENOBUFS) or a refused port costs these datagrams'
+        // time, not the test: they were never sent, so they count neither
+        // as sent nor as lost, and the pacer forgives them if the sender
+        // stays behind.
+        Err(e)
+            if is_retry(&e)
+                || fatpipe_sys::udp::is_no_buffer_space(&e)
+                || e.kind() == io::ErrorKind::ConnectionRefused =>
+        {
+            Ok(Wrote::Backoff(Duration::from_micros(50)))
         }
-        if draining.is_none() && sh.udp_recv_stop.load(Ordering::Relaxed) {
-            // Count what is already queued (see the plain path), then stop.
-            s.set_nonblocking(true)?;
-            draining = Some(Instant::now() + DRAIN_LIMIT);
+        // GSO refused for this size (e.g. datagrams above the MTU):
+        // batches of plain datagrams from now on.
+        Err(_) if *gso => {
+            *gso = false;
+            Ok(Wrote::Backoff(Duration::ZERO))
         }
-        match batch.recv(s.as_fd()) {
-            Ok(_) => {}
-            Err(_) if draining.is_some() => return Ok(()),
-            Err(e) if is_retry(&e) || e.kind() == io::ErrorKind::ConnectionRefused => continue,
-            Err(e) => return Err(e),
-        }
-        let now = sh.now_ns();
-        for i in 0..batch.len() {
-            for d in batch.segments(i) {
-                rx.datagram(d, now);
-            }
-        }
-        // One publication per batch, not per datagram: at millions of
-        // datagrams a second the shared counters' cache line would
-        // otherwise bounce to the sampler's core on every one.
-        rx.publish(c, now);
-        if draining.is_some_and(|d| Instant::now() >= d) {
-            return Ok(());
-        }
+        Err(e) => Err(e),
     }
 }
 

@@ -3,8 +3,9 @@
 //! client ([`run_client`]), and the RFC 6349 metrics of a finished test
 //! ([`rfc6349`]).
 //!
-//! Both ends run the same machinery (`Side`): one worker thread per
-//! stream (see `data`), and the session thread as an event loop over one
+//! Both ends run the same machinery (`Side`): every stream a task on the
+//! engine's data-plane runner (a few threads for all streams; `data`), and
+//! the session thread as an event loop over one
 //! channel fed by the workers ("stream done"), a control-reader thread
 //! (peer messages) and the interval clock. The server reports each interval
 //! to the client; the client merges the two views stream by stream — bytes

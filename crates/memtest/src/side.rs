@@ -8,7 +8,7 @@ use super::*;
 pub(super) struct Side {
     pub(super) shared: Arc<data::Shared>,
     pub(super) streams: Vec<Stream>,
-    pub(super) workers: Vec<std::thread::JoinHandle<()>>,
+    pub(super) workers: Vec<data::Worker>,
     pub(super) rx: Receiver<Ev>,
     /// For the workers of streams added while the test runs.
     pub(super) tx: Sender<Ev>,
@@ -57,21 +57,29 @@ impl Side {
         let config = params.clone();
         let shared = Arc::new(data::Shared::new(params));
         let mut workers = Vec::with_capacity(streams.len());
-        for s in &streams {
+        // Threads of their own (encrypted streams) first: they wait for
+        // the clock, so spawning them does not eat into the test. Runner
+        // tasks start at once: after the clock.
+        let threaded = streams.iter().filter(|s| !data::on_runner(s));
+        let tasks = streams.iter().filter(|s| data::on_runner(s));
+        let mut start = None;
+        for s in threaded.chain(tasks) {
+            if data::on_runner(s) && start.is_none() {
+                start = Some(shared.go().start);
+            }
             match data::spawn(s, &shared, tx.clone()) {
-                Ok(handle) => workers.push(handle),
+                Ok(w) => workers.push(w),
                 Err(e) => {
-                    // Let the ones already waiting see the stop and end.
-                    shared.stop.store(true, Ordering::Relaxed);
-                    shared.release();
+                    // Let the ones already started see the stop and end.
+                    shared.stop_all();
                     for w in workers {
-                        let _ = w.join();
+                        w.join();
                     }
-                    return Err(EngineError::io("start a stream thread", e));
+                    return Err(EngineError::io("start a stream", e));
                 }
             }
         }
-        let start = shared.go().start;
+        let start = start.unwrap_or_else(|| shared.go().start);
         let stall_limit = stall_limit(&shared.params);
         let n = streams.len();
         let senders_running = streams.iter().filter(|s| s.role == Role::Send).count();
@@ -199,7 +207,7 @@ impl Side {
     pub(super) fn add(&mut self, streams: Vec<Stream>) -> Result<()> {
         for s in streams {
             let handle = data::spawn(&s, &self.shared, self.tx.clone())
-                .map_err(|e| EngineError::io("start a stream thread", e))?;
+                .map_err(|e| EngineError::io("start a stream", e))?;
             self.workers.push(handle);
             self.running += 1;
             if s.role == Role::Send {
@@ -258,7 +266,7 @@ impl Side {
     pub(super) fn poll_timers(&mut self) -> Option<IntervalSample> {
         let now = Instant::now();
         if self.udp_drain_at.is_some_and(|d| now >= d) {
-            self.shared.udp_recv_stop.store(true, Ordering::Relaxed);
+            self.shared.stop_udp_receivers();
             self.udp_drain_at = None;
         }
         if self.closed {
@@ -332,11 +340,10 @@ impl Side {
 
     /// Stops and joins every worker.
     pub(super) fn stop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.release();
+        self.shared.stop_all();
         data::shutdown_all(&self.streams);
         for w in self.workers.drain(..) {
-            let _ = w.join();
+            w.join();
         }
     }
 }

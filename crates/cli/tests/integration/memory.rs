@@ -102,6 +102,131 @@ fn issue_34_zero_copy_streams_share_one_pattern_file() {
     );
 }
 
+#[test]
+fn issue_34_a_thousand_streams_each_way_run_on_a_few_threads_and_all_move_data() {
+    // A thread per stream ran 1,026 client and 1,029 server threads for
+    // `test -P 1024` (twice that with --bidir) and left a tenth of the
+    // streams with no byte. On the runner each process has one I/O thread
+    // per core, whatever the stream count.
+    let dir = setup();
+    let (srv, port) = server(&dir);
+    let server_pid = srv.0.id();
+    let streams = STREAMS.to_string();
+    let big = Client::spawn(&dir, port, &["--bidir", "-P", &streams, "-t", "3"]);
+    let client_pid = big.guard.0.id();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let bound = 4 * cores + 16;
+    // Read at every interval line: data flows then, every stream attached.
+    let mut most = (0, 0);
+    let end = loop {
+        match big.next() {
+            TestStreamLine::Interval(_) => {
+                let (c, s) = (
+                    status(client_pid, "Threads:"),
+                    status(server_pid, "Threads:"),
+                );
+                eprintln!("threads: client {c}, server {s}");
+                most = (most.0.max(c), most.1.max(s));
+            }
+            TestStreamLine::End(end) => break big.end_after_end(end),
+            _ => {}
+        }
+    };
+    assert!(most.0 > 0 && most.1 > 0, "no interval seen");
+    assert!(
+        most.0 <= bound && most.1 <= bound,
+        "threads: client {}, server {} (bound 4 x {cores} cores + 16 = {bound})",
+        most.0,
+        most.1
+    );
+    assert_eq!(end.streams.len(), 2 * STREAMS as usize);
+    let bytes: Vec<u64> = end.streams.iter().map(|s| s.bytes).collect();
+    let mean = bytes.iter().sum::<u64>() / bytes.len() as u64;
+    let min = bytes.iter().copied().min().unwrap_or(0);
+    eprintln!("per-stream bytes: min {min}, mean {mean}");
+    let idle: Vec<_> = end
+        .streams
+        .iter()
+        .filter(|s| s.bytes == 0)
+        .map(|s| s.id)
+        .collect();
+    assert!(idle.is_empty(), "streams that moved nothing: {idle:?}");
+}
+
+#[test]
+fn issue_34_stock_iperf3_streams_run_on_the_servers_few_threads() {
+    // iperf3's port gave every stream a thread (2 MiB stack reserved):
+    // `iperf3 -c -P 128 --bidir` was 256 threads. On the runner the
+    // server keeps its few threads.
+    let dir = setup();
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
+        .args(["--iperf3-port", "0", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let srv = Guard(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let _fatpipe = lines.next();
+    let second = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    let port: u16 = second
+        .strip_prefix("iperf3 listening on ")
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected second line: {second:?}"));
+    let mut client = Command::new("iperf3")
+        .args(["-c", "127.0.0.1", "-p", &port.to_string()])
+        .args([
+            "-P",
+            "128",
+            "--bidir",
+            "-t",
+            "3",
+            "-i",
+            "0.5",
+            "--forceflush",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn iperf3 -c (test.sh installs iperf3)");
+    let out = client.stdout.take().expect("iperf3 stdout");
+    let client = Guard(client);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let bound = 4 * cores + 16;
+    // Each interval's sum line is printed while data flows.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let (mut most, mut intervals) = (0, 0);
+    while let Ok(line) = rx.recv_timeout(DEADLINE) {
+        if line.starts_with("[SUM]") && line.contains("sec") && !line.contains("sender") {
+            let t = status(srv.0.id(), "Threads:");
+            eprintln!("server threads: {t}  ({line})");
+            most = most.max(t);
+            intervals += 1;
+        }
+        if line.contains("iperf Done") {
+            break;
+        }
+    }
+    let mut client = client;
+    let status = client.0.wait().expect("wait for iperf3 -c");
+    assert!(status.success(), "iperf3 -c exited {status}");
+    assert!(intervals > 0, "no interval line from iperf3 -c");
+    assert!(
+        most <= bound,
+        "the server ran {most} threads (bound 4 x {cores} cores + 16 = {bound})"
+    );
+}
+
 /// Starts `fatpipe server --port 0` (no key: anyone may test).
 fn server(dir: &Dir) -> (Guard, u16) {
     let mut cmd = dir.cmd();
@@ -169,11 +294,21 @@ impl Client {
     fn end(mut self) -> TestEnd {
         loop {
             if let TestStreamLine::End(end) = self.next() {
-                let status = self.guard.0.wait().expect("wait for fatpipe test");
-                assert!(status.success(), "fatpipe test exited {status}");
+                self.exited_ok();
                 return end;
             }
         }
+    }
+
+    /// The end record was read (`end`): waits for the exit (which must be 0).
+    fn end_after_end(mut self, end: TestEnd) -> TestEnd {
+        self.exited_ok();
+        end
+    }
+
+    fn exited_ok(&mut self) {
+        let status = self.guard.0.wait().expect("wait for fatpipe test");
+        assert!(status.success(), "fatpipe test exited {status}");
     }
 }
 

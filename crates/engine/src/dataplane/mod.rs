@@ -16,12 +16,14 @@
 //!   `-n` [`stream::ByteBudget`], the UDP [`pacer`], datagram numbers) and
 //!   what a receiver counted ([`udp`] for loss, order and jitter).
 //!
-//! The threads and sockets that drive this state are still the services'
-//! (memtest: one thread per stream); issue 34's runner, a bounded set of
-//! threads on epoll, is to drive the same state.
+//! - [`runner`]: the threads that drive it: at most one per core
+//!   (`runner::MAX_THREADS`), each an epoll loop over many streams'
+//!   non-blocking sockets, serving ready streams round robin a quantum
+//!   at a time, whatever the stream count.
 
 pub mod budget;
 pub mod pacer;
 pub mod payload;
+pub mod runner;
 pub mod stream;
 pub mod udp;

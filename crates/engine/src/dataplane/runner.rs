@@ -1,0 +1,717 @@
+//! The runner: every data stream of the process on a bounded set of I/O
+//! threads, whatever the stream count.
+//!
+//! A thread per stream put ~1,030 threads in each process for
+//! `test -P 1024` and left the kernel's scheduler to share two cores
+//! between them: over 8 s a tenth of the streams moved no byte. Here the
+//! process has at most [`MAX_THREADS`] I/O threads (one per core), each an
+//! epoll loop (through `mio`) over the non-blocking sockets of the streams
+//! it was given. A stream is a [`Task`]: the runner calls
+//! [`Task::turn`] when its socket is ready (or its timer is due), and the
+//! task moves at most one *quantum* of data (a few writes or reads) and
+//! says what it waits for next ([`Step`]). Ready tasks are served round
+//! robin, one turn each per round, so a thousand streams on one thread
+//! each move data every round instead of whichever the scheduler wakes.
+//!
+//! The tasks are the services' (memtest's streams), built on the sans-IO
+//! state of [`super::stream`]; [`send_turn`] is the sending half every
+//! service shares: one quantum of a [`Sender`]'s writes.
+//!
+//! Stopping: a task reads its own stop flag (its session's) at each turn;
+//! whoever sets one calls [`wake_all`], which gives every task of the
+//! process one turn soon. [`TaskHandle::join`] waits until the runner has
+//! dropped the task (its socket deregistered), so a session may close its
+//! sockets after joining.
+//!
+//! Threads: [`threads`] of them, started on the first [`spawn`] and kept
+//! for the life of the process (docs/security.md: the thread bound).
+
+use std::collections::{BinaryHeap, VecDeque};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use super::stream::{ByteBudget, SendAction, SendTotals, Sender};
+
+/// Most I/O threads of the process.
+pub const MAX_THREADS: usize = 8;
+
+/// Bytes a stream moves in one turn at most (several calls when the
+/// kernel takes less per call): large enough that a single fast stream
+/// pays one `epoll_wait` per quantum, small enough that a round over a
+/// thousand streams stays short.
+pub const QUANTUM_BYTES: usize = 1 << 20;
+
+/// Most system calls a stream makes in one turn.
+pub const QUANTUM_CALLS: usize = 8;
+
+/// What a task waits for after a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// It used its quantum and could do more: run it again next round.
+    Again,
+    /// The socket would block: run it when it is ready, or at the time
+    /// given (a receiver's bytes below its low-water mark, a retry).
+    Blocked(Option<Instant>),
+    /// Nothing to do before this time (a pacer).
+    Sleep(Instant),
+    /// Finished: the runner deregisters and drops it.
+    Done,
+}
+
+/// Which readiness of its socket a task waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wants {
+    Read,
+    Write,
+}
+
+/// One stream, driven by the runner.
+pub trait Task: Send + 'static {
+    /// The socket to wait on; it must stay open until the task is
+    /// dropped, and be non-blocking (a turn must never block).
+    fn fd(&self) -> RawFd;
+
+    /// The readiness it waits for.
+    fn wants(&self) -> Wants;
+
+    /// Moves at most a quantum and says what it waits for next. A turn
+    /// that panics ends the task (it is dropped as if it said `Done`).
+    fn turn(&mut self) -> Step;
+}
+
+/// A task handed to the runner.
+#[derive(Debug, Clone)]
+pub struct TaskHandle {
+    done: Arc<Done>,
+}
+
+#[derive(Debug, Default)]
+struct Done {
+    flag: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl TaskHandle {
+    /// Waits until the runner has dropped the task.
+    pub fn join(&self) {
+        let mut done = lock(&self.done.flag);
+        while !*done {
+            done = self
+                .done
+                .cv
+                .wait(done)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// True once the runner has dropped the task.
+    pub fn is_done(&self) -> bool {
+        *lock(&self.done.flag)
+    }
+}
+
+impl Done {
+    fn set(&self) {
+        *lock(&self.flag) = true;
+        self.cv.notify_all();
+    }
+}
+
+/// I/O threads of the process: one per core, at most [`MAX_THREADS`]
+/// (`FATPIPE_DATAPLANE_THREADS=N` chooses N instead, still 1 to
+/// [`MAX_THREADS`]: for experiments; on a loaded 2-core host 4 threads
+/// moved no more than 2).
+pub fn threads() -> usize {
+    if let Some(n) = std::env::var("FATPIPE_DATAPLANE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return n.clamp(1, MAX_THREADS);
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_THREADS)
+}
+
+/// Hands `task` to the least loaded I/O thread (starting the threads on
+/// first use). Fails only if no thread could be started.
+pub fn spawn(task: Box<dyn Task>) -> io::Result<TaskHandle> {
+    let pool = pool()?;
+    let worker = pool
+        .workers
+        .iter()
+        .min_by_key(|w| w.load.load(Ordering::Relaxed))
+        .ok_or_else(|| io::Error::other("no runner thread"))?;
+    worker.load.fetch_add(1, Ordering::Relaxed);
+    let done = Arc::new(Done::default());
+    lock(&worker.inbox).push((task, Arc::clone(&done)));
+    worker.waker.wake()?;
+    Ok(TaskHandle { done })
+}
+
+/// Gives every task of the process a turn soon: call after setting a
+/// stop flag the tasks read.
+pub fn wake_all() {
+    let Some(Ok(pool)) = POOL.get() else {
+        return;
+    };
+    for w in &pool.workers {
+        w.wake_all.store(true, Ordering::Release);
+        let _ = w.waker.wake();
+    }
+}
+
+/// Tasks the runner holds now (all threads).
+pub fn tasks() -> usize {
+    match POOL.get() {
+        Some(Ok(pool)) => pool
+            .workers
+            .iter()
+            .map(|w| w.load.load(Ordering::Relaxed))
+            .sum(),
+        _ => 0,
+    }
+}
+
+struct Pool {
+    workers: Vec<Arc<Worker>>,
+}
+
+/// A task handed over, with the flag its handle waits on.
+type Handed = (Box<dyn Task>, Arc<Done>);
+
+/// What other threads share with one I/O thread.
+struct Worker {
+    inbox: Mutex<Vec<Handed>>,
+    waker: Waker,
+    load: AtomicUsize,
+    wake_all: AtomicBool,
+}
+
+static POOL: OnceLock<Result<Pool, String>> = OnceLock::new();
+
+fn pool() -> io::Result<&'static Pool> {
+    POOL.get_or_init(|| start(threads()).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| io::Error::other(format!("start the data plane's threads: {e}")))
+}
+
+const WAKER: Token = Token(usize::MAX);
+
+fn start(n: usize) -> io::Result<Pool> {
+    let mut workers = Vec::with_capacity(n);
+    for i in 0..n {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let worker = Arc::new(Worker {
+            inbox: Mutex::new(Vec::new()),
+            waker,
+            load: AtomicUsize::new(0),
+            wake_all: AtomicBool::new(false),
+        });
+        let w = Arc::clone(&worker);
+        std::thread::Builder::new()
+            .name(format!("dataplane {i}"))
+            .stack_size(512 * 1024)
+            .spawn(move || Loop::new(poll, w).run())?;
+        workers.push(worker);
+    }
+    Ok(Pool { workers })
+}
+
+struct Slot {
+    task: Box<dyn Task>,
+    fd: RawFd,
+    done: Arc<Done>,
+    queued: bool,
+    /// When it wants a turn without readiness (a retry, a pacer, a
+    /// receiver's tick); `None`: only on readiness.
+    due: Option<Instant>,
+    /// The time of its one entry in the timer heap, if it has one.
+    armed: Option<Instant>,
+}
+
+/// One I/O thread's state.
+struct Loop {
+    poll: Poll,
+    worker: Arc<Worker>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    ready: VecDeque<usize>,
+    /// (when, slot), earliest first: at most one entry per slot (its
+    /// `armed`); an entry that fires before the slot's `due` (it asked
+    /// for a later time since) is pushed again at `due`, so a fast
+    /// receiver that re-asks for its tick on every read costs one heap
+    /// entry per tick, not one per read.
+    timers: BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
+}
+
+impl Loop {
+    fn new(poll: Poll, worker: Arc<Worker>) -> Loop {
+        Loop {
+            poll,
+            worker,
+            slots: Vec::new(),
+            free: Vec::new(),
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+        }
+    }
+
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let timeout = if self.ready.is_empty() {
+                self.timers
+                    .peek()
+                    .map(|t| t.0 .0.saturating_duration_since(Instant::now()))
+            } else {
+                Some(Duration::ZERO)
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    // Nothing sensible to do but retry after a breath.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                continue;
+            }
+            let mut woke = false;
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    woke = true;
+                } else {
+                    self.enqueue(ev.token().0);
+                }
+            }
+            if woke {
+                self.take_inbox();
+                if self.worker.wake_all.swap(false, Ordering::AcqRel) {
+                    for i in 0..self.slots.len() {
+                        self.enqueue(i);
+                    }
+                }
+            }
+            if self.timers.peek().is_some() {
+                self.fire_timers(Instant::now());
+            }
+            // One round: every task ready now gets one turn.
+            for _ in 0..self.ready.len() {
+                let Some(i) = self.ready.pop_front() else {
+                    break;
+                };
+                self.turn(i);
+            }
+        }
+    }
+
+    /// Queues every slot whose time has come; re-arms those that asked
+    /// for a later time since their entry was pushed.
+    fn fire_timers(&mut self, now: Instant) {
+        while let Some(std::cmp::Reverse((at, i))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(Some(slot)) = self.slots.get_mut(i) else {
+                continue;
+            };
+            if slot.armed != Some(at) {
+                continue; // an entry of an earlier task in this slot
+            }
+            slot.armed = None;
+            match slot.due {
+                Some(due) if due <= now => {
+                    slot.due = None;
+                    self.enqueue(i);
+                }
+                Some(due) => {
+                    slot.armed = Some(due);
+                    self.timers.push(std::cmp::Reverse((due, i)));
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn enqueue(&mut self, i: usize) {
+        if let Some(Some(slot)) = self.slots.get_mut(i) {
+            if !slot.queued {
+                slot.queued = true;
+                self.ready.push_back(i);
+            }
+        }
+    }
+
+    fn take_inbox(&mut self) {
+        let new = std::mem::take(&mut *lock(&self.worker.inbox));
+        for (task, done) in new {
+            let fd = task.fd();
+            let i = match self.free.pop() {
+                Some(i) => i,
+                None => {
+                    self.slots.push(None);
+                    self.slots.len() - 1
+                }
+            };
+            let interest = match task.wants() {
+                Wants::Read => Interest::READABLE,
+                Wants::Write => Interest::WRITABLE,
+            };
+            if self
+                .poll
+                .registry()
+                .register(&mut SourceFd(&fd), Token(i), interest)
+                .is_err()
+            {
+                // Not pollable (closed already): the task still gets its
+                // turns, by timer, so it sees its error and ends.
+            }
+            self.slots[i] = Some(Slot {
+                task,
+                fd,
+                done,
+                queued: false,
+                due: None,
+                armed: None,
+            });
+            self.enqueue(i);
+        }
+    }
+
+    fn turn(&mut self, i: usize) {
+        let Some(Some(slot)) = self.slots.get_mut(i) else {
+            return;
+        };
+        slot.queued = false;
+        // A task that panics ends (dropped like a finished one), instead
+        // of taking the thread and every other stream on it down.
+        let task = &mut slot.task;
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.turn()))
+            .unwrap_or(Step::Done);
+        match step {
+            Step::Again => {
+                slot.due = None;
+                slot.queued = true;
+                self.ready.push_back(i);
+            }
+            Step::Blocked(None) => slot.due = None,
+            Step::Blocked(Some(at)) | Step::Sleep(at) => {
+                slot.due = Some(at);
+                if slot.armed.is_none_or(|armed| armed > at) {
+                    slot.armed = Some(at);
+                    self.timers.push(std::cmp::Reverse((at, i)));
+                }
+            }
+            Step::Done => {
+                if let Some(slot) = self.slots[i].take() {
+                    let _ = self.poll.registry().deregister(&mut SourceFd(&slot.fd));
+                    let Slot { task, done, .. } = slot;
+                    drop(task);
+                    self.worker.load.fetch_sub(1, Ordering::Relaxed);
+                    done.set();
+                }
+                self.free.push(i);
+            }
+        }
+    }
+}
+
+/// How one call of a sender's write went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wrote {
+    /// The kernel took these bytes and datagrams.
+    Took(usize, usize),
+    /// The socket would block (wait for it to be writable).
+    Blocked,
+    /// Nothing went and no readiness will say when to retry (a full
+    /// device queue, a refused port): retry after this long.
+    Backoff(Duration),
+}
+
+/// A sending stream's clock: its own start (a stream added mid-test is
+/// paced from its start) and the test's (for the published times).
+#[derive(Debug, Clone, Copy)]
+pub struct SendClock {
+    pub stream_start: Instant,
+    pub test_start: Instant,
+}
+
+/// One turn of a sending stream: up to [`QUANTUM_BYTES`] in at most
+/// [`QUANTUM_CALLS`] calls of `write` (which does the I/O the action asks
+/// for), reporting each outcome to the sender's state; `published` gets
+/// the totals and the test-clock time in nanoseconds after each write
+/// that moved bytes. `stop` ends the stream (its write in progress given
+/// back). An error from `write` ends the turn with it. A short stream
+/// write (no datagrams) ends the turn as blocked: the kernel took what
+/// fitted, and the socket's next writable edge says when more fits.
+#[allow(clippy::too_many_arguments)]
+pub fn send_turn(
+    st: &mut Sender,
+    clock: SendClock,
+    budget: &ByteBudget,
+    stop: bool,
+    mut write: impl FnMut(&SendAction) -> io::Result<Wrote>,
+    mut published: impl FnMut(&SendTotals, u64),
+) -> io::Result<Step> {
+    if stop {
+        st.handle_stop(budget);
+    }
+    let mut moved = 0usize;
+    for _ in 0..QUANTUM_CALLS {
+        let now = clock.stream_start.elapsed().as_nanos() as u64;
+        let action = st.poll_action(now, budget);
+        match action {
+            SendAction::Write { bytes, .. } => match write(&action) {
+                Ok(Wrote::Took(n, d)) => {
+                    // One clock read for both clocks.
+                    let at = Instant::now();
+                    let ns = at.saturating_duration_since(clock.stream_start).as_nanos() as u64;
+                    st.handle_written(ns, n, d, budget);
+                    let test_ns = at.saturating_duration_since(clock.test_start).as_nanos() as u64;
+                    published(&st.totals(), test_ns);
+                    moved += n;
+                    if moved >= QUANTUM_BYTES {
+                        return Ok(Step::Again);
+                    }
+                    if d == 0 && n > 0 && n < bytes {
+                        // A short stream write: the socket is full, and
+                        // says so when it has room again; the next write
+                        // would only fail.
+                        return Ok(Step::Blocked(None));
+                    }
+                }
+                Ok(Wrote::Blocked) => {
+                    st.handle_blocked(budget);
+                    return Ok(Step::Blocked(None));
+                }
+                Ok(Wrote::Backoff(d)) => {
+                    st.handle_blocked(budget);
+                    return Ok(Step::Sleep(Instant::now() + d));
+                }
+                Err(e) => {
+                    st.handle_blocked(budget);
+                    return Err(e);
+                }
+            },
+            SendAction::WaitUntil(at) => {
+                let wait = Duration::from_nanos(at.saturating_sub(now));
+                return Ok(Step::Sleep(Instant::now() + wait));
+            }
+            SendAction::Finish(_) => return Ok(Step::Done),
+        }
+    }
+    Ok(Step::Again)
+}
+
+/// Locks a mutex, taking the value even if a thread panicked holding it
+/// (the values are replaced whole).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::stream::SendSpec;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::AtomicU64;
+
+    /// A sender of `QUANTUM`s over a socket pair; counts what it wrote.
+    struct Writer {
+        sock: TcpStream,
+        st: Sender,
+        clock: SendClock,
+        budget: Arc<ByteBudget>,
+        sent: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl Task for Writer {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn wants(&self) -> Wants {
+            Wants::Write
+        }
+        fn turn(&mut self) -> Step {
+            let buf = [7u8; 65536];
+            let sock = &self.sock;
+            let sent = &self.sent;
+            let r = send_turn(
+                &mut self.st,
+                self.clock,
+                &self.budget,
+                self.stop.load(Ordering::Acquire),
+                |a| {
+                    let SendAction::Write { bytes, .. } = *a else {
+                        return Ok(Wrote::Blocked);
+                    };
+                    match (&*sock).write(&buf[..bytes]) {
+                        Ok(n) => Ok(Wrote::Took(n, 0)),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Wrote::Blocked),
+                        Err(e) => Err(e),
+                    }
+                },
+                |t, _| sent.store(t.bytes, Ordering::Relaxed),
+            );
+            match r {
+                Ok(Step::Done) | Err(_) => {
+                    let _ = self.sock.shutdown(std::net::Shutdown::Write);
+                    Step::Done
+                }
+                Ok(s) => s,
+            }
+        }
+    }
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn many_streams_share_the_threads_and_all_move_their_bytes() {
+        // 64 senders of 1 MB each (the -n budget of each), their readers
+        // on plain threads: every byte arrives, every task ends.
+        let mut readers = Vec::new();
+        let mut handles = Vec::new();
+        for _ in 0..64 {
+            let (a, b) = pair();
+            a.set_nonblocking(true).unwrap();
+            let sent = Arc::new(AtomicU64::new(0));
+            let now = Instant::now();
+            let task = Writer {
+                sock: a,
+                st: Sender::new(SendSpec {
+                    chunk: 65536,
+                    datagrams: None,
+                    until_ns: None,
+                }),
+                clock: SendClock {
+                    stream_start: now,
+                    test_start: now,
+                },
+                budget: Arc::new(ByteBudget::new(Some(1_000_000))),
+                sent: Arc::clone(&sent),
+                stop: Arc::new(AtomicBool::new(false)),
+            };
+            handles.push((spawn(Box::new(task)).unwrap(), sent));
+            readers.push(std::thread::spawn(move || {
+                let mut got = Vec::new();
+                (&b).read_to_end(&mut got).unwrap();
+                got.len()
+            }));
+        }
+        for r in readers {
+            assert_eq!(r.join().unwrap(), 1_000_000);
+        }
+        for (h, sent) in handles {
+            h.join();
+            assert!(h.is_done());
+            assert_eq!(sent.load(Ordering::Relaxed), 1_000_000);
+        }
+        assert!(threads() <= MAX_THREADS);
+    }
+
+    /// A task whose first turn panics.
+    struct Panics(TcpStream);
+
+    impl Task for Panics {
+        fn fd(&self) -> RawFd {
+            self.0.as_raw_fd()
+        }
+        fn wants(&self) -> Wants {
+            Wants::Read
+        }
+        fn turn(&mut self) -> Step {
+            panic!("a bug in a task");
+        }
+    }
+
+    #[test]
+    fn a_task_that_panics_ends_and_the_thread_goes_on() {
+        let threads_before = threads();
+        let (a, _b) = pair();
+        let h = spawn(Box::new(Panics(a))).unwrap();
+        h.join();
+        // The threads still serve: a sender after it moves its bytes.
+        let (a, b) = pair();
+        a.set_nonblocking(true).unwrap();
+        let now = Instant::now();
+        let sent = Arc::new(AtomicU64::new(0));
+        let h = spawn(Box::new(Writer {
+            sock: a,
+            st: Sender::new(SendSpec {
+                chunk: 1000,
+                datagrams: None,
+                until_ns: None,
+            }),
+            clock: SendClock {
+                stream_start: now,
+                test_start: now,
+            },
+            budget: Arc::new(ByteBudget::new(Some(5000))),
+            sent: Arc::clone(&sent),
+            stop: Arc::new(AtomicBool::new(false)),
+        }))
+        .unwrap();
+        let mut got = Vec::new();
+        (&b).read_to_end(&mut got).unwrap();
+        h.join();
+        assert_eq!(got.len(), 5000);
+        assert_eq!(threads(), threads_before);
+    }
+
+    #[test]
+    fn a_stop_flag_and_wake_all_end_a_blocked_task() {
+        // A sender whose peer never reads blocks on a full socket; the
+        // stop flag and a wake end it.
+        let (a, _b) = pair();
+        a.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let now = Instant::now();
+        let h = spawn(Box::new(Writer {
+            sock: a,
+            st: Sender::new(SendSpec {
+                chunk: 65536,
+                datagrams: None,
+                until_ns: None,
+            }),
+            clock: SendClock {
+                stream_start: now,
+                test_start: now,
+            },
+            budget: Arc::new(ByteBudget::new(None)),
+            sent: Arc::clone(&sent),
+            stop: Arc::clone(&stop),
+        }))
+        .unwrap();
+        // Wait until it has filled the socket (sent stops growing).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = u64::MAX;
+        loop {
+            let s = sent.load(Ordering::Relaxed);
+            if s > 0 && s == last {
+                break;
+            }
+            last = s;
+            assert!(Instant::now() < deadline, "never filled");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!h.is_done());
+        stop.store(true, Ordering::Release);
+        wake_all();
+        h.join();
+    }
+}
