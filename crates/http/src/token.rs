@@ -1,0 +1,402 @@
+//! Bearer tokens: JSON Web Tokens (RFC 7519) with the WLCG common JWT
+//! profile's claims, signed with HMAC-SHA256 (`HS256`) under a key
+//! derived from the server's pre-shared key.
+//!
+//! A storage admin reads one as any WLCG token: `iss`, `sub`, `aud`,
+//! `exp`, `nbf`, `iat`, `jti`, `wlcg.ver` and a space-separated `scope` of
+//! `storage.read:/PATH`, `storage.create:/PATH`, `storage.modify:/PATH`,
+//! where `/PATH` is the URL path on this server (`/EXPORT/dir`; `/` is
+//! every export). A scope covers its path and everything beneath it at
+//! *path-component* boundaries: `storage.read:/data/a` covers `/data/a`
+//! and `/data/a/x`, never `/data/ab`. `storage.modify` implies
+//! `storage.create` (the profile's rule); reading needs `storage.read`.
+//!
+//! Only `HS256` is accepted (no `none`, no algorithm chosen by the token),
+//! the signature is checked in constant time before any claim is read,
+//! and the whole token is capped at [`MAX_TOKEN`] bytes. `fatpipe token`
+//! mints them ([`mint`]); the server verifies them ([`Verifier`]). Tokens
+//! of an external issuer (JWKS, public-key signatures) are not accepted
+//! yet: docs/http.md says so.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+/// The longest token considered (header, claims and signature).
+pub const MAX_TOKEN: usize = 8 * 1024;
+/// The most scopes read from one token.
+pub const MAX_SCOPES: usize = 64;
+/// The audience every WLCG-profile verifier accepts.
+pub const ANY_AUDIENCE: &str = "https://wlcg.cern.ch/jwt/v1/any";
+/// The audience of tokens minted without `--aud`, and the one a server
+/// accepts without `--http-audience`.
+pub const DEFAULT_AUDIENCE: &str = "fatpipe";
+/// The issuer minted tokens name.
+pub const ISSUER: &str = "fatpipe";
+/// Clock skew tolerated on `exp` and `nbf`, in seconds.
+pub const LEEWAY_S: u64 = 60;
+
+/// What a scope lets its holder do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Perm {
+    /// GET, HEAD, PROPFIND.
+    Read,
+    /// PUT of a new file, MKCOL.
+    Create,
+    /// Everything that changes or removes what exists (PUT over a file,
+    /// DELETE, MOVE); implies `Create`.
+    Modify,
+}
+
+impl Perm {
+    /// The WLCG scope name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Perm::Read => "storage.read",
+            Perm::Create => "storage.create",
+            Perm::Modify => "storage.modify",
+        }
+    }
+}
+
+/// One `storage.*:/path` scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// What it allows.
+    pub perm: Perm,
+    /// The path prefix, normalised: starts with `/`, no trailing `/`
+    /// (except the root, `/`), no empty, `.` or `..` component.
+    pub path: String,
+}
+
+impl Scope {
+    /// Parses `storage.read:/path` (a scope of another kind is `None`: it
+    /// grants nothing here, and is not an error).
+    pub fn parse(s: &str) -> Option<Scope> {
+        let (kind, path) = s.split_once(':').unwrap_or((s, "/"));
+        let perm = match kind {
+            "storage.read" => Perm::Read,
+            "storage.create" => Perm::Create,
+            "storage.modify" => Perm::Modify,
+            _ => return None,
+        };
+        Some(Scope {
+            perm,
+            path: normalise(path)?,
+        })
+    }
+
+    /// Whether this scope lets its holder do `perm` on the URL path `path`
+    /// (already percent-decoded and normalised the same way).
+    pub fn allows(&self, perm: Perm, path: &str) -> bool {
+        let perm_ok = match perm {
+            Perm::Read => self.perm == Perm::Read,
+            Perm::Create => matches!(self.perm, Perm::Create | Perm::Modify),
+            Perm::Modify => self.perm == Perm::Modify,
+        };
+        perm_ok && covers(&self.path, path)
+    }
+}
+
+/// Whether the path prefix `prefix` covers `path` at a component
+/// boundary (both normalised).
+pub fn covers(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+/// A path as scopes compare it: leading `/`, single slashes, no trailing
+/// `/` except for the root; `None` if it has a `.` or `..` component.
+pub fn normalise(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut out = String::with_capacity(path.len());
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        if c == "." || c == ".." {
+            return None;
+        }
+        out.push('/');
+        out.push_str(c);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Some(out)
+}
+
+/// The claims of a token, as minted and as read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// Who issued it.
+    pub iss: String,
+    /// Whom it was issued to.
+    #[serde(default)]
+    pub sub: String,
+    /// The audience(s) it is for.
+    pub aud: Audience,
+    /// Expiry, seconds since the epoch.
+    pub exp: u64,
+    /// Not valid before, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
+    /// Issued at, seconds since the epoch.
+    #[serde(default)]
+    pub iat: u64,
+    /// A unique id.
+    #[serde(default)]
+    pub jti: String,
+    /// Space-separated `storage.*:/path` scopes.
+    #[serde(default)]
+    pub scope: String,
+    /// The WLCG profile version.
+    #[serde(rename = "wlcg.ver", default)]
+    pub wlcg_ver: String,
+}
+
+/// `aud`: one string or a list (RFC 7519 §4.1.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Audience {
+    /// One audience.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Audience {
+    fn contains(&self, a: &str) -> bool {
+        match self {
+            Audience::One(x) => x == a,
+            Audience::Many(v) => v.iter().any(|x| x == a),
+        }
+    }
+}
+
+/// Why a token was not accepted (the text goes to the client in the 401).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Not three base64url parts, bad JSON, too long.
+    #[error("malformed token: {0}")]
+    Malformed(&'static str),
+    /// An algorithm other than HS256.
+    #[error("token algorithm {0:?} is not accepted (only HS256)")]
+    Algorithm(String),
+    /// The signature does not verify under this server's key.
+    #[error("token signature does not verify (not minted with this server's key)")]
+    Signature,
+    /// Past `exp`.
+    #[error("token expired")]
+    Expired,
+    /// Before `nbf`.
+    #[error("token not yet valid (nbf)")]
+    NotYetValid,
+    /// `aud` names no audience this server accepts.
+    #[error("token audience is not this server's")]
+    Audience,
+}
+
+/// What a verified token grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Its scopes.
+    pub scopes: Vec<Scope>,
+    /// Its subject (for the log).
+    pub sub: String,
+}
+
+impl Grant {
+    /// Whether some scope allows `perm` on `path`.
+    pub fn allows(&self, perm: Perm, path: &str) -> bool {
+        self.scopes.iter().any(|s| s.allows(perm, path))
+    }
+}
+
+/// Checks tokens against the server's key and audiences.
+#[derive(Clone)]
+pub struct Verifier {
+    key: ring::hmac::Key,
+    audiences: Vec<String>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("audiences", &self.audiences)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Verifier {
+    /// A verifier for tokens minted from the server's pre-shared key
+    /// `psk`, accepting `audiences` (and the WLCG "any" audience).
+    pub fn new(psk: &[u8], audiences: Vec<String>) -> Verifier {
+        Verifier {
+            key: token_key(psk),
+            audiences,
+        }
+    }
+
+    /// Verifies `token` at `now` (seconds since the epoch).
+    pub fn verify(&self, token: &str, now: u64) -> Result<Grant, TokenError> {
+        if token.len() > MAX_TOKEN {
+            return Err(TokenError::Malformed("too long"));
+        }
+        let mut parts = token.split('.');
+        let (Some(h), Some(c), Some(sig), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(TokenError::Malformed("not three dot-separated parts"));
+        };
+        let header: Header = serde_json::from_slice(&b64(h)?)
+            .map_err(|_| TokenError::Malformed("header is not JSON"))?;
+        if header.alg != "HS256" {
+            return Err(TokenError::Algorithm(header.alg.chars().take(16).collect()));
+        }
+        let sig = b64(sig)?;
+        let signed = &token[..h.len() + 1 + c.len()];
+        ring::hmac::verify(&self.key, signed.as_bytes(), &sig)
+            .map_err(|_| TokenError::Signature)?;
+        let claims: Claims = serde_json::from_slice(&b64(c)?)
+            .map_err(|_| TokenError::Malformed("claims are not the expected JSON"))?;
+        if now > claims.exp.saturating_add(LEEWAY_S) {
+            return Err(TokenError::Expired);
+        }
+        if claims.nbf.is_some_and(|nbf| now.saturating_add(LEEWAY_S) < nbf) {
+            return Err(TokenError::NotYetValid);
+        }
+        if !claims.aud.contains(ANY_AUDIENCE)
+            && !self.audiences.iter().any(|a| claims.aud.contains(a))
+        {
+            return Err(TokenError::Audience);
+        }
+        let scopes = claims
+            .scope
+            .split_ascii_whitespace()
+            .take(MAX_SCOPES)
+            .filter_map(Scope::parse)
+            .collect();
+        Ok(Grant {
+            scopes,
+            sub: claims.sub,
+        })
+    }
+}
+
+/// Mints a token for `claims` under the key derived from `psk`.
+pub fn mint(psk: &[u8], claims: &Claims) -> String {
+    let enc = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+    let header = enc(br#"{"alg":"HS256","typ":"JWT"}"#);
+    // Serialising these plain fields cannot fail.
+    let body = enc(&serde_json::to_vec(claims).unwrap_or_default());
+    let signed = format!("{header}.{body}");
+    let tag = ring::hmac::sign(&token_key(psk), signed.as_bytes());
+    format!("{signed}.{}", enc(tag.as_ref()))
+}
+
+#[derive(Deserialize)]
+struct Header {
+    alg: String,
+}
+
+/// The HMAC key tokens are signed with: derived from the pre-shared key
+/// under its own label, so a token's signature never doubles as a
+/// handshake proof of the fatpipe protocol.
+fn token_key(psk: &[u8]) -> ring::hmac::Key {
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, psk);
+    let derived = ring::hmac::sign(&k, b"fatpipe/1 http bearer token key");
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref())
+}
+
+fn b64(s: &str) -> Result<Vec<u8>, TokenError> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s.trim_end_matches('='))
+        .map_err(|_| TokenError::Malformed("not base64url"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PSK: &[u8] = b"an example pre-shared key";
+
+    fn claims(scope: &str, aud: &str, exp: u64) -> Claims {
+        Claims {
+            iss: ISSUER.into(),
+            sub: "alice".into(),
+            aud: Audience::One(aud.into()),
+            exp,
+            nbf: Some(900),
+            iat: 1000,
+            jti: "1".into(),
+            scope: scope.into(),
+            wlcg_ver: "1.0".into(),
+        }
+    }
+
+    fn verifier() -> Verifier {
+        Verifier::new(PSK, vec![DEFAULT_AUDIENCE.into()])
+    }
+
+    #[test]
+    fn a_minted_token_verifies_and_grants_its_scopes_at_path_boundaries() {
+        let t = mint(PSK, &claims("storage.read:/data/a storage.modify:/up", "fatpipe", 2000));
+        let g = verifier().verify(&t, 1500).unwrap();
+        assert_eq!(g.sub, "alice");
+        assert!(g.allows(Perm::Read, "/data/a"));
+        assert!(g.allows(Perm::Read, "/data/a/x/y"));
+        assert!(!g.allows(Perm::Read, "/data/ab"), "a string prefix is not a path prefix");
+        assert!(!g.allows(Perm::Read, "/data"));
+        assert!(!g.allows(Perm::Create, "/data/a/x"), "read does not write");
+        assert!(g.allows(Perm::Create, "/up/new"), "modify implies create");
+        assert!(g.allows(Perm::Modify, "/up"));
+        assert!(!g.allows(Perm::Read, "/up/new"), "modify does not imply read");
+    }
+
+    #[test]
+    fn expiry_audience_and_signature_are_enforced() {
+        let v = verifier();
+        let t = mint(PSK, &claims("storage.read:/", "fatpipe", 2000));
+        assert_eq!(v.verify(&t, 2000 + LEEWAY_S + 1), Err(TokenError::Expired));
+        assert_eq!(v.verify(&t, 900 - LEEWAY_S - 1), Err(TokenError::NotYetValid));
+        let other = mint(PSK, &claims("storage.read:/", "https://other.example", 2000));
+        assert_eq!(v.verify(&other, 1500), Err(TokenError::Audience));
+        let any = mint(PSK, &claims("storage.read:/", ANY_AUDIENCE, 2000));
+        assert!(v.verify(&any, 1500).is_ok());
+        let forged = mint(b"another key entirely", &claims("storage.read:/", "fatpipe", 2000));
+        assert_eq!(v.verify(&forged, 1500), Err(TokenError::Signature));
+        // A token whose claims were edited after signing.
+        let mut parts: Vec<String> = t.split('.').map(String::from).collect();
+        parts[1] = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(&claims("storage.modify:/", "fatpipe", 9999)).unwrap());
+        assert_eq!(v.verify(&parts.join("."), 1500), Err(TokenError::Signature));
+    }
+
+    #[test]
+    fn unsigned_and_malformed_tokens_are_refused() {
+        let v = verifier();
+        let none = format!(
+            "{}.{}.",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"alg":"none"}"#),
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(serde_json::to_vec(&claims("storage.read:/", "fatpipe", 9999)).unwrap())
+        );
+        assert!(matches!(v.verify(&none, 1500), Err(TokenError::Algorithm(_))));
+        for bad in ["", "a.b", "a.b.c.d", "!!.!!.!!", &"x".repeat(MAX_TOKEN + 1)] {
+            assert!(matches!(v.verify(bad, 1500), Err(TokenError::Malformed(_))), "{bad:.20}");
+        }
+    }
+
+    #[test]
+    fn scopes_parse_and_normalise() {
+        let s = Scope::parse("storage.read:/a//b/").unwrap();
+        assert_eq!(s.path, "/a/b");
+        assert_eq!(Scope::parse("storage.modify").unwrap().path, "/");
+        assert_eq!(Scope::parse("storage.read:/a/../b"), None);
+        assert_eq!(Scope::parse("storage.read:a"), None);
+        assert_eq!(Scope::parse("compute.read:/"), None);
+        assert!(covers("/", "/anything"));
+        assert!(covers("/a", "/a"));
+        assert!(!covers("/a", "/ab"));
+    }
+}
