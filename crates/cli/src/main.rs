@@ -42,6 +42,8 @@ enum Command {
     Report(cmd::report::Args),
     /// List, show, export, import and annotate archived runs.
     Archive(cmd::archive::Args),
+    /// Mint a bearer token (WLCG scopes) for the server's HTTP port.
+    Token(cmd::http::TokenArgs),
     /// Print a shell completion script (bash, zsh, fish, …) for fatpipe.
     Completions(cmd::completions::CompletionsArgs),
     /// Print fatpipe's manual page (or write every page with --dir).
@@ -62,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Command::Sweep(a) => cmd::sweep::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Archive(a) => cmd::archive::run(a),
+        Command::Token(a) => cmd::http::mint(a),
         Command::Completions(a) => cmd::completions::completions(a, Cli::command()),
         Command::Man(a) => cmd::completions::man(a, Cli::command()),
     };

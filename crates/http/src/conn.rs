@@ -159,9 +159,8 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
         .max_headers(limits.max_headers)
         .keep_alive(true);
     let svc_shared = Rc::clone(&sh);
-    let svc = hyper::service::service_fn(move |req| {
-        crate::handler::handle(Rc::clone(&svc_shared), req)
-    });
+    let svc =
+        hyper::service::service_fn(move |req| crate::handler::handle(Rc::clone(&svc_shared), req));
     let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let mut connection = std::pin::pin!(connection);
     let mut tick = tokio::time::interval(TICK);
@@ -197,7 +196,10 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
             false
         }
         Err(Cut::Idle) => {
-            sh.log(&format!("closed after {} s without traffic", limits.idle.as_secs()));
+            sh.log(&format!(
+                "closed after {} s without traffic",
+                limits.idle.as_secs()
+            ));
             false
         }
         Err(Cut::Aborted) => false,

@@ -157,7 +157,8 @@ mod tests {
     fn bodies_are_capped_and_must_be_propfind() {
         assert_eq!(check_body(b"", 10), Ok(()));
         assert_eq!(check_body(b" \r\n", 10), Ok(()));
-        let allprop = br#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:"><D:allprop/></D:propfind>"#;
+        let allprop =
+            br#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:"><D:allprop/></D:propfind>"#;
         assert_eq!(check_body(allprop, 1000), Ok(()));
         assert_eq!(check_body(allprop, 10), Err(BodyError::TooLarge(10)));
         assert_eq!(check_body(b"hello", 100), Err(BodyError::NotPropfind));
@@ -166,6 +167,9 @@ mod tests {
 
     #[test]
     fn markup_and_controls_are_escaped() {
-        assert_eq!(xml_escape("a<b>&\"'\u{1}c"), "a&lt;b&gt;&amp;&quot;&apos;\u{fffd}c");
+        assert_eq!(
+            xml_escape("a<b>&\"'\u{1}c"),
+            "a&lt;b&gt;&amp;&quot;&apos;\u{fffd}c"
+        );
     }
 }

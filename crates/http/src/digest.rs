@@ -22,8 +22,8 @@ use std::io::{self, Read};
 use base64::Engine as _;
 use md5::Digest as _;
 
-use fatpipe_transfer::beneath::{fstat, Dir, Meta};
 use fatpipe_sys::OFlags;
+use fatpipe_transfer::beneath::{fstat, Dir, Meta};
 
 /// The longest `Want-Digest`/`Want-Repr-Digest` value considered.
 pub const MAX_HEADER: usize = 1024;
@@ -360,11 +360,7 @@ fn write_sidecar(parent: &Dir, name: &[u8], record: &[u8]) -> io::Result<()> {
         tmp = b".fatpipe-digest.tmp".to_vec();
     }
     let _ = parent.unlink_at(&tmp);
-    let mut f = parent.open_at(
-        &tmp,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
-        0o644,
-    )?;
+    let mut f = parent.open_at(&tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL, 0o644)?;
     f.write_all(record)?;
     parent.rename_at(&tmp, &side)
 }
@@ -464,7 +460,10 @@ mod tests {
             Algo::Sha256.digest_value(s.get(Algo::Sha256).unwrap()),
             "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
         );
-        assert_eq!(Algo::Adler32.digest_value(s.get(Algo::Adler32).unwrap()), "00000001");
+        assert_eq!(
+            Algo::Adler32.digest_value(s.get(Algo::Adler32).unwrap()),
+            "00000001"
+        );
         assert_eq!(
             Algo::Adler32.repr_value(s.get(Algo::Adler32).unwrap()),
             ":AAAAAQ==:"
@@ -492,8 +491,14 @@ mod tests {
     #[test]
     fn want_repr_digest_reads_preferences() {
         let w = |v: &str| want_repr_digest(v.as_bytes()).map(|w| (w.algo, w.name));
-        assert_eq!(w("sha-256=10, adler=3"), Some((Algo::Sha256, "sha-256".into())));
-        assert_eq!(w("sha-256=0, adler=3"), Some((Algo::Adler32, "adler".into())));
+        assert_eq!(
+            w("sha-256=10, adler=3"),
+            Some((Algo::Sha256, "sha-256".into()))
+        );
+        assert_eq!(
+            w("sha-256=0, adler=3"),
+            Some((Algo::Adler32, "adler".into()))
+        );
         assert_eq!(w("crc32c"), Some((Algo::Crc32c, "crc32c".into())));
         assert_eq!(w("sha-512=10"), None);
         assert_eq!(w("md5=x"), None);
@@ -511,7 +516,10 @@ mod tests {
         assert_eq!(Sums::from_record(rec.as_bytes(), meta(3, 100, 8)), None);
         assert_eq!(Sums::from_record(rec.as_bytes(), meta(4, 100, 7)), None);
         assert_eq!(Sums::from_record(b"junk", m), None);
-        assert_eq!(Sums::from_record(b"fatpipe-digest 1 3 100 7 md5=zz", m), None);
+        assert_eq!(
+            Sums::from_record(b"fatpipe-digest 1 3 100 7 md5=zz", m),
+            None
+        );
     }
 
     #[test]
@@ -526,7 +534,11 @@ mod tests {
         assert_eq!(load(&dir, b"f", &f), sums);
         std::fs::write(root.path().join("f"), b"hello, world").unwrap();
         let f = dir.open_at(b"f", OFlags::RDONLY, 0).unwrap();
-        assert_eq!(load(&dir, b"f", &f), Sums::default(), "stale after a change");
+        assert_eq!(
+            load(&dir, b"f", &f),
+            Sums::default(),
+            "stale after a change"
+        );
     }
 
     #[test]

@@ -121,7 +121,10 @@ pub(crate) async fn handle(sh: Rc<Shared>, req: Request<Incoming>) -> Result<Res
         Ok(()) => dispatch(&sh, method, req).await,
     };
     let status = resp.status().as_u16();
-    sh.conn.borrow().observer().http_request(method.label(), status);
+    sh.conn
+        .borrow()
+        .observer()
+        .http_request(method.label(), status);
     let read_only = matches!(
         method,
         Method::Get | Method::Head | Method::Propfind | Method::Options
@@ -157,9 +160,13 @@ async fn dispatch(sh: &Shared, method: Method, req: Request<Incoming>) -> Resp {
         Method::Other => {
             let mut r = text(
                 StatusCode::METHOD_NOT_ALLOWED,
-                &format!("method {} is not served", req.method().as_str().chars().take(20).collect::<String>()),
+                &format!(
+                    "method {} is not served",
+                    req.method().as_str().chars().take(20).collect::<String>()
+                ),
             );
-            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
             r
         }
     }
@@ -174,20 +181,36 @@ struct Found<'a> {
 /// The export a target names, opened, or the answer to give.
 fn export_of<'a>(sh: &'a Shared, t: &Target) -> Result<Found<'a>, Resp> {
     let Some(name) = &t.export else {
-        return Err(text(StatusCode::NOT_FOUND, "no export named in the path (/EXPORT/...)"));
+        return Err(text(
+            StatusCode::NOT_FOUND,
+            "no export named in the path (/EXPORT/...)",
+        ));
     };
     let Some(export) = sh.cfg.exports.iter().find(|e| &e.name == name) else {
         return Err(text(StatusCode::NOT_FOUND, "no such export on this server"));
     };
-    let root = Dir::open(&export.path)
-        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, &format!("export unavailable: {e}")))?;
+    let root = Dir::open(&export.path).map_err(|e| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("export unavailable: {e}"),
+        )
+    })?;
     Ok(Found { export, root })
 }
 
 /// Checks the request may do `perm` on `t` in `export`.
-fn authorize(sh: &Shared, headers: &HeaderMap, export: &Export, t: &Target, perm: Perm) -> Result<(), Resp> {
+fn authorize(
+    sh: &Shared,
+    headers: &HeaderMap,
+    export: &Export,
+    t: &Target,
+    perm: Perm,
+) -> Result<(), Resp> {
     if perm != Perm::Read && export.read_only {
-        return Err(text(StatusCode::FORBIDDEN, &format!("export '{}' is read-only", export.name)));
+        return Err(text(
+            StatusCode::FORBIDDEN,
+            &format!("export '{}' is read-only", export.name),
+        ));
     }
     if export.public {
         return Ok(());
@@ -215,14 +238,22 @@ fn authorize(sh: &Shared, headers: &HeaderMap, export: &Export, t: &Target, perm
     };
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Err(unauthorized(
-            &format!("export '{}' needs an 'Authorization: Bearer' token", export.name),
+            &format!(
+                "export '{}' needs an 'Authorization: Bearer' token",
+                export.name
+            ),
             "",
         ));
     };
     let value = value.to_str().unwrap_or("");
     let token = match value.split_once(' ') {
         Some((scheme, tok)) if scheme.eq_ignore_ascii_case("bearer") => tok.trim(),
-        _ => return Err(unauthorized("only 'Authorization: Bearer' tokens are accepted", "invalid_request")),
+        _ => {
+            return Err(unauthorized(
+                "only 'Authorization: Bearer' tokens are accepted",
+                "invalid_request",
+            ))
+        }
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -264,7 +295,8 @@ fn post(headers: &HeaderMap) -> Resp {
         )
     } else {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "POST is not served");
-        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
         r
     }
 }
@@ -276,7 +308,10 @@ fn parent_of(root: &Dir, rel: &RelPath) -> Result<Dir, Resp> {
     root.dir_beneath(parent.as_ref()).map_err(|e| match e {
         ResolveError::Escapes => text(StatusCode::FORBIDDEN, "the path leads outside the export"),
         ResolveError::Io(e)
-            if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) =>
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
         {
             text(StatusCode::CONFLICT, "the parent directory does not exist")
         }
@@ -345,7 +380,12 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
     match meta.kind {
         Kind::Dir => return listing_page(sh, &f, t, head),
         Kind::File => {}
-        _ => return text(StatusCode::FORBIDDEN, "not a regular file (symlinks are not followed)"),
+        _ => {
+            return text(
+                StatusCode::FORBIDDEN,
+                "not a regular file (symlinks are not followed)",
+            )
+        }
     }
     let Some(parent) = &o.parent else {
         return text(StatusCode::NOT_FOUND, "no such file");
@@ -367,10 +407,9 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
     insert(&mut h, header::ETAG, &etag);
     insert(&mut h, header::LAST_MODIFIED, &dav::http_date(&meta));
     let status_and_ranges = {
-        let if_range_ok = req
-            .headers()
-            .get(header::IF_RANGE)
-            .is_none_or(|v| v.as_bytes() == etag.as_bytes() || v.to_str().ok() == Some(&dav::http_date(&meta)));
+        let if_range_ok = req.headers().get(header::IF_RANGE).is_none_or(|v| {
+            v.as_bytes() == etag.as_bytes() || v.to_str().ok() == Some(&dav::http_date(&meta))
+        });
         match req.headers().get(header::RANGE) {
             Some(v) if if_range_ok => range::parse(v.as_bytes(), size),
             _ => Ranges::Full,
@@ -386,21 +425,38 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
     let (status, body) = match status_and_ranges {
         Ranges::Full => {
             insert(&mut h, header::CONTENT_TYPE, "application/octet-stream");
-            (StatusCode::OK, Body::file(file, vec![Seg::File { off: 0, len: size }], report))
+            (
+                StatusCode::OK,
+                Body::file(file, vec![Seg::File { off: 0, len: size }], report),
+            )
         }
         Ranges::Unsatisfiable => {
             insert(&mut h, header::CONTENT_RANGE, &format!("bytes */{size}"));
-            let mut r = text(StatusCode::RANGE_NOT_SATISFIABLE, "no requested range overlaps the file");
+            let mut r = text(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "no requested range overlaps the file",
+            );
             r.headers_mut().extend(h);
             return r;
         }
         Ranges::Partial(ranges) if ranges.len() == 1 => {
             let (a, b) = ranges[0];
             insert(&mut h, header::CONTENT_TYPE, "application/octet-stream");
-            insert(&mut h, header::CONTENT_RANGE, &format!("bytes {a}-{b}/{size}"));
+            insert(
+                &mut h,
+                header::CONTENT_RANGE,
+                &format!("bytes {a}-{b}/{size}"),
+            );
             (
                 StatusCode::PARTIAL_CONTENT,
-                Body::file(file, vec![Seg::File { off: a, len: b - a + 1 }], report),
+                Body::file(
+                    file,
+                    vec![Seg::File {
+                        off: a,
+                        len: b - a + 1,
+                    }],
+                    report,
+                ),
             )
         }
         Ranges::Partial(ranges) => {
@@ -416,7 +472,10 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
                     "\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\
                      Content-Range: bytes {a}-{b}/{size}\r\n\r\n"
                 ))));
-                segs.push(Seg::File { off: a, len: b - a + 1 });
+                segs.push(Seg::File {
+                    off: a,
+                    len: b - a + 1,
+                });
             }
             segs.push(Seg::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
             (StatusCode::PARTIAL_CONTENT, Body::file(file, segs, report))
@@ -470,12 +529,20 @@ fn add_digests(
     }
     if let Some(w) = want {
         if let Some(raw) = sums.get(w.algo) {
-            insert(out, "digest", &format!("{}={}", w.name, w.algo.digest_value(raw)));
+            insert(
+                out,
+                "digest",
+                &format!("{}={}", w.name, w.algo.digest_value(raw)),
+            );
         }
     }
     if let Some(w) = want_repr {
         if let Some(raw) = sums.get(w.algo) {
-            insert(out, "repr-digest", &format!("{}={}", w.name, w.algo.repr_value(raw)));
+            insert(
+                out,
+                "repr-digest",
+                &format!("{}={}", w.name, w.algo.repr_value(raw)),
+            );
         }
     }
     Ok(())
@@ -487,22 +554,37 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
         Err(r) => return r,
     };
     let Some(rel) = &t.rel else {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "cannot PUT onto an export itself");
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "cannot PUT onto an export itself",
+        );
     };
     if t.slash {
-        return text(StatusCode::BAD_REQUEST, "a PUT names a file, not a directory (trailing '/')");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "a PUT names a file, not a directory (trailing '/')",
+        );
     }
     if req.headers().contains_key(header::CONTENT_RANGE) {
-        return text(StatusCode::BAD_REQUEST, "partial PUT (Content-Range) is not served");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "partial PUT (Content-Range) is not served",
+        );
     }
     let name = rel.split_last().1.to_vec();
     if hidden(&name) {
-        return text(StatusCode::FORBIDDEN, "names starting '.fatpipe-' are the server's own");
+        return text(
+            StatusCode::FORBIDDEN,
+            "names starting '.fatpipe-' are the server's own",
+        );
     }
     // Refuse before the body is read (and before `100 Continue` is sent):
     // read-only first, so a writer learns that without a token too.
     if f.export.read_only {
-        return text(StatusCode::FORBIDDEN, &format!("export '{}' is read-only", f.export.name));
+        return text(
+            StatusCode::FORBIDDEN,
+            &format!("export '{}' is read-only", f.export.name),
+        );
     }
     let parent = match parent_of(&f.root, rel) {
         Ok(p) => p,
@@ -518,12 +600,19 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
         Ok(m) => m,
         Err(e) => return io_resp(&e),
     };
-    let perm = if existing.is_some() { Perm::Modify } else { Perm::Create };
+    let perm = if existing.is_some() {
+        Perm::Modify
+    } else {
+        Perm::Create
+    };
     if let Err(r) = authorize(sh, req.headers(), f.export, t, perm) {
         return r;
     }
     if matches!(existing, Some(m) if m.kind != Kind::File) {
-        return text(StatusCode::CONFLICT, "the name exists and is not a regular file");
+        return text(
+            StatusCode::CONFLICT,
+            "the name exists and is not a regular file",
+        );
     }
     let declared: Option<u64> = req
         .headers()
@@ -543,8 +632,12 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
     }
     let mut algos = sh.cfg.inline.clone();
     for w in [
-        req.headers().get("want-digest").and_then(|v| digest::want_digest(v.as_bytes())),
-        req.headers().get("want-repr-digest").and_then(|v| digest::want_repr_digest(v.as_bytes())),
+        req.headers()
+            .get("want-digest")
+            .and_then(|v| digest::want_digest(v.as_bytes())),
+        req.headers()
+            .get("want-repr-digest")
+            .and_then(|v| digest::want_repr_digest(v.as_bytes())),
     ]
     .into_iter()
     .flatten()
@@ -566,10 +659,15 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
             Ok(f) => f,
             Err(e) => {
                 tmp.abandon(&parent);
-                return text(StatusCode::BAD_REQUEST, &format!("the body was cut off: {e}"));
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the body was cut off: {e}"),
+                );
             }
         };
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         if let Err(e) = tmp.file.write_all(&data) {
             tmp.abandon(&parent);
             return io_resp(&e);
@@ -582,7 +680,10 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
     }
     if declared.is_some_and(|d| d != written) {
         tmp.abandon(&parent);
-        return text(StatusCode::BAD_REQUEST, "the body is not as long as its Content-Length");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "the body is not as long as its Content-Length",
+        );
     }
     let sums = hasher.finish();
     let done = tmp
@@ -616,7 +717,11 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
 /// with its own without asking).
 fn add_put_digests(sums: &Sums, h: &mut HeaderMap) {
     if let Some(raw) = sums.get(Algo::Adler32) {
-        insert(h, "digest", &format!("adler32={}", Algo::Adler32.digest_value(raw)));
+        insert(
+            h,
+            "digest",
+            &format!("adler32={}", Algo::Adler32.digest_value(raw)),
+        );
     }
 }
 
@@ -630,12 +735,20 @@ struct Upload {
 impl Upload {
     fn start(parent: &Dir, name: &[u8]) -> io::Result<Upload> {
         if let Ok(file) = parent.open_unnamed(0o644) {
-            return Ok(Upload { file, tmp_name: None });
+            return Ok(Upload {
+                file,
+                tmp_name: None,
+            });
         }
         let mut rnd = [0u8; 8];
         getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
         let mut tmp = b".fatpipe-put.".to_vec();
-        tmp.extend(rnd.iter().map(|b| format!("{b:02x}")).collect::<String>().bytes());
+        tmp.extend(
+            rnd.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .bytes(),
+        );
         let _ = name;
         let file = parent.open_at(&tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL, 0o644)?;
         Ok(Upload {
@@ -650,7 +763,12 @@ impl Upload {
             let mut rnd = [0u8; 8];
             getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
             let mut tmp = b".fatpipe-put.".to_vec();
-            tmp.extend(rnd.iter().map(|b| format!("{b:02x}")).collect::<String>().bytes());
+            tmp.extend(
+                rnd.iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+                    .bytes(),
+            );
             parent.link_fd_at(&self.file, &tmp)?;
             self.tmp_name = Some(tmp);
         }
@@ -698,7 +816,10 @@ async fn propfind(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
         };
         if let Ok(d) = frame.into_data() {
             if buf.len() + d.len() > max {
-                return text(StatusCode::PAYLOAD_TOO_LARGE, &format!("PROPFIND body larger than {max} bytes"));
+                return text(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("PROPFIND body larger than {max} bytes"),
+                );
             }
             buf.extend_from_slice(&d);
         }
@@ -744,7 +865,11 @@ async fn propfind(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
     }
     let mut r = Response::new(Body::text(dav::multistatus(&entries)));
     *r.status_mut() = StatusCode::MULTI_STATUS;
-    insert(r.headers_mut(), header::CONTENT_TYPE, "application/xml; charset=utf-8");
+    insert(
+        r.headers_mut(),
+        header::CONTENT_TYPE,
+        "application/xml; charset=utf-8",
+    );
     r
 }
 
@@ -764,11 +889,17 @@ fn mkcol(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
         .is_some_and(|v| v.as_bytes() != b"0")
         || headers.contains_key(header::TRANSFER_ENCODING);
     if has_body {
-        return text(StatusCode::UNSUPPORTED_MEDIA_TYPE, "MKCOL with a body is not served");
+        return text(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "MKCOL with a body is not served",
+        );
     }
     let name = rel.split_last().1.to_vec();
     if hidden(&name) {
-        return text(StatusCode::FORBIDDEN, "names starting '.fatpipe-' are the server's own");
+        return text(
+            StatusCode::FORBIDDEN,
+            "names starting '.fatpipe-' are the server's own",
+        );
     }
     let parent = match parent_of(&f.root, rel) {
         Ok(p) => p,
@@ -807,25 +938,17 @@ fn delete(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
         return text(StatusCode::NOT_FOUND, "no such file or directory");
     }
     let done = if meta.kind == Kind::Dir {
-        // The server's own files (sidecars) do not keep a directory alive.
-        if let Ok(sub) = parent.subdir(&o.name) {
-            if let Ok(names) = sub.read_dir() {
-                if names.iter().all(|n| hidden(n)) {
-                    for n in names {
-                        let _ = sub.unlink_at(&n);
-                    }
-                }
-            }
-        }
-        parent.rmdir_at(&o.name)
+        remove_tree(parent, &o.name, sh.cfg.limits.max_listing)
     } else {
-        parent.unlink_at(&o.name).map(|()| digest::forget(parent, &o.name))
+        parent
+            .unlink_at(&o.name)
+            .map(|()| digest::forget(parent, &o.name))
     };
     match done.and_then(|()| parent.sync()) {
         Ok(()) => status(StatusCode::NO_CONTENT),
         Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => text(
             StatusCode::CONFLICT,
-            "the directory is not empty (DELETE removes files and empty directories)",
+            "the directory changed while it was deleted",
         ),
         Err(e) => io_resp(&e),
     }
@@ -843,7 +966,10 @@ fn do_move(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
         .get("destination")
         .and_then(|v| path::destination(v.as_bytes()))
     else {
-        return text(StatusCode::BAD_REQUEST, "MOVE needs a Destination header (a URL on this server)");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "MOVE needs a Destination header (a URL on this server)",
+        );
     };
     let dt = match path::parse(&dest) {
         Ok(d) => d,
@@ -870,7 +996,10 @@ fn do_move(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
     };
     let dname = drel.split_last().1.to_vec();
     if hidden(&o.name) || hidden(&dname) {
-        return text(StatusCode::FORBIDDEN, "names starting '.fatpipe-' are the server's own");
+        return text(
+            StatusCode::FORBIDDEN,
+            "names starting '.fatpipe-' are the server's own",
+        );
     }
     let dparent = match parent_of(&f.root, drel) {
         Ok(p) => p,
@@ -885,7 +1014,10 @@ fn do_move(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
         return r;
     }
     if existed && !replace {
-        return text(StatusCode::PRECONDITION_FAILED, "the destination exists and Overwrite is F");
+        return text(
+            StatusCode::PRECONDITION_FAILED,
+            "the destination exists and Overwrite is F",
+        );
     }
     let done = sparent
         .rename_to(&o.name, &dparent, &dname, replace)
@@ -895,18 +1027,75 @@ fn do_move(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
         Ok(()) => {
             digest::forget(sparent, &o.name);
             digest::forget(&dparent, &dname);
-            status(if existed { StatusCode::NO_CONTENT } else { StatusCode::CREATED })
+            status(if existed {
+                StatusCode::NO_CONTENT
+            } else {
+                StatusCode::CREATED
+            })
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            text(StatusCode::PRECONDITION_FAILED, "the destination exists and Overwrite is F")
-        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => text(
+            StatusCode::PRECONDITION_FAILED,
+            "the destination exists and Overwrite is F",
+        ),
         Err(e) => io_resp(&e),
     }
 }
 
+/// The deepest directory tree DELETE removes (each level holds a
+/// descriptor while its entries go).
+pub const MAX_DELETE_DEPTH: usize = 256;
+
+/// Removes directory `name` in `parent` and everything in it (WebDAV's
+/// DELETE of a collection), never following a symlink (a link is removed,
+/// not what it points to); at most `max` entries and
+/// [`MAX_DELETE_DEPTH`] levels, then an error with what is left in place.
+fn remove_tree(parent: &Dir, name: &[u8], max: usize) -> io::Result<()> {
+    let mut stack: Vec<(Dir, Vec<u8>)> = vec![(parent.try_clone()?, name.to_vec())];
+    let mut removed = 0usize;
+    while let Some((p, n)) = stack.last() {
+        let dir = p.subdir(n)?;
+        let mut deeper = None;
+        for child in dir.read_dir()? {
+            match dir.stat_at(&child)? {
+                Some(m) if m.kind == Kind::Dir => {
+                    deeper = Some(child);
+                    break;
+                }
+                Some(_) => dir.unlink_at(&child)?,
+                None => {}
+            }
+            removed += 1;
+            if removed > max {
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!("more than {max} entries to delete; the rest is left"),
+                ));
+            }
+        }
+        match deeper {
+            Some(child) => {
+                if stack.len() >= MAX_DELETE_DEPTH {
+                    return Err(io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        format!("deeper than {MAX_DELETE_DEPTH} levels; the rest is left"),
+                    ));
+                }
+                stack.push((dir, child));
+            }
+            None => {
+                if let Some((p, n)) = stack.pop() {
+                    p.rmdir_at(&n)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `GET /`: the exports (names only; what each holds needs its rights).
 fn exports_index(sh: &Shared, head: bool) -> Resp {
-    let mut s = String::from("<html><head><title>fatpipe</title></head><body><h1>Exports</h1><ul>\n");
+    let mut s =
+        String::from("<html><head><title>fatpipe</title></head><body><h1>Exports</h1><ul>\n");
     for e in &sh.cfg.exports {
         let href = path::encode(e.name.as_bytes());
         s.push_str(&format!(
@@ -1007,7 +1196,11 @@ fn status(code: StatusCode) -> Resp {
 fn html(s: String, head: bool) -> Resp {
     let len = s.len();
     let mut r = Response::new(if head { Body::empty() } else { Body::text(s) });
-    insert(r.headers_mut(), header::CONTENT_TYPE, "text/html; charset=utf-8");
+    insert(
+        r.headers_mut(),
+        header::CONTENT_TYPE,
+        "text/html; charset=utf-8",
+    );
     insert(r.headers_mut(), header::CONTENT_LENGTH, &len.to_string());
     r
 }
@@ -1016,7 +1209,11 @@ fn html(s: String, head: bool) -> Resp {
 fn text(code: StatusCode, why: &str) -> Resp {
     let mut r = Response::new(Body::text(format!("{why}\n")));
     *r.status_mut() = code;
-    insert(r.headers_mut(), header::CONTENT_TYPE, "text/plain; charset=utf-8");
+    insert(
+        r.headers_mut(),
+        header::CONTENT_TYPE,
+        "text/plain; charset=utf-8",
+    );
     r
 }
 

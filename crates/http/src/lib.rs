@@ -138,8 +138,7 @@ impl Config {
     pub fn new(specs: &[String]) -> Result<Config, SetupError> {
         let mut exports = Vec::new();
         for spec in specs {
-            let e: fatpipe_transfer::session::Export =
-                spec.parse().map_err(SetupError::Export)?;
+            let e: fatpipe_transfer::session::Export = spec.parse().map_err(SetupError::Export)?;
             if !e.path.is_dir() {
                 return Err(SetupError::Export(format!(
                     "export '{spec}': {} is not a directory",

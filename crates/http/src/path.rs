@@ -120,12 +120,15 @@ pub fn parse(raw: &str) -> Result<Target, PathError> {
     };
     let export = String::from_utf8(first).map_err(|_| PathError::Bad("no such export"))?;
     let rest: Vec<Vec<u8>> = it.collect();
-    let rel = if rest.is_empty() {
-        None
-    } else {
-        let joined = rest.join(&b'/');
-        Some(RelPath::new(&joined).map_err(|_| PathError::Bad("path refused: too long or not a plain relative path"))?)
-    };
+    let rel =
+        if rest.is_empty() {
+            None
+        } else {
+            let joined = rest.join(&b'/');
+            Some(RelPath::new(&joined).map_err(|_| {
+                PathError::Bad("path refused: too long or not a plain relative path")
+            })?)
+        };
     Ok(Target {
         export: Some(export),
         rel,
@@ -226,7 +229,10 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(parse(&format!("/d/{}", "a".repeat(MAX_PATH))).is_err());
-        assert!(parse(&format!("/d/{}", "a".repeat(300))).is_err(), "NAME_MAX");
+        assert!(
+            parse(&format!("/d/{}", "a".repeat(300))).is_err(),
+            "NAME_MAX"
+        );
     }
 
     #[test]
@@ -235,7 +241,13 @@ mod tests {
         assert_eq!(t.scope_path(), "/data/a b/x?y#z%");
         let href = t.href(false);
         assert_eq!(href, "/data/a%20b/x%3Fy%23z%25");
-        assert_eq!(parse(&href).unwrap(), Target { slash: false, ..t.clone() });
+        assert_eq!(
+            parse(&href).unwrap(),
+            Target {
+                slash: false,
+                ..t.clone()
+            }
+        );
         assert_eq!(parse("/data/").unwrap().href(true), "/data/");
         assert_eq!(parse("/").unwrap().scope_path(), "/");
         let c = parse("/data").unwrap().child(b"f g").unwrap();

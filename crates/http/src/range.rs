@@ -164,6 +164,9 @@ mod tests {
             p("bytes=18446744073709551614-", big),
             Ranges::Partial(vec![(big - 1, big - 1)])
         );
-        assert_eq!(p("bytes=-18446744073709551615", 10), Ranges::Partial(vec![(0, 9)]));
+        assert_eq!(
+            p("bytes=-18446744073709551615", 10),
+            Ranges::Partial(vec![(0, 9)])
+        );
     }
 }

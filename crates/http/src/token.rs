@@ -262,7 +262,10 @@ impl Verifier {
         if now > claims.exp.saturating_add(LEEWAY_S) {
             return Err(TokenError::Expired);
         }
-        if claims.nbf.is_some_and(|nbf| now.saturating_add(LEEWAY_S) < nbf) {
+        if claims
+            .nbf
+            .is_some_and(|nbf| now.saturating_add(LEEWAY_S) < nbf)
+        {
             return Err(TokenError::NotYetValid);
         }
         if !claims.aud.contains(ANY_AUDIENCE)
@@ -340,17 +343,26 @@ mod tests {
 
     #[test]
     fn a_minted_token_verifies_and_grants_its_scopes_at_path_boundaries() {
-        let t = mint(PSK, &claims("storage.read:/data/a storage.modify:/up", "fatpipe", 2000));
+        let t = mint(
+            PSK,
+            &claims("storage.read:/data/a storage.modify:/up", "fatpipe", 2000),
+        );
         let g = verifier().verify(&t, 1500).unwrap();
         assert_eq!(g.sub, "alice");
         assert!(g.allows(Perm::Read, "/data/a"));
         assert!(g.allows(Perm::Read, "/data/a/x/y"));
-        assert!(!g.allows(Perm::Read, "/data/ab"), "a string prefix is not a path prefix");
+        assert!(
+            !g.allows(Perm::Read, "/data/ab"),
+            "a string prefix is not a path prefix"
+        );
         assert!(!g.allows(Perm::Read, "/data"));
         assert!(!g.allows(Perm::Create, "/data/a/x"), "read does not write");
         assert!(g.allows(Perm::Create, "/up/new"), "modify implies create");
         assert!(g.allows(Perm::Modify, "/up"));
-        assert!(!g.allows(Perm::Read, "/up/new"), "modify does not imply read");
+        assert!(
+            !g.allows(Perm::Read, "/up/new"),
+            "modify does not imply read"
+        );
     }
 
     #[test]
@@ -358,12 +370,21 @@ mod tests {
         let v = verifier();
         let t = mint(PSK, &claims("storage.read:/", "fatpipe", 2000));
         assert_eq!(v.verify(&t, 2000 + LEEWAY_S + 1), Err(TokenError::Expired));
-        assert_eq!(v.verify(&t, 900 - LEEWAY_S - 1), Err(TokenError::NotYetValid));
-        let other = mint(PSK, &claims("storage.read:/", "https://other.example", 2000));
+        assert_eq!(
+            v.verify(&t, 900 - LEEWAY_S - 1),
+            Err(TokenError::NotYetValid)
+        );
+        let other = mint(
+            PSK,
+            &claims("storage.read:/", "https://other.example", 2000),
+        );
         assert_eq!(v.verify(&other, 1500), Err(TokenError::Audience));
         let any = mint(PSK, &claims("storage.read:/", ANY_AUDIENCE, 2000));
         assert!(v.verify(&any, 1500).is_ok());
-        let forged = mint(b"another key entirely", &claims("storage.read:/", "fatpipe", 2000));
+        let forged = mint(
+            b"another key entirely",
+            &claims("storage.read:/", "fatpipe", 2000),
+        );
         assert_eq!(v.verify(&forged, 1500), Err(TokenError::Signature));
         // A token whose claims were edited after signing.
         let mut parts: Vec<String> = t.split('.').map(String::from).collect();
@@ -381,9 +402,15 @@ mod tests {
             base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .encode(serde_json::to_vec(&claims("storage.read:/", "fatpipe", 9999)).unwrap())
         );
-        assert!(matches!(v.verify(&none, 1500), Err(TokenError::Algorithm(_))));
+        assert!(matches!(
+            v.verify(&none, 1500),
+            Err(TokenError::Algorithm(_))
+        ));
         for bad in ["", "a.b", "a.b.c.d", "!!.!!.!!", &"x".repeat(MAX_TOKEN + 1)] {
-            assert!(matches!(v.verify(bad, 1500), Err(TokenError::Malformed(_))), "{bad:.20}");
+            assert!(
+                matches!(v.verify(bad, 1500), Err(TokenError::Malformed(_))),
+                "{bad:.20}"
+            );
         }
     }
 

@@ -156,7 +156,12 @@ pub fn rename_between(
     let f = cstring(from)?;
     let t = cstring(to)?;
     if replace {
-        return Ok(rustix::fs::renameat(from_dir, f.as_c_str(), to_dir, t.as_c_str())?);
+        return Ok(rustix::fs::renameat(
+            from_dir,
+            f.as_c_str(),
+            to_dir,
+            t.as_c_str(),
+        )?);
     }
     match rustix::fs::renameat_with(
         &from_dir,
@@ -169,7 +174,12 @@ pub fn rename_between(
             if stat_at(&to_dir, to)?.is_some() {
                 return Err(io::ErrorKind::AlreadyExists.into());
             }
-            Ok(rustix::fs::renameat(from_dir, f.as_c_str(), to_dir, t.as_c_str())?)
+            Ok(rustix::fs::renameat(
+                from_dir,
+                f.as_c_str(),
+                to_dir,
+                t.as_c_str(),
+            )?)
         }
         other => Ok(other?),
     }

@@ -14,6 +14,7 @@ mod demo;
 mod encrypt;
 mod flood;
 mod harden;
+mod http;
 mod iperf3;
 mod lab;
 mod lab_copy;
