@@ -98,10 +98,10 @@ pub fn multistatus(entries: &[Entry]) -> String {
                 e.meta.size
             );
         }
-        let _ = write!(
+        let _ = writeln!(
             s,
             "<D:getlastmodified>{}</D:getlastmodified><D:getetag>{}</D:getetag>\
-             </D:prop><D:status>HTTP/1.1 200 OK</D:status></D:propstat></D:response>\n",
+             </D:prop><D:status>HTTP/1.1 200 OK</D:status></D:propstat></D:response>",
             http_date(&e.meta),
             xml_escape(&crate::digest::etag(&e.meta))
         );

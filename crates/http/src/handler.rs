@@ -16,6 +16,10 @@
 //! only then gives it its name with a rename (and fsyncs the directory).
 //! A body cut off midway leaves nothing under the final name.
 
+// The helpers' error is the answer to send (a `Response`), built once per
+// request: its size costs nothing worth a box.
+#![allow(clippy::result_large_err)]
+
 use std::convert::Infallible;
 use std::fs::File;
 use std::io::{self, Write};
