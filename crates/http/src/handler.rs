@@ -133,7 +133,9 @@ pub(crate) async fn handle(sh: Rc<Shared>, req: Request<Incoming>) -> Result<Res
         method,
         Method::Get | Method::Head | Method::Propfind | Method::Options
     );
-    if !(read_only && status < 400) {
+    // Writes and refusals are logged; a read's 404 is how clients ask
+    // whether something exists (gfal2 asks several times per copy).
+    if !read_only || status == 401 || status == 403 || status >= 500 {
         sh.log(&format!("{} {shown} -> {status}", method.label()));
     }
     let h = resp.headers_mut();

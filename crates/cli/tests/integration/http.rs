@@ -584,3 +584,74 @@ fn http_sigterm_drains_and_idle_connections_end() {
         "the server drained and exited"
     );
 }
+
+/// gfal-copy runs on Debian's Python; a Python of another installation
+/// first on the PATH cannot import gfal2, so it is named.
+fn gfal(args: &[&str], token: Option<&str>) -> Output {
+    let mut c = Command::new("gfal-copy");
+    if Path::new("/usr/bin/python3").exists() {
+        c.env("GFAL_PYTHONBIN", "/usr/bin/python3");
+    }
+    if let Some(t) = token {
+        c.env("BEARER_TOKEN", t);
+    }
+    run(c.args(["-t", "60"]).args(args))
+}
+
+#[test]
+fn http_gfal_copy_streams_in_and_out_with_adler32_and_a_token() {
+    if !have("gfal-copy") {
+        return skip("gfal-copy is not installed (Debian: gfal2-util-scripts gfal2-plugin-http gfal2-plugin-file)");
+    }
+    let dir = setup();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "a test key of enough length\n").unwrap();
+    let export = crate::util::mkdir(&dir.path().join("data"));
+    let spec = format!("data={}", export.display());
+    let mut s = server(
+        &dir,
+        &["--key-file", key.to_str().unwrap(), "--export", &spec],
+    );
+    let token = mint(
+        &dir,
+        &key,
+        &[
+            "--scope",
+            "storage.modify:/data",
+            "--scope",
+            "storage.read:/data",
+        ],
+    );
+    let src = dir.path().join("src.bin");
+    random_file(&src, 5_000_000, 13);
+    let data = std::fs::read(&src).unwrap();
+    let src_url = format!("file://{}", src.display());
+    // In (creating the parent, as -p does: PROPFIND, MKCOL), verified by
+    // adler32 against the server's Digest.
+    let dav = format!("dav://{}/data/sub/g.bin", s.addr);
+    let out = gfal(&["-p", "-K", "adler32", &src_url, &dav], Some(&token));
+    assert_exit(&out, 0);
+    assert_eq!(std::fs::read(export.join("sub/g.bin")).unwrap(), data);
+    s.log
+        .wait_for(Duration::from_secs(10), "MKCOL /data/sub -> 201");
+    // Out, verified the same way.
+    let back = dir.path().join("back.bin");
+    let out = gfal(
+        &[
+            "-K",
+            "adler32",
+            &format!("http://{}/data/sub/g.bin", s.addr),
+            &format!("file://{}", back.display()),
+        ],
+        Some(&token),
+    );
+    assert_exit(&out, 0);
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+    // Without the token: refused, nothing written.
+    let out = gfal(
+        &[&src_url, &format!("dav://{}/data/other.bin", s.addr)],
+        None,
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!export.join("other.bin").exists());
+}
