@@ -4,7 +4,7 @@
 //! sent.
 #![no_main]
 
-use fatpipe_http::digest::{want_digest, want_repr_digest, Algo, Sums};
+use fatpipe_http::digest::{sent_digests, want_digest, want_repr_digest, Algo, Sums};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,4 +14,13 @@ fuzz_target!(|data: &[u8]| {
         assert!(text.contains(&w.name));
     }
     let _ = Sums::from_record(data, (0, 0, 0));
+    let (a, b) = data.split_at(data.len() / 2);
+    for (algo, raw) in sent_digests(Some(a), Some(b)) {
+        let want = match algo {
+            Algo::Adler32 | Algo::Crc32c => 4,
+            Algo::Md5 => 16,
+            Algo::Sha256 => 32,
+        };
+        assert_eq!(raw.len(), want);
+    }
 });

@@ -165,6 +165,55 @@ pub fn stamp(meta: &Meta) -> Stamp {
     (meta.size, meta.mtime_s, meta.mtime_ns)
 }
 
+/// The checksums a client sent with its upload (RFC 3230 `Digest:
+/// adler32=…, md5=…`, or RFC 9530 `Repr-Digest: sha-256=:…:`) that the
+/// server can check: algorithm and raw value. Values that do not decode
+/// are left out (nothing to compare), as are unknown algorithms.
+pub fn sent_digests(digest: Option<&[u8]>, repr: Option<&[u8]>) -> Vec<(Algo, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (value, repr) in [(digest, false), (repr, true)] {
+        let Some(items) = value.and_then(items) else {
+            continue;
+        };
+        for item in items {
+            let Some((name, v)) = item.split_once('=') else {
+                continue;
+            };
+            let Some(algo) = Algo::from_name(name.trim()) else {
+                continue;
+            };
+            let v = v.split(';').next().unwrap_or("").trim();
+            let raw = if repr {
+                v.strip_prefix(':')
+                    .and_then(|v| v.strip_suffix(':'))
+                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            } else {
+                match algo {
+                    Algo::Adler32 | Algo::Crc32c => {
+                        // Leading zeros are sometimes dropped (gfal2 does).
+                        (v.len() <= 8)
+                            .then(|| format!("{v:0>8}"))
+                            .and_then(|h| unhex(&h))
+                    }
+                    Algo::Md5 if v.len() == 32 => unhex(v),
+                    Algo::Md5 | Algo::Sha256 => {
+                        base64::engine::general_purpose::STANDARD.decode(v).ok()
+                    }
+                }
+            };
+            let want_len = match algo {
+                Algo::Adler32 | Algo::Crc32c => 4,
+                Algo::Md5 => 16,
+                Algo::Sha256 => 32,
+            };
+            if let Some(raw) = raw.filter(|r| r.len() == want_len) {
+                out.push((algo, raw));
+            }
+        }
+    }
+    out
+}
+
 /// Computes checksums of a byte stream fed in pieces.
 pub struct Hasher {
     adler: Option<adler2::Adler32>,
@@ -502,6 +551,26 @@ mod tests {
         assert_eq!(w("crc32c"), Some((Algo::Crc32c, "crc32c".into())));
         assert_eq!(w("sha-512=10"), None);
         assert_eq!(w("md5=x"), None);
+    }
+
+    #[test]
+    fn digests_sent_with_an_upload_decode_in_both_syntaxes() {
+        let sent = sent_digests(
+            Some(b"ADLER32=1e60398, md5=1B2M2Y8AsgTpgAmY7PhCfg==, unixcksum=1, sha-256=zz"),
+            Some(b"crc32c=:4waSgw==:, sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"),
+        );
+        let names: Vec<Algo> = sent.iter().map(|(a, _)| *a).collect();
+        assert_eq!(
+            names,
+            [Algo::Adler32, Algo::Md5, Algo::Crc32c, Algo::Sha256]
+        );
+        assert_eq!(sent[0].1, vec![0x01, 0xe6, 0x03, 0x98]);
+        assert_eq!(sent[2].1, vec![0xe3, 0x06, 0x92, 0x83]);
+        assert_eq!(
+            sent_digests(Some(b"md5=d41d8cd98f00b204e9800998ecf8427e"), None)[0].1,
+            Hasher::new(&[Algo::Md5]).finish().get(Algo::Md5).unwrap()
+        );
+        assert!(sent_digests(Some(b"adler32=123456789"), Some(b"md5=:x:")).is_empty());
     }
 
     #[test]

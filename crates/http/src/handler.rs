@@ -652,6 +652,17 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
             algos.push(w.algo);
         }
     }
+    // Checksums the client sent with the body are checked before the file
+    // gets its name: a mismatch leaves nothing.
+    let sent = digest::sent_digests(
+        req.headers().get("digest").map(HeaderValue::as_bytes),
+        req.headers().get("repr-digest").map(HeaderValue::as_bytes),
+    );
+    for (a, _) in &sent {
+        if !algos.contains(a) {
+            algos.push(*a);
+        }
+    }
     let mut tmp = match Upload::start(&parent, &name) {
         Ok(u) => u,
         Err(e) => return io_resp(&e),
@@ -692,6 +703,19 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
         );
     }
     let sums = hasher.finish();
+    if let Some((a, _)) = sent
+        .iter()
+        .find(|(a, v)| sums.get(*a) != Some(v.as_slice()))
+    {
+        tmp.abandon(&parent);
+        return text(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "the body's {} is not the one its Digest header gives; nothing was written",
+                a.name()
+            ),
+        );
+    }
     let done = tmp
         .file
         .sync_all()

@@ -176,6 +176,16 @@ fn http_curl_put_get_ranges_checksums_and_webdav_on_a_public_export() {
         "{head}"
     );
 
+    // A Digest sent with the body is checked before the name is given.
+    let wrong = "Digest: adler32=00000001";
+    let (code, body) = curl(&["-T", srcs, "-H", wrong, &format!("{base}/checked.bin")]);
+    assert_eq!(code, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(!export.join("checked.bin").exists());
+    let right = format!("Digest: adler32={}", adler32(&data));
+    let (code, _) = curl(&["-T", srcs, "-H", &right, &format!("{base}/checked.bin")]);
+    assert_eq!(code, 201);
+    std::fs::remove_file(export.join("checked.bin")).unwrap();
+
     // One range, several (multipart/byteranges), none satisfiable.
     let (code, body) = curl(&["-r", "1000-1999", &format!("{base}/a.bin")]);
     assert_eq!((code, body.as_slice()), (206, &data[1000..2000]));
@@ -272,7 +282,7 @@ fn http_curl_put_get_ranges_checksums_and_webdav_on_a_public_export() {
     // /metrics counts the requests and the bytes.
     let m = metrics_text(&s.metrics);
     assert!(
-        m.contains(r#"fatpipe_http_requests_total{method="PUT",code="201"} 3"#),
+        m.contains(r#"fatpipe_http_requests_total{method="PUT",code="201"} 4"#),
         "{m}"
     );
     let received: u64 = m
@@ -280,7 +290,7 @@ fn http_curl_put_get_ranges_checksums_and_webdav_on_a_public_export() {
         .find(|l| l.starts_with(r#"fatpipe_data_bytes_total{service="http",direction="received"}"#))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0);
-    assert!(received >= 3 * 3_000_017, "{received}\n{m}");
+    assert!(received >= 5 * 3_000_017, "{received}\n{m}");
 }
 
 /// Splits a multipart body into its parts (the bytes between boundaries).
