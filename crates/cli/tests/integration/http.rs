@@ -380,6 +380,15 @@ fn http_tokens_grant_their_scope_at_path_boundaries_until_they_expire() {
 
     let (code, body) = curl(&["-T", src.to_str().unwrap(), &url("up/x")]);
     assert_eq!(code, 401, "no token: {}", String::from_utf8_lossy(&body));
+    // With `Expect: 100-continue` the refusal comes before the body is sent.
+    let big = dir.path().join("big");
+    random_file(&big, 3_000_000, 1);
+    let out = run(Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}"])
+        .args(["-H", "Expect: 100-continue", "-T"])
+        .arg(&big)
+        .arg(url("up/big")));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "401 0");
     let right = mint(
         &dir,
         &key,
