@@ -225,7 +225,7 @@ fn authorize(
         return Err(text(
             StatusCode::FORBIDDEN,
             &format!(
-                "export '{}' needs a bearer token, and this server has no key to verify one (--key-file)",
+                "export '{}' needs a bearer token, and this server has no key to verify one (--key-file, --http-issuer)",
                 export.name
             ),
         ));

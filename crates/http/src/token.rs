@@ -11,12 +11,15 @@
 //! and `/data/a/x`, never `/data/ab`. `storage.modify` implies
 //! `storage.create` (the profile's rule); reading needs `storage.read`.
 //!
-//! Only `HS256` is accepted (no `none`, no algorithm chosen by the token),
-//! the signature is checked in constant time before any claim is read,
-//! and the whole token is capped at [`MAX_TOKEN`] bytes. `fatpipe token`
-//! mints them ([`mint`]); the server verifies them ([`Verifier`]). Tokens
-//! of an external issuer (JWKS, public-key signatures) are not accepted
-//! yet: docs/http.md says so.
+//! Two kinds of signer are trusted. The server's own tokens are `HS256`
+//! under a key derived from its pre-shared key: `fatpipe token` mints
+//! them ([`mint`]). An external issuer's (an IAM, a SciTokens issuer) are
+//! `RS256` or `ES256` under the public keys of that issuer's JWKS file
+//! (`--http-issuer ISS=JWKS`, [`Issuer`]): its `iss` picks the key set,
+//! its `kid` the key. No other algorithm is accepted (no `none`, no HMAC
+//! under a public key), the signature is checked before any claim but
+//! `iss` is believed, and the whole token is capped at [`MAX_TOKEN`]
+//! bytes. The server verifies both with one [`Verifier`].
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -179,9 +182,12 @@ pub enum TokenError {
     /// Not three base64url parts, bad JSON, too long.
     #[error("malformed token: {0}")]
     Malformed(&'static str),
-    /// An algorithm other than HS256.
-    #[error("token algorithm {0:?} is not accepted (only HS256)")]
+    /// An algorithm this server does not accept from this signer.
+    #[error("token algorithm {0:?} is not accepted (HS256 from this server, RS256/ES256 from a configured issuer)")]
     Algorithm(String),
+    /// An issuer this server does not trust.
+    #[error("token issuer is not one this server trusts (--http-issuer)")]
+    Issuer,
     /// The signature does not verify under this server's key.
     #[error("token signature does not verify (not minted with this server's key)")]
     Signature,
@@ -212,16 +218,131 @@ impl Grant {
     }
 }
 
-/// Checks tokens against the server's key and audiences.
+/// An external token issuer: its `iss` and the public keys of its JWKS.
+#[derive(Debug, Clone)]
+pub struct Issuer {
+    /// The `iss` its tokens carry.
+    pub iss: String,
+    keys: Vec<Jwk>,
+}
+
+/// One public key of a JWKS.
+#[derive(Debug, Clone)]
+struct Jwk {
+    kid: Option<String>,
+    key: PublicKey,
+}
+
+#[derive(Debug, Clone)]
+enum PublicKey {
+    /// RS256: modulus and exponent, big-endian.
+    Rsa { n: Vec<u8>, e: Vec<u8> },
+    /// ES256: the uncompressed P-256 point (`04 || x || y`).
+    P256(Vec<u8>),
+}
+
+/// The largest JWKS document read.
+pub const MAX_JWKS: usize = 1024 * 1024;
+
+impl Issuer {
+    /// An issuer `iss` whose keys are the JWKS document `jwks` (RFC 7517:
+    /// `{"keys": [...]}`; RSA keys with `n`, `e`, P-256 EC keys with `x`,
+    /// `y`; other keys are skipped). Fails when no usable key is left.
+    pub fn from_jwks(iss: &str, jwks: &[u8]) -> Result<Issuer, String> {
+        if jwks.len() > MAX_JWKS {
+            return Err(format!("the JWKS is larger than {MAX_JWKS} bytes"));
+        }
+        #[derive(Deserialize)]
+        struct Doc {
+            keys: Vec<RawJwk>,
+        }
+        #[derive(Deserialize)]
+        struct RawJwk {
+            kty: String,
+            #[serde(default)]
+            kid: Option<String>,
+            #[serde(default)]
+            crv: Option<String>,
+            #[serde(default)]
+            n: Option<String>,
+            #[serde(default)]
+            e: Option<String>,
+            #[serde(default)]
+            x: Option<String>,
+            #[serde(default)]
+            y: Option<String>,
+        }
+        let doc: Doc = serde_json::from_slice(jwks).map_err(|e| format!("not a JWKS: {e}"))?;
+        let mut keys = Vec::new();
+        for k in doc.keys {
+            let key = match (k.kty.as_str(), k.crv.as_deref()) {
+                ("RSA", _) => match (k.n.as_deref().map(b64), k.e.as_deref().map(b64)) {
+                    (Some(Ok(n)), Some(Ok(e))) => PublicKey::Rsa { n, e },
+                    _ => continue,
+                },
+                ("EC", Some("P-256")) => match (k.x.as_deref().map(b64), k.y.as_deref().map(b64)) {
+                    (Some(Ok(x)), Some(Ok(y))) if x.len() == 32 && y.len() == 32 => {
+                        let mut p = vec![4u8];
+                        p.extend_from_slice(&x);
+                        p.extend_from_slice(&y);
+                        PublicKey::P256(p)
+                    }
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            keys.push(Jwk { kid: k.kid, key });
+        }
+        if keys.is_empty() {
+            return Err("the JWKS has no RSA or P-256 key".into());
+        }
+        Ok(Issuer {
+            iss: iss.to_string(),
+            keys,
+        })
+    }
+
+    /// Whether one of its keys (the one named `kid`, if given) signed
+    /// `signed` with `sig` under `alg`.
+    fn verifies(&self, alg: &str, kid: Option<&str>, signed: &[u8], sig: &[u8]) -> bool {
+        self.keys
+            .iter()
+            .filter(|k| kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid)
+            .any(|k| match (&k.key, alg) {
+                (PublicKey::Rsa { n, e }, "RS256") => ring::signature::RsaPublicKeyComponents {
+                    n: n.as_slice(),
+                    e: e.as_slice(),
+                }
+                .verify(&ring::signature::RSA_PKCS1_2048_8192_SHA256, signed, sig)
+                .is_ok(),
+                (PublicKey::P256(p), "ES256") => ring::signature::UnparsedPublicKey::new(
+                    &ring::signature::ECDSA_P256_SHA256_FIXED,
+                    p.as_slice(),
+                )
+                .verify(signed, sig)
+                .is_ok(),
+                _ => false,
+            })
+    }
+}
+
+/// Checks tokens against the server's key, the trusted issuers and the
+/// audiences.
 #[derive(Clone)]
 pub struct Verifier {
-    key: ring::hmac::Key,
+    key: Option<ring::hmac::Key>,
+    issuers: Vec<Issuer>,
     audiences: Vec<String>,
 }
 
 impl std::fmt::Debug for Verifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Verifier")
+            .field("own_key", &self.key.is_some())
+            .field(
+                "issuers",
+                &self.issuers.iter().map(|i| &i.iss).collect::<Vec<_>>(),
+            )
             .field("audiences", &self.audiences)
             .finish_non_exhaustive()
     }
@@ -232,9 +353,26 @@ impl Verifier {
     /// `psk`, accepting `audiences` (and the WLCG "any" audience).
     pub fn new(psk: &[u8], audiences: Vec<String>) -> Verifier {
         Verifier {
-            key: token_key(psk),
+            key: Some(token_key(psk)),
+            issuers: Vec::new(),
             audiences,
         }
+    }
+
+    /// A verifier of external issuers' tokens only (a server without a
+    /// pre-shared key).
+    pub fn issuers_only(audiences: Vec<String>) -> Verifier {
+        Verifier {
+            key: None,
+            issuers: Vec::new(),
+            audiences,
+        }
+    }
+
+    /// Also trusts `issuer`'s tokens.
+    pub fn trust(mut self, issuer: Issuer) -> Verifier {
+        self.issuers.push(issuer);
+        self
     }
 
     /// Verifies `token` at `now` (seconds since the epoch).
@@ -250,14 +388,39 @@ impl Verifier {
         };
         let header: Header = serde_json::from_slice(&b64(h)?)
             .map_err(|_| TokenError::Malformed("header is not JSON"))?;
-        if header.alg != "HS256" {
-            return Err(TokenError::Algorithm(header.alg.chars().take(16).collect()));
-        }
         let sig = b64(sig)?;
         let signed = &token[..h.len() + 1 + c.len()];
-        ring::hmac::verify(&self.key, signed.as_bytes(), &sig)
-            .map_err(|_| TokenError::Signature)?;
-        let claims: Claims = serde_json::from_slice(&b64(c)?)
+        let body = b64(c)?;
+        match header.alg.as_str() {
+            "HS256" => {
+                let key = self
+                    .key
+                    .as_ref()
+                    .ok_or_else(|| TokenError::Algorithm("HS256".into()))?;
+                ring::hmac::verify(key, signed.as_bytes(), &sig)
+                    .map_err(|_| TokenError::Signature)?;
+            }
+            "RS256" | "ES256" => {
+                // Only `iss` is read before the signature is checked: it
+                // names the key set to check it with.
+                #[derive(Deserialize)]
+                struct Iss {
+                    iss: String,
+                }
+                let iss: Iss = serde_json::from_slice(&body)
+                    .map_err(|_| TokenError::Malformed("claims have no iss"))?;
+                let issuer = self
+                    .issuers
+                    .iter()
+                    .find(|i| i.iss == iss.iss)
+                    .ok_or(TokenError::Issuer)?;
+                if !issuer.verifies(&header.alg, header.kid.as_deref(), signed.as_bytes(), &sig) {
+                    return Err(TokenError::Signature);
+                }
+            }
+            other => return Err(TokenError::Algorithm(other.chars().take(16).collect())),
+        }
+        let claims: Claims = serde_json::from_slice(&body)
             .map_err(|_| TokenError::Malformed("claims are not the expected JSON"))?;
         if now > claims.exp.saturating_add(LEEWAY_S) {
             return Err(TokenError::Expired);
@@ -300,6 +463,8 @@ pub fn mint(psk: &[u8], claims: &Claims) -> String {
 #[derive(Deserialize)]
 struct Header {
     alg: String,
+    #[serde(default)]
+    kid: Option<String>,
 }
 
 /// The HMAC key tokens are signed with: derived from the pre-shared key
@@ -412,6 +577,68 @@ mod tests {
                 "{bad:.20}"
             );
         }
+    }
+
+    /// An ES256 token signed by `pair` for issuer `iss`.
+    fn es256(pair: &ring::signature::EcdsaKeyPair, kid: &str, claims: &Claims) -> String {
+        let enc = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let header = enc(format!(r#"{{"alg":"ES256","typ":"JWT","kid":"{kid}"}}"#).as_bytes());
+        let body = enc(&serde_json::to_vec(claims).unwrap());
+        let signed = format!("{header}.{body}");
+        let rng = ring::rand::SystemRandom::new();
+        let sig = pair.sign(&rng, signed.as_bytes()).unwrap();
+        format!("{signed}.{}", enc(sig.as_ref()))
+    }
+
+    fn p256() -> (ring::signature::EcdsaKeyPair, String) {
+        use ring::signature::KeyPair;
+        let rng = ring::rand::SystemRandom::new();
+        let alg = &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+        let pkcs8 = ring::signature::EcdsaKeyPair::generate_pkcs8(alg, &rng).unwrap();
+        let pair = ring::signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).unwrap();
+        let p = pair.public_key().as_ref().to_vec();
+        let enc = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let jwks = format!(
+            r#"{{"keys":[{{"kty":"oct","k":"x"}},{{"kty":"EC","crv":"P-256","kid":"k1","x":"{}","y":"{}"}}]}}"#,
+            enc(&p[1..33]),
+            enc(&p[33..65])
+        );
+        (pair, jwks)
+    }
+
+    #[test]
+    fn an_external_issuers_es256_token_verifies_under_its_jwks_only() {
+        let (pair, jwks) = p256();
+        let iss = "https://iam.example/";
+        let issuer = Issuer::from_jwks(iss, jwks.as_bytes()).unwrap();
+        let v = Verifier::issuers_only(vec!["fatpipe".into()]).trust(issuer);
+        let mut c = claims("storage.read:/data", "fatpipe", 2000);
+        c.iss = iss.into();
+        let t = es256(&pair, "k1", &c);
+        assert!(v.verify(&t, 1500).unwrap().allows(Perm::Read, "/data/x"));
+        assert_eq!(
+            v.verify(&es256(&pair, "other", &c), 1500),
+            Err(TokenError::Signature)
+        );
+        let mut stranger = c.clone();
+        stranger.iss = "https://elsewhere.example/".into();
+        assert_eq!(
+            v.verify(&es256(&pair, "k1", &stranger), 1500),
+            Err(TokenError::Issuer)
+        );
+        let (other_pair, _) = p256();
+        assert_eq!(
+            v.verify(&es256(&other_pair, "k1", &c), 1500),
+            Err(TokenError::Signature)
+        );
+        // The server's own tokens need its key, which this one lacks.
+        let own = mint(PSK, &claims("storage.read:/", "fatpipe", 2000));
+        assert!(matches!(
+            v.verify(&own, 1500),
+            Err(TokenError::Algorithm(_))
+        ));
+        assert!(Issuer::from_jwks(iss, br#"{"keys":[{"kty":"oct","k":"x"}]}"#).is_err());
+        assert!(Issuer::from_jwks(iss, b"[]").is_err());
     }
 
     #[test]

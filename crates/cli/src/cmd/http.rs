@@ -28,6 +28,11 @@ pub struct HttpArgs {
     /// "fatpipe"; the WLCG "any" audience is always accepted).
     #[arg(long = "http-audience", requires = "http", value_name = "AUD")]
     pub audiences: Vec<String>,
+    /// Trust bearer tokens of an external issuer (repeatable): tokens whose
+    /// `iss` is ISS, signed RS256 or ES256 by a key of the JWKS file
+    /// (e.g. the issuer's jwks_uri document, saved).
+    #[arg(long = "http-issuer", requires = "http", value_name = "ISS=JWKS_FILE")]
+    pub issuers: Vec<String>,
     /// Checksums computed while an upload is written and kept with the
     /// file (others are computed on the first request and kept).
     #[arg(
@@ -68,7 +73,21 @@ pub fn bind(
     } else {
         args.audiences.clone()
     };
-    cfg.tokens = key.map(|k| token::Verifier::new(k.as_bytes(), audiences));
+    let mut verifier = match key {
+        Some(k) => Some(token::Verifier::new(k.as_bytes(), audiences)),
+        None if !args.issuers.is_empty() => Some(token::Verifier::issuers_only(audiences)),
+        None => None,
+    };
+    for spec in &args.issuers {
+        let usage = |m: String| crate::exit::usage(format!("--http-issuer {spec}: {m}"));
+        let (iss, file) = spec
+            .split_once('=')
+            .ok_or_else(|| usage("expected ISS=JWKS_FILE".into()))?;
+        let doc = std::fs::read(file).map_err(|e| usage(e.to_string()))?;
+        let issuer = token::Issuer::from_jwks(iss, &doc).map_err(usage)?;
+        verifier = verifier.map(|v| v.trust(issuer));
+    }
+    cfg.tokens = verifier;
     let listener = TcpListener::bind(addr)
         .map_err(|e| crate::exit::usage(format!("--http: bind {addr}: {e}")))?;
     Ok(Some(Bound {

@@ -674,3 +674,134 @@ fn http_gfal_copy_streams_in_and_out_with_adler32_and_a_token() {
     assert_ne!(out.status.code(), Some(0));
     assert!(!export.join("other.bin").exists());
 }
+
+/// Base64url without padding (RFC 4648 §5), as JWTs use it.
+fn b64url(data: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let n = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=c.len() {
+            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// An RS256 JWT for `claims`, signed by the RSA key in `pem` with the
+/// openssl CLI (the test's independent signer).
+fn rs256(dir: &Path, pem: &Path, kid: &str, claims: &str) -> String {
+    let signed = format!(
+        "{}.{}",
+        b64url(format!(r#"{{"alg":"RS256","typ":"JWT","kid":"{kid}"}}"#).as_bytes()),
+        b64url(claims.as_bytes())
+    );
+    let input = dir.join("signed.txt");
+    std::fs::write(&input, &signed).unwrap();
+    let sig = dir.join("sig.bin");
+    let out = run(Command::new("openssl")
+        .args(["dgst", "-sha256", "-sign"])
+        .arg(pem)
+        .arg("-out")
+        .arg(&sig)
+        .arg(&input));
+    assert_exit(&out, 0);
+    format!("{signed}.{}", b64url(&std::fs::read(&sig).unwrap()))
+}
+
+#[test]
+fn http_tokens_of_an_external_issuer_verify_against_its_jwks() {
+    if !have("curl") || !have("openssl") {
+        return skip("curl or openssl is not installed");
+    }
+    let dir = setup();
+    let (pem, other) = (dir.path().join("rsa.pem"), dir.path().join("other.pem"));
+    for p in [&pem, &other] {
+        let out = run(Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(p));
+        assert_exit(&out, 0);
+    }
+    let out = run(Command::new("openssl")
+        .args(["rsa", "-noout", "-modulus", "-in"])
+        .arg(&pem));
+    assert_exit(&out, 0);
+    let hex = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("Modulus=")
+        .to_string();
+    let n: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(
+        &jwks,
+        format!(r#"{{"keys":[{{"kty":"RSA","kid":"t1","alg":"RS256","use":"sig","n":"{}","e":"AQAB"}}]}}"#, b64url(&n)),
+    )
+    .unwrap();
+    let export = crate::util::mkdir(&dir.path().join("data"));
+    let spec = format!("data={}", export.display());
+    let issuer = format!("https://iam.test/={}", jwks.display());
+    let s = server(&dir, &["--export", &spec, "--http-issuer", &issuer]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = |iss: &str, scope: &str| {
+        format!(
+            r#"{{"iss":"{iss}","sub":"bob","aud":"https://wlcg.cern.ch/jwt/v1/any","exp":{},"iat":{now},"scope":"{scope}","wlcg.ver":"1.0"}}"#,
+            now + 600
+        )
+    };
+    let src = dir.path().join("f");
+    std::fs::write(&src, b"from an external issuer").unwrap();
+    let put = |token: &str, name: &str| {
+        let auth = format!("Authorization: Bearer {token}");
+        let url = format!("http://{}/data/{name}", s.addr);
+        curl(&["-T", src.to_str().unwrap(), "-H", &auth, &url])
+    };
+    let good = rs256(
+        dir.path(),
+        &pem,
+        "t1",
+        &claims("https://iam.test/", "storage.create:/data"),
+    );
+    assert_eq!(put(&good, "a").0, 201);
+    assert_eq!(
+        std::fs::read(export.join("a")).unwrap(),
+        b"from an external issuer"
+    );
+    let forged = rs256(
+        dir.path(),
+        &other,
+        "t1",
+        &claims("https://iam.test/", "storage.create:/data"),
+    );
+    assert_eq!(put(&forged, "b").0, 401, "signed by a key not in the JWKS");
+    let stranger = rs256(
+        dir.path(),
+        &pem,
+        "t1",
+        &claims("https://other.test/", "storage.create:/data"),
+    );
+    assert_eq!(put(&stranger, "b").0, 401, "an issuer not trusted");
+    let narrow = rs256(
+        dir.path(),
+        &pem,
+        "t1",
+        &claims("https://iam.test/", "storage.read:/data"),
+    );
+    assert_eq!(put(&narrow, "b").0, 403);
+    assert!(!export.join("b").exists());
+}
