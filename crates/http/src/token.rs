@@ -19,7 +19,9 @@
 //! its `kid` the key. No other algorithm is accepted (no `none`, no HMAC
 //! under a public key), the signature is checked before any claim but
 //! `iss` is believed, and the whole token is capped at [`MAX_TOKEN`]
-//! bytes. The server verifies both with one [`Verifier`].
+//! bytes. Simple sites can also list static tokens with their scopes in a
+//! file (`--http-token-file`, [`parse_token_file`]), kept as SHA-256
+//! hashes. The server verifies all of them with one [`Verifier`].
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -326,12 +328,71 @@ impl Issuer {
     }
 }
 
-/// Checks tokens against the server's key, the trusted issuers and the
-/// audiences.
+/// The shortest static token accepted from a token file.
+pub const MIN_STATIC: usize = 16;
+
+/// A static token of a token file (`--http-token-file`): kept as its
+/// SHA-256, with the scopes it grants. For simple sites: such a token
+/// never expires; it is revoked by removing its line.
+#[derive(Debug, Clone)]
+pub struct StaticToken {
+    hash: [u8; 32],
+    scopes: Vec<Scope>,
+    name: String,
+}
+
+/// Parses a token file: one token per line, `TOKEN SCOPE [SCOPE...]`
+/// (scopes as in JWTs: `storage.read:/data`), `#` comments and blank lines
+/// ignored. Every error names its line.
+pub fn parse_token_file(text: &str) -> Result<Vec<StaticToken>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_ascii_whitespace();
+        let token = words.next().unwrap_or_default();
+        if token.len() < MIN_STATIC {
+            return Err(format!(
+                "line {}: a token of at least {MIN_STATIC} characters first",
+                i + 1
+            ));
+        }
+        let mut scopes = Vec::new();
+        for w in words {
+            scopes.push(Scope::parse(w).ok_or_else(|| {
+                format!(
+                    "line {}: '{w}' is not a storage.read/create/modify:/PATH scope",
+                    i + 1
+                )
+            })?);
+        }
+        if scopes.is_empty() {
+            return Err(format!("line {}: the token grants no scope", i + 1));
+        }
+        out.push(StaticToken {
+            hash: sha256(token.as_bytes()),
+            scopes,
+            name: format!("static token of line {}", i + 1),
+        });
+    }
+    Ok(out)
+}
+
+fn sha256(b: &[u8]) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, b).as_ref());
+    h
+}
+
+/// Checks tokens against the server's key, the trusted issuers, the static
+/// tokens and the audiences.
 #[derive(Clone)]
 pub struct Verifier {
     key: Option<ring::hmac::Key>,
     issuers: Vec<Issuer>,
+    statics: Vec<StaticToken>,
     audiences: Vec<String>,
 }
 
@@ -355,18 +416,26 @@ impl Verifier {
         Verifier {
             key: Some(token_key(psk)),
             issuers: Vec::new(),
+            statics: Vec::new(),
             audiences,
         }
     }
 
-    /// A verifier of external issuers' tokens only (a server without a
-    /// pre-shared key).
-    pub fn issuers_only(audiences: Vec<String>) -> Verifier {
+    /// A verifier of external issuers' and static tokens only (a server
+    /// without a pre-shared key).
+    pub fn without_key(audiences: Vec<String>) -> Verifier {
         Verifier {
             key: None,
             issuers: Vec::new(),
+            statics: Vec::new(),
             audiences,
         }
+    }
+
+    /// Also accepts these static tokens.
+    pub fn with_static(mut self, tokens: Vec<StaticToken>) -> Verifier {
+        self.statics.extend(tokens);
+        self
     }
 
     /// Also trusts `issuer`'s tokens.
@@ -379,6 +448,15 @@ impl Verifier {
     pub fn verify(&self, token: &str, now: u64) -> Result<Grant, TokenError> {
         if token.len() > MAX_TOKEN {
             return Err(TokenError::Malformed("too long"));
+        }
+        if !self.statics.is_empty() {
+            let h = sha256(token.as_bytes());
+            if let Some(st) = self.statics.iter().find(|s| s.hash == h) {
+                return Ok(Grant {
+                    scopes: st.scopes.clone(),
+                    sub: st.name.clone(),
+                });
+            }
         }
         let mut parts = token.split('.');
         let (Some(h), Some(c), Some(sig), None) =
@@ -611,7 +689,7 @@ mod tests {
         let (pair, jwks) = p256();
         let iss = "https://iam.example/";
         let issuer = Issuer::from_jwks(iss, jwks.as_bytes()).unwrap();
-        let v = Verifier::issuers_only(vec!["fatpipe".into()]).trust(issuer);
+        let v = Verifier::without_key(vec!["fatpipe".into()]).trust(issuer);
         let mut c = claims("storage.read:/data", "fatpipe", 2000);
         c.iss = iss.into();
         let t = es256(&pair, "k1", &c);
@@ -639,6 +717,25 @@ mod tests {
         ));
         assert!(Issuer::from_jwks(iss, br#"{"keys":[{"kty":"oct","k":"x"}]}"#).is_err());
         assert!(Issuer::from_jwks(iss, b"[]").is_err());
+    }
+
+    #[test]
+    fn static_tokens_grant_their_line_and_nothing_else() {
+        let file = "# site tokens\n\nreader-0123456789abcdef storage.read:/data\n\
+                    writer-0123456789abcdef storage.modify:/data/in storage.read:/data/in\n";
+        let v = Verifier::without_key(vec![]).with_static(parse_token_file(file).unwrap());
+        let g = v.verify("reader-0123456789abcdef", 0).unwrap();
+        assert!(g.allows(Perm::Read, "/data/x") && !g.allows(Perm::Create, "/data/x"));
+        let g = v.verify("writer-0123456789abcdef", 0).unwrap();
+        assert!(g.allows(Perm::Modify, "/data/in/x") && !g.allows(Perm::Read, "/data/x"));
+        assert!(v.verify("reader-0123456789abcdeX", 0).is_err());
+        assert!(parse_token_file("short storage.read:/")
+            .unwrap_err()
+            .contains("line 1"));
+        assert!(parse_token_file("0123456789abcdefgh")
+            .unwrap_err()
+            .contains("no scope"));
+        assert!(parse_token_file("0123456789abcdefgh storage.write:/").is_err());
     }
 
     #[test]

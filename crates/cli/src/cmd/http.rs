@@ -33,6 +33,11 @@ pub struct HttpArgs {
     /// (e.g. the issuer's jwks_uri document, saved).
     #[arg(long = "http-issuer", requires = "http", value_name = "ISS=JWKS_FILE")]
     pub issuers: Vec<String>,
+    /// Accept the static bearer tokens of FILE: lines `TOKEN SCOPE...`
+    /// (e.g. `0f3a…e1 storage.read:/data`), for sites without a token
+    /// issuer; they never expire (remove the line and restart to revoke).
+    #[arg(long, requires = "http", value_name = "FILE")]
+    pub http_token_file: Option<PathBuf>,
     /// Checksums computed while an upload is written and kept with the
     /// file (others are computed on the first request and kept).
     #[arg(
@@ -75,7 +80,9 @@ pub fn bind(
     };
     let mut verifier = match key {
         Some(k) => Some(token::Verifier::new(k.as_bytes(), audiences)),
-        None if !args.issuers.is_empty() => Some(token::Verifier::issuers_only(audiences)),
+        None if !args.issuers.is_empty() || args.http_token_file.is_some() => {
+            Some(token::Verifier::without_key(audiences))
+        }
         None => None,
     };
     for spec in &args.issuers {
@@ -86,6 +93,13 @@ pub fn bind(
         let doc = std::fs::read(file).map_err(|e| usage(e.to_string()))?;
         let issuer = token::Issuer::from_jwks(iss, &doc).map_err(usage)?;
         verifier = verifier.map(|v| v.trust(issuer));
+    }
+    if let Some(path) = &args.http_token_file {
+        let usage =
+            |m: String| crate::exit::usage(format!("--http-token-file {}: {m}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| usage(e.to_string()))?;
+        let tokens = token::parse_token_file(&text).map_err(usage)?;
+        verifier = verifier.map(|v| v.with_static(tokens));
     }
     cfg.tokens = verifier;
     let listener = TcpListener::bind(addr)

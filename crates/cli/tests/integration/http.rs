@@ -805,3 +805,61 @@ fn http_tokens_of_an_external_issuer_verify_against_its_jwks() {
     assert_eq!(put(&narrow, "b").0, 403);
     assert!(!export.join("b").exists());
 }
+
+#[test]
+fn http_static_tokens_of_a_token_file() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    let dir = setup();
+    let export = crate::util::mkdir(&dir.path().join("data"));
+    let file = dir.path().join("tokens");
+    std::fs::write(
+        &file,
+        "# writer of /data/in\nw-4f1c2a9e7b3d8e60 storage.create:/data/in\n",
+    )
+    .unwrap();
+    crate::util::mkdir(&export.join("in"));
+    let spec = format!("data={}", export.display());
+    let s = server(
+        &dir,
+        &[
+            "--export",
+            &spec,
+            "--http-token-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    let src = dir.path().join("f");
+    std::fs::write(&src, b"static").unwrap();
+    let put = |token: &str, p: &str| {
+        let auth = format!("Authorization: Bearer {token}");
+        curl(&[
+            "-T",
+            src.to_str().unwrap(),
+            "-H",
+            &auth,
+            &format!("http://{}/data/{p}", s.addr),
+        ])
+        .0
+    };
+    assert_eq!(put("w-4f1c2a9e7b3d8e60", "in/a"), 201);
+    assert_eq!(put("w-4f1c2a9e7b3d8e60", "other"), 403);
+    assert_eq!(put("w-4f1c2a9e7b3d8e6X", "in/b"), 401);
+    assert!(!export.join("in/b").exists() && !export.join("other").exists());
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, "short storage.read:/\n").unwrap();
+    let out = run(dir
+        .cmd()
+        .args([
+            "server",
+            "--port",
+            "0",
+            "--http",
+            "127.0.0.1:0",
+            "--http-token-file",
+        ])
+        .arg(&bad));
+    assert_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
+}
