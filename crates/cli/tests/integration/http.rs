@@ -863,3 +863,86 @@ fn http_static_tokens_of_a_token_file() {
     assert_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 1"));
 }
+
+#[test]
+fn http_offsets_past_4_gib_are_served_exactly() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    let dir = setup();
+    let export = crate::util::mkdir(&dir.path().join("pub"));
+    // A sparse 5 GiB file with markers past the 4 GiB boundary.
+    let size: u64 = 5 * (1 << 30) + 17;
+    let f = std::fs::File::create(export.join("big")).unwrap();
+    f.set_len(size).unwrap();
+    use std::os::unix::fs::FileExt;
+    let at: u64 = (1 << 32) + 1000;
+    f.write_all_at(b"past four gibibytes", at).unwrap();
+    f.write_all_at(b"END", size - 3).unwrap();
+    drop(f);
+    let spec = format!("pub={}:public", export.display());
+    let s = server(&dir, &["--export", &spec]);
+    let url = format!("http://{}/pub/big", s.addr);
+    let (code, head) = curl(&["-I", &url]);
+    assert_eq!(code, 200);
+    assert_eq!(
+        header(&String::from_utf8_lossy(&head), "content-length"),
+        Some(size.to_string().as_str())
+    );
+    let r = format!("{at}-{}", at + 18);
+    let (code, body) = curl(&["-r", &r, &url]);
+    assert_eq!((code, body.as_slice()), (206, &b"past four gibibytes"[..]));
+    let (code, body) = curl(&["-r", "-3", &url]);
+    assert_eq!((code, body.as_slice()), (206, &b"END"[..]));
+    let (code, body) = curl(&["-X", "PROPFIND", "-H", "Depth: 0", &url]);
+    assert_eq!(code, 207);
+    assert!(String::from_utf8_lossy(&body).contains(&format!("<D:getcontentlength>{size}<")));
+}
+
+#[test]
+fn http_a_silent_connection_is_closed_at_the_preauth_deadline_and_sessions_are_capped() {
+    let dir = setup();
+    let export = crate::util::mkdir(&dir.path().join("pub"));
+    let spec = format!("pub={}:public", export.display());
+    let s = server(
+        &dir,
+        &[
+            "--export",
+            &spec,
+            "--preauth-timeout",
+            "1s",
+            "--max-sessions-per-source",
+            "1",
+        ],
+    );
+    // Says nothing: closed by the deadline (read sees the end, not our
+    // own 20 s timeout).
+    let mut quiet = TcpStream::connect(&s.addr).unwrap();
+    quiet
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    let n = quiet.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "nothing is answered to silence");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // One admitted keep-alive connection from this address; a second one
+    // is refused with the cap's name.
+    let mut first = TcpStream::connect(&s.addr).unwrap();
+    first
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(first, "OPTIONS /pub/ HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let n = first.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let mut second = TcpStream::connect(&s.addr).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(second, "OPTIONS /pub/ HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = second.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("--max-sessions-per-source"), "{answer}");
+    drop(first);
+}
