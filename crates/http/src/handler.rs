@@ -803,8 +803,10 @@ impl Upload {
             self.tmp_name = Some(tmp);
         }
         if let Some(tmp) = &self.tmp_name {
+            // A sidecar of the old file (where there are no xattrs) was
+            // already replaced by the new file's record (`digest::store`),
+            // and a stale one would not match the new size and mtime.
             parent.rename_at(tmp, name)?;
-            digest::forget(parent, name);
         }
         self.tmp_name = None;
         Ok(())
