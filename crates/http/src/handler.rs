@@ -620,6 +620,30 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
             "the name exists and is not a regular file",
         );
     }
+    // RFC 9110 preconditions: `If-None-Match: *` creates only,
+    // `If-Match: *` replaces only.
+    if existing.is_some()
+        && req
+            .headers()
+            .get(header::IF_NONE_MATCH)
+            .is_some_and(|v| v.as_bytes() == b"*")
+    {
+        return text(
+            StatusCode::PRECONDITION_FAILED,
+            "the file exists (If-None-Match: *)",
+        );
+    }
+    if existing.is_none()
+        && req
+            .headers()
+            .get(header::IF_MATCH)
+            .is_some_and(|v| v.as_bytes() == b"*")
+    {
+        return text(
+            StatusCode::PRECONDITION_FAILED,
+            "no such file to replace (If-Match: *)",
+        );
+    }
     let declared: Option<u64> = req
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -143,6 +143,23 @@ fn http_curl_put_get_ranges_checksums_and_webdav_on_a_public_export() {
     ]);
     assert_eq!(code, 204);
     assert_eq!(std::fs::read(export.join("a.bin")).unwrap(), data);
+    let (code, _) = curl(&[
+        "-T",
+        srcs,
+        "-H",
+        "If-None-Match: *",
+        &format!("{base}/a.bin"),
+    ]);
+    assert_eq!(code, 412, "create-only onto an existing file");
+    let (code, _) = curl(&[
+        "-T",
+        srcs,
+        "-H",
+        "If-Match: *",
+        &format!("{base}/nothing.bin"),
+    ]);
+    assert_eq!(code, 412, "replace-only onto nothing");
+    assert!(!export.join("nothing.bin").exists());
     let (code, body) = curl(&[&format!("{base}/a.bin")]);
     assert_eq!((code, body == data), (200, true));
 
