@@ -1280,7 +1280,13 @@ fn io_resp(e: &io::Error) -> Resp {
         K::NotFound => StatusCode::NOT_FOUND,
         K::PermissionDenied => StatusCode::FORBIDDEN,
         K::AlreadyExists => StatusCode::METHOD_NOT_ALLOWED,
-        K::NotADirectory | K::IsADirectory | K::DirectoryNotEmpty => StatusCode::CONFLICT,
+        // EINVAL from a rename is a directory moved into itself; EXDEV a
+        // mount point inside the export.
+        K::NotADirectory
+        | K::IsADirectory
+        | K::DirectoryNotEmpty
+        | K::InvalidInput
+        | K::CrossesDevices => StatusCode::CONFLICT,
         K::StorageFull | K::QuotaExceeded | K::FileTooLarge => StatusCode::INSUFFICIENT_STORAGE,
         _ if fatpipe_sys::is_escape(e) => StatusCode::FORBIDDEN,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -287,6 +287,9 @@ fn http_curl_put_get_ranges_checksums_and_webdav_on_a_public_export() {
     let (code, _) = curl(&["-X", "MOVE", "-H", &dest, &format!("{base}/a.bin")]);
     assert_eq!(code, 201);
     assert_eq!(std::fs::read(export.join("d/moved.bin")).unwrap(), data);
+    let into_itself = format!("Destination: {base}/d/inner");
+    let (code, _) = curl(&["-X", "MOVE", "-H", &into_itself, &format!("{base}/d")]);
+    assert_eq!(code, 409, "a directory cannot move into itself");
     let (code, _) = curl(&["-X", "DELETE", &format!("{base}/d")]);
     assert_eq!(code, 204);
     assert!(!export.join("d").exists());
