@@ -540,7 +540,12 @@ mod tests {
             ("http", "\"[::]:8443\""),
             ("tls-cert", "\"/etc/fatpipe/cert.pem\""),
             ("tls-key", "\"/etc/fatpipe/key.pem\""),
-            ("token-key-file", "\"/etc/fatpipe/token.key\""),
+            ("http-audience", "\"https://dtn1.example.org:8443\""),
+            (
+                "http-issuer",
+                "[\"https://iam.example.org/=/etc/fatpipe/iam.jwks\"]",
+            ),
+            ("http-token-file", "\"/etc/fatpipe/http-tokens\""),
         ];
         let cli = crate::Cli::command();
         let server = cli.find_subcommand("server").expect("a server subcommand");

@@ -45,6 +45,8 @@ enum Command {
     Archive(cmd::archive::Args),
     /// Make a pre-shared key file (`key new PATH`, mode 0600).
     Key(cmd::key::Args),
+    /// Mint a bearer token (WLCG scopes) for the server's HTTP port.
+    Token(cmd::http::TokenArgs),
     /// Print a shell completion script (bash, zsh, fish, …) for fatpipe.
     Completions(cmd::completions::CompletionsArgs),
     /// Print fatpipe's manual page (or write every page with --dir).
@@ -79,6 +81,7 @@ fn main() -> std::process::ExitCode {
         Command::Report(a) => cmd::report::run(a),
         Command::Archive(a) => cmd::archive::run(a),
         Command::Key(a) => cmd::key::run(a),
+        Command::Token(a) => cmd::http::mint(a),
         Command::Completions(a) => cmd::completions::completions(a, Cli::command()),
         Command::Man(a) => cmd::completions::man(a, Cli::command()),
     };

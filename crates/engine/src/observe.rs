@@ -124,6 +124,11 @@ pub trait Observer: Send + Sync + 'static {
     fn streams(&self, service: &'static str, delta: i64) {
         let _ = (service, delta);
     }
+    /// The HTTP port answered a request: its method (one of a fixed set,
+    /// `other` for the rest) and status code.
+    fn http_request(&self, method: &'static str, status: u16) {
+        let _ = (method, status);
+    }
     /// A test with `peer` finished; what the server saw of it.
     fn test_result(&self, service: &'static str, peer: IpAddr, summary: &TestSummary) {
         let _ = (service, peer, summary);

@@ -60,6 +60,7 @@ pub struct Metrics {
     auth_failures: Counter,
     bytes: Family<ServiceFlow, Counter>,
     active_streams: Family<ServiceLabel, Gauge>,
+    http_requests: Family<MethodCode, Counter>,
     peer_throughput: Family<PeerFlow, Gauge<f64, AtomicU64>>,
     peer_retransmits: Family<PeerFlow, Gauge>,
     peer_rtt: Family<PeerLabel, Gauge<f64, AtomicU64>>,
@@ -93,6 +94,12 @@ struct ReasonLabel {
 struct ServiceFlow {
     service: String,
     direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodCode {
+    method: String,
+    code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,6 +169,12 @@ impl Metrics {
             "Data streams open now, by service",
             active_streams.clone(),
         );
+        let http_requests = Family::<MethodCode, Counter>::default();
+        registry.register(
+            "http_requests",
+            "Requests the HTTP/WebDAV port answered, by method and status code",
+            http_requests.clone(),
+        );
         let peer_throughput = Family::<PeerFlow, Gauge<f64, AtomicU64>>::default();
         registry.register_with_unit(
             "peer_last_test_throughput",
@@ -197,6 +210,7 @@ impl Metrics {
             auth_failures,
             bytes,
             active_streams,
+            http_requests,
             peer_throughput,
             peer_retransmits,
             peer_rtt,
@@ -334,6 +348,15 @@ impl Observer for Metrics {
                 service: service.into(),
             })
             .inc_by(delta);
+    }
+
+    fn http_request(&self, method: &'static str, status: u16) {
+        self.http_requests
+            .get_or_create(&MethodCode {
+                method: method.into(),
+                code: status.to_string(),
+            })
+            .inc();
     }
 
     fn test_result(&self, service: &'static str, peer: IpAddr, s: &TestSummary) {

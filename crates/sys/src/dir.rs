@@ -142,6 +142,55 @@ pub fn rename_at(dir: impl AsFd, from: &[u8], to: &[u8]) -> io::Result<()> {
     Ok(rustix::fs::renameat(dir, f.as_c_str(), dir, t.as_c_str())?)
 }
 
+/// Atomically renames `from` in `from_dir` to `to` in `to_dir` (same file
+/// system); with `replace` false an existing `to` fails with
+/// `AlreadyExists` (`RENAME_NOREPLACE`) where the platform can say so,
+/// else it is checked first.
+pub fn rename_between(
+    from_dir: impl AsFd,
+    from: &[u8],
+    to_dir: impl AsFd,
+    to: &[u8],
+    replace: bool,
+) -> io::Result<()> {
+    let f = cstring(from)?;
+    let t = cstring(to)?;
+    if replace {
+        return Ok(rustix::fs::renameat(
+            from_dir,
+            f.as_c_str(),
+            to_dir,
+            t.as_c_str(),
+        )?);
+    }
+    match rustix::fs::renameat_with(
+        &from_dir,
+        f.as_c_str(),
+        &to_dir,
+        t.as_c_str(),
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {
+            if stat_at(&to_dir, to)?.is_some() {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            Ok(rustix::fs::renameat(
+                from_dir,
+                f.as_c_str(),
+                to_dir,
+                t.as_c_str(),
+            )?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Removes the empty directory `name` from `dir`.
+pub fn rmdir_at(dir: impl AsFd, name: &[u8]) -> io::Result<()> {
+    let c = cstring(name)?;
+    Ok(rustix::fs::unlinkat(dir, c.as_c_str(), AtFlags::REMOVEDIR)?)
+}
+
 /// Removes the file (not directory) `name` from `dir`.
 pub fn unlink_at(dir: impl AsFd, name: &[u8]) -> io::Result<()> {
     let c = cstring(name)?;

@@ -222,6 +222,40 @@ pub fn next_data(file: impl AsFd, offset: u64) -> io::Result<Option<u64>> {
     }
 }
 
+/// The value of extended attribute `name` of an open file (`fgetxattr`),
+/// at most `max` bytes; `None` when the file has no such attribute.
+/// `Unsupported` where the file system keeps no extended attributes (the
+/// caller keeps the value elsewhere).
+pub fn get_xattr(file: impl AsFd, name: &str, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; max];
+    match retry(|| rustix::fs::fgetxattr(&file, name, &mut buf[..])) {
+        Ok(n) => {
+            buf.truncate(n);
+            Ok(Some(buf))
+        }
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NODATA.raw_os_error()) => Ok(None),
+        Err(e) if is_unsupported(&e) => Err(io::Error::new(io::ErrorKind::Unsupported, e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets extended attribute `name` of an open file to `value`
+/// (`fsetxattr`, created or replaced). `Unsupported` where the file
+/// system keeps none.
+pub fn set_xattr(file: impl AsFd, name: &str, value: &[u8]) -> io::Result<()> {
+    match retry(|| rustix::fs::fsetxattr(&file, name, value, rustix::fs::XattrFlags::empty())) {
+        Err(e) if is_unsupported(&e) => Err(io::Error::new(io::ErrorKind::Unsupported, e)),
+        other => other,
+    }
+}
+
+/// `ENOTSUP`/`EOPNOTSUPP`: the file system has no (user) extended
+/// attributes.
+fn is_unsupported(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::NOTSUP.raw_os_error())
+        || e.raw_os_error() == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error())
+}
+
 /// Takes an exclusive advisory lock on the whole file (`flock`), released
 /// when its last descriptor closes. With `wait` false a lock held
 /// elsewhere fails at once with `WouldBlock`.

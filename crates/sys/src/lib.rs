@@ -43,6 +43,7 @@
 //! | `openat`/`statat`/`mkdirat`/`renameat`/... on one name (`dir`) | yes | yes |
 //! | `O_TMPFILE` and naming it through `/proc/self/fd` | yes | `Unsupported` (caller uses a temporary name) |
 //! | `fallocate`, `posix_fadvise`, hole punching | yes | size-only / no-op / `Unsupported` |
+//! | `fgetxattr`/`fsetxattr` (user.* extended attributes) | yes (rustix) | yes where the file system keeps them, else `Unsupported` |
 //! | `O_DIRECT` (`open_direct`) | yes, buffered on `EINVAL` | buffered |
 //! | `SEEK_DATA`, `flock`, `fsync` | yes | yes (where the system has `SEEK_DATA`) |
 //! | free space and mount of a directory (`fs_space`: `fstatvfs`, mountinfo) | yes | yes, without the mount where there is no `/proc/self/mountinfo` |

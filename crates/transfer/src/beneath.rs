@@ -183,6 +183,18 @@ impl Dir {
         dir::link_unnamed(file, &self.fd, name)
     }
 
+    /// Renames `from` in this directory to `to` in `dest` (the same file
+    /// system); with `replace` false an existing `to` fails with
+    /// `AlreadyExists`.
+    pub fn rename_to(&self, from: &[u8], dest: &Dir, to: &[u8], replace: bool) -> io::Result<()> {
+        dir::rename_between(&self.fd, from, &dest.fd, to, replace)
+    }
+
+    /// Removes the empty directory `name`.
+    pub fn rmdir_at(&self, name: &[u8]) -> io::Result<()> {
+        dir::rmdir_at(&self.fd, name)
+    }
+
     /// Removes the file (not directory) `name`; a missing name is fine.
     pub fn unlink_at(&self, name: &[u8]) -> io::Result<()> {
         match dir::unlink_at(&self.fd, name) {

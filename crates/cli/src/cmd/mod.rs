@@ -5,6 +5,7 @@ pub mod common;
 pub mod completions;
 pub mod copy;
 pub mod demo;
+pub mod http;
 pub mod iperf3;
 pub mod key;
 pub mod lab;

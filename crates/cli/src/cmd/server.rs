@@ -4,7 +4,8 @@
 //! `listening on IP:PORT` as its first stdout line (scripts and tests read
 //! it as "ready": every port is bound and a signal drains; with `--port 0` it is how they learn the port; with
 //! `--metrics`, `metrics on IP:PORT` follows, then with `--iperf3-port`
-//! `iperf3 listening on IP:PORT`), then serves until SIGTERM or
+//! `iperf3 listening on IP:PORT`, then with `--http` `http listening on
+//! IP:PORT`), then serves until SIGTERM or
 //! SIGINT, on which it drains every port (the engine refuses new sessions,
 //! running tests, iperf3's too, end with "the server is shutting down",
 //! sessions left after `--drain-timeout` are closed with that reason) and
@@ -91,6 +92,8 @@ pub struct Args {
     pub drain_timeout: String,
     #[command(flatten)]
     pub metrics: super::metrics::MetricsArgs,
+    #[command(flatten)]
+    pub http: super::http::HttpArgs,
     /// Also serve stock iperf3 clients on this port (TCP and UDP; 5201 is
     /// iperf3's; 0 picks one, printed on the second line). Off unless
     /// given; no key applies there (docs/iperf3.md).
@@ -153,6 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
     .map_err(|e| crate::exit::usage(e.to_string()))?;
     let metrics = super::metrics::bind(&args.metrics, key.clone(), logger.clone())?;
+    let http = super::http::bind(&args.http, &args.exports, key.as_ref())?;
     let iperf3 = match args.iperf3_port {
         Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
         None => None,
@@ -182,6 +186,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .min(fatpipe_iperf3::server::MAX_HANDSHAKES_PER_SOURCE),
         );
         builder = builder.front_end(listener, Arc::new(port), caps);
+    }
+    if let Some(h) = http {
+        addrs.push(format!(
+            "http listening on {}{}",
+            h.addr,
+            if h.tls { " (https)" } else { "" }
+        ));
+        builder = builder.front_end(h.listener, Arc::new(h.port), fatpipe_http::CAPS);
     }
     let server = builder
         .service(TestService)
@@ -216,6 +228,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut services = server.services();
         if args.iperf3_port.is_some() {
             services.push(fatpipe_iperf3::server::SERVICE);
+        }
+        if args.http.http.is_some() {
+            services.push(fatpipe_http::SERVICE);
         }
         registry.declare_services(&services);
     }

@@ -15,6 +15,7 @@ mod demo;
 mod encrypt;
 mod flood;
 mod harden;
+mod http;
 mod iperf3;
 mod lab;
 mod lab_copy;

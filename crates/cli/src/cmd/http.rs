@@ -1,0 +1,182 @@
+//! `fatpipe server --http ADDR` (the flags of the HTTP/WebDAV port and its
+//! wiring; the port itself is `fatpipe-http`'s) and `fatpipe token`, which
+//! mints the bearer tokens that port verifies (docs/http.md).
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+
+use fatpipe_http::token::{self, Audience, Claims};
+use fatpipe_http::{Config, HttpPort};
+use fatpipe_schema::units;
+
+/// The HTTP flags of `fatpipe server`.
+#[derive(Debug, clap::Args)]
+pub struct HttpArgs {
+    /// Serve the exports over HTTP/WebDAV on ADDR (HTTPS with --tls-cert
+    /// and --tls-key), e.g. 0.0.0.0:8443; port 0 picks one (printed as
+    /// `http listening on IP:PORT`). Export NAME is at /NAME/; :public
+    /// exports need no token, the others a bearer token (fatpipe token).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// The HTTPS certificate chain (PEM).
+    #[arg(long, requires_all = ["http", "tls_key"], value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The HTTPS private key (PEM).
+    #[arg(long, requires_all = ["http", "tls_cert"], value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// A token audience (`aud`) this server accepts (repeatable; default
+    /// "fatpipe"; the WLCG "any" audience is always accepted).
+    #[arg(long = "http-audience", requires = "http", value_name = "AUD")]
+    pub audiences: Vec<String>,
+    /// Trust bearer tokens of an external issuer (repeatable): tokens whose
+    /// `iss` is ISS, signed RS256 or ES256 by a key of the JWKS file
+    /// (e.g. the issuer's jwks_uri document, saved).
+    #[arg(long = "http-issuer", requires = "http", value_name = "ISS=JWKS_FILE")]
+    pub issuers: Vec<String>,
+    /// Accept the static bearer tokens of FILE: lines `TOKEN SCOPE...`
+    /// (e.g. `0f3a…e1 storage.read:/data`), for sites without a token
+    /// issuer; they never expire (remove the line and restart to revoke).
+    #[arg(long, requires = "http", value_name = "FILE")]
+    pub http_token_file: Option<PathBuf>,
+    /// Checksums computed while an upload is written and kept with the
+    /// file (others are computed on the first request and kept).
+    #[arg(
+        long,
+        requires = "http",
+        default_value = "adler32,crc32c",
+        value_name = "LIST"
+    )]
+    pub http_checksums: String,
+}
+
+/// The bound HTTP port.
+pub struct Bound {
+    pub addr: SocketAddr,
+    pub listener: TcpListener,
+    pub port: HttpPort,
+    pub tls: bool,
+}
+
+/// Binds the port (before the server runs, so a bad address, certificate
+/// or export is a usage error), if `--http` asked.
+pub fn bind(
+    args: &HttpArgs,
+    exports: &[String],
+    key: Option<&fatpipe_proto::Key>,
+) -> anyhow::Result<Option<Bound>> {
+    let Some(addr) = args.http else {
+        return Ok(None);
+    };
+    let usage = |e: fatpipe_http::SetupError| crate::exit::usage(e.to_string());
+    let mut cfg = Config::new(exports).map_err(usage)?;
+    cfg.inline_checksums(&args.http_checksums).map_err(usage)?;
+    if let (Some(cert), Some(k)) = (&args.tls_cert, &args.tls_key) {
+        cfg.tls = Some(fatpipe_http::load_tls(cert, k).map_err(usage)?);
+    }
+    let audiences = if args.audiences.is_empty() {
+        vec![token::DEFAULT_AUDIENCE.to_string()]
+    } else {
+        args.audiences.clone()
+    };
+    let mut verifier = match key {
+        Some(k) => Some(token::Verifier::new(k.as_bytes(), audiences)),
+        None if !args.issuers.is_empty() || args.http_token_file.is_some() => {
+            Some(token::Verifier::without_key(audiences))
+        }
+        None => None,
+    };
+    for spec in &args.issuers {
+        let usage = |m: String| crate::exit::usage(format!("--http-issuer {spec}: {m}"));
+        let (iss, file) = spec
+            .split_once('=')
+            .ok_or_else(|| usage("expected ISS=JWKS_FILE".into()))?;
+        let doc = std::fs::read(file).map_err(|e| usage(e.to_string()))?;
+        let issuer = token::Issuer::from_jwks(iss, &doc).map_err(usage)?;
+        verifier = verifier.map(|v| v.trust(issuer));
+    }
+    if let Some(path) = &args.http_token_file {
+        let usage =
+            |m: String| crate::exit::usage(format!("--http-token-file {}: {m}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| usage(e.to_string()))?;
+        let tokens = token::parse_token_file(&text).map_err(usage)?;
+        verifier = verifier.map(|v| v.with_static(tokens));
+    }
+    cfg.tokens = verifier;
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| crate::exit::usage(format!("--http: bind {addr}: {e}")))?;
+    Ok(Some(Bound {
+        addr: listener.local_addr()?,
+        listener,
+        tls: cfg.tls.is_some(),
+        port: HttpPort::new(cfg),
+    }))
+}
+
+/// Arguments of `fatpipe token`.
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    /// The server's pre-shared key (its --key-file): tokens are signed
+    /// with a key derived from it.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: PathBuf,
+    /// A WLCG storage scope (repeatable): storage.read:/PATH,
+    /// storage.create:/PATH or storage.modify:/PATH, where /PATH is the
+    /// URL path (/EXPORT/dir; / is every export).
+    #[arg(long = "scope", required = true, value_name = "SCOPE")]
+    pub scopes: Vec<String>,
+    /// The audience (`aud`): a name the server accepts (--http-audience).
+    #[arg(long, default_value = token::DEFAULT_AUDIENCE, value_name = "AUD")]
+    pub aud: String,
+    /// How long the token is valid.
+    #[arg(long, default_value = "1h", value_name = "DURATION")]
+    pub lifetime: String,
+    /// The subject (`sub`): who the token is for (shown in the log).
+    #[arg(long, default_value = "fatpipe-user", value_name = "NAME")]
+    pub sub: String,
+    /// When the token's validity starts (`iat`, `nbf`), in seconds since
+    /// the epoch; default now.
+    #[arg(long, value_name = "UNIX_SECONDS")]
+    pub issued_at: Option<u64>,
+    /// Print the claims as JSON on stderr as well.
+    #[arg(long)]
+    pub show: bool,
+}
+
+/// Prints one token on stdout.
+pub fn mint(args: TokenArgs) -> anyhow::Result<()> {
+    let key =
+        fatpipe_engine::load_key(&args.key_file).map_err(|e| crate::exit::usage(e.to_string()))?;
+    let lifetime = units::parse_duration(&args.lifetime)
+        .map_err(|e| crate::exit::usage(format!("--lifetime: {e}")))?;
+    for s in &args.scopes {
+        if token::Scope::parse(s).is_none() {
+            return Err(crate::exit::usage(format!(
+                "--scope '{s}': expected storage.read:/PATH, storage.create:/PATH or storage.modify:/PATH"
+            )));
+        }
+    }
+    let now = match args.issued_at {
+        Some(t) => t,
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    };
+    let mut jti = [0u8; 12];
+    getrandom::fill(&mut jti).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+    let claims = Claims {
+        iss: token::ISSUER.into(),
+        sub: args.sub,
+        aud: Audience::One(args.aud),
+        exp: now + lifetime.as_secs().max(1),
+        nbf: Some(now),
+        iat: now,
+        jti: jti.iter().map(|b| format!("{b:02x}")).collect(),
+        scope: args.scopes.join(" "),
+        wlcg_ver: "1.0".into(),
+    };
+    if args.show {
+        eprintln!("{}", serde_json::to_string_pretty(&claims)?);
+    }
+    println!("{}", token::mint(key.as_bytes(), &claims));
+    Ok(())
+}
