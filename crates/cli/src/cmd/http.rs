@@ -69,6 +69,16 @@ pub fn bind(
     };
     let usage = |e: fatpipe_http::SetupError| crate::exit::usage(e.to_string());
     let mut cfg = Config::new(exports).map_err(usage)?;
+    for spec in exports {
+        if let Ok(e) = spec.parse::<fatpipe_transfer::session::Export>() {
+            if e.encrypted {
+                eprintln!(
+                    "fatpipe: server: export '{}' is :encrypted (the copy protocol's encryption): not served over --http",
+                    e.name
+                );
+            }
+        }
+    }
     cfg.inline_checksums(&args.http_checksums).map_err(usage)?;
     if let (Some(cert), Some(k)) = (&args.tls_cert, &args.tls_key) {
         cfg.tls = Some(fatpipe_http::load_tls(cert, k).map_err(usage)?);
