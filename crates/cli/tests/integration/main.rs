@@ -15,6 +15,7 @@ mod encrypt;
 mod flood;
 mod harden;
 mod http;
+mod http_client;
 mod iperf3;
 mod lab;
 mod lab_copy;
