@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use fatpipe_archive::RunKind;
 use fatpipe_http::client::{self, get, put, ClientError, Options, Url};
 use fatpipe_proto::escape;
-use fatpipe_schema::copy::{CopyDirection, CopyReport, CopyTimeline, COPY_SCHEMA, COPY_SCHEMA_VERSION};
+use fatpipe_schema::copy::{
+    CopyDirection, CopyReport, CopyTimeline, COPY_SCHEMA, COPY_SCHEMA_VERSION,
+};
 use fatpipe_schema::tune::Action;
 use fatpipe_schema::units;
 use fatpipe_transfer::Progress;
@@ -36,7 +38,9 @@ const MAX_TOKEN: usize = 16 * 1024;
 
 /// Whether any path of the copy is an HTTP(S)/WebDAV URL.
 pub fn applies(args: &Args) -> bool {
-    args.paths.iter().any(|p| client::is_url(p.as_encoded_bytes()))
+    args.paths
+        .iter()
+        .any(|p| client::is_url(p.as_encoded_bytes()))
 }
 
 fn usage(e: ClientError) -> anyhow::Error {
@@ -51,7 +55,8 @@ fn usage(e: ClientError) -> anyhow::Error {
 fn token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let (text, from) = match file {
         Some(f) => (
-            read_token(f).map_err(|e| crate::exit::usage(format!("--token {}: {e}", f.display())))?,
+            read_token(f)
+                .map_err(|e| crate::exit::usage(format!("--token {}: {e}", f.display())))?,
             format!("--token {}", f.display()),
         ),
         None => match std::env::var(TOKEN_ENV) {
@@ -116,10 +121,8 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         if !client::is_url(p.as_encoded_bytes()) {
             return Ok(None);
         }
-        let s = p
-            .to_str()
-            .ok_or_else(|| u("a URL must be valid text"))?;
-        Url::parse(s).map(Some).map_err(|e| crate::exit::usage(e))
+        let s = p.to_str().ok_or_else(|| u("a URL must be valid text"))?;
+        Url::parse(s).map(Some).map_err(crate::exit::usage)
     };
     match (parse(src)?, parse(dst)?) {
         (Some(_), Some(_)) => Err(u(
@@ -205,14 +208,16 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
     let quiet = args.quiet;
     let outcome = match &job {
         Job::Pull { url, dest } => {
-            let connections = args
-                .parallel
-                .map_or(DEFAULT_CONNECTIONS, u32::from);
+            let connections = args.parallel.map_or(DEFAULT_CONNECTIONS, u32::from);
             let req = get::Request {
                 url: url.clone(),
                 dest: dest.clone(),
                 connections,
-                max_connections: if auto_on { get::MAX_CONNECTIONS } else { connections },
+                max_connections: if auto_on {
+                    get::MAX_CONNECTIONS
+                } else {
+                    connections
+                },
                 bwlimit,
             };
             get::Download::start(req, &opts, Arc::clone(&progress)).and_then(|d| {
@@ -235,7 +240,7 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
                     let mut d = driver.lock().unwrap_or_else(|e| e.into_inner());
                     d.run(s, &mut |e| print_event(&e, quiet));
                 };
-                d.run(auto_on.then_some(&tune as &(dyn Fn(&mut dyn Steerable) + Sync)))
+                d.run(auto_on.then_some(&tune as &get::Tune<'_>))
                     .map(Outcome::Pull)
             })
         }
@@ -339,7 +344,15 @@ fn report(
             r.resumed,
             r.server.clone(),
         ),
-        Outcome::Push(r) => (1, r.size, r.verified.as_ref(), r.size, r.size, 0, r.server.clone()),
+        Outcome::Push(r) => (
+            1,
+            r.size,
+            r.verified.as_ref(),
+            r.size,
+            r.size,
+            0,
+            r.server.clone(),
+        ),
     };
     let _ = skipped_bytes;
     let first = progress
@@ -378,7 +391,10 @@ fn report(
         rate: (moved as f64 * 8.0 / secs) as u64,
         files_per_sec: 1.0 / secs,
         io_local: if pull { "pwrite" } else { "read" }.into(),
-        io_remote: format!("http ({})", remote.unwrap_or_else(|| "server not named".into())),
+        io_remote: format!(
+            "http ({})",
+            remote.unwrap_or_else(|| "server not named".into())
+        ),
         peak_rss_local: super::copy::peak_rss(),
         failures: vec![],
         problems: vec![],
@@ -428,7 +444,10 @@ fn summary(r: &CopyReport, outcome: &Outcome) {
             if p.added.is_empty() {
                 String::new()
             } else {
-                format!(", {} added in flight", p.added.iter().map(|a| a.1).sum::<u32>())
+                format!(
+                    ", {} added in flight",
+                    p.added.iter().map(|a| a.1).sum::<u32>()
+                )
             },
             escape(&r.io_remote)
         ),

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{assert_exit, json, mkdir, random_file, run, setup, skip, within, Dir, Guard, Lines};
+use crate::util::{
+    assert_exit, json, mkdir, random_file, run, setup, skip, within, Dir, Guard, Lines,
+};
 
 /// A fatpipe server with `--http 127.0.0.1:0` and `extra`: its guard and
 /// the HTTP address.
@@ -35,7 +37,10 @@ fn server(dir: &Dir, extra: &[&str]) -> (Guard, String, Lines) {
             break;
         }
     }
-    assert!(!addr.is_empty(), "the server printed no 'http listening on' line");
+    assert!(
+        !addr.is_empty(),
+        "the server printed no 'http listening on' line"
+    );
     (guard, addr, Lines::read(stderr))
 }
 
@@ -53,7 +58,14 @@ fn stderr(out: &std::process::Output) -> String {
 
 fn same(a: &Path, b: &Path) {
     let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
-    assert!(x == y, "{} and {} differ ({} vs {} bytes)", a.display(), b.display(), x.len(), y.len());
+    assert!(
+        x == y,
+        "{} and {} differ ({} vs {} bytes)",
+        a.display(),
+        b.display(),
+        x.len(),
+        y.len()
+    );
 }
 
 /// A test CA and a certificate it signed for localhost and 127.0.0.1:
@@ -62,13 +74,28 @@ fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let p = |n: &str| dir.join(n);
     let ok = |c: &mut Command| assert_exit(&run(c), 0);
     ok(Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
         .args(["-days", "2", "-subj", "/CN=fatpipe test CA", "-keyout"])
         .arg(p("ca.key"))
         .arg("-out")
         .arg(p("ca.crt")));
     ok(Command::new("openssl")
-        .args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+        .args([
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
         .args(["-subj", "/CN=localhost", "-keyout"])
         .arg(p("leaf.key"))
         .arg("-out")
@@ -117,7 +144,10 @@ fn http_client_pulls_in_parallel_ranges_and_pushes_plain_and_https() {
     assert_eq!(j["direction"], "pull");
     assert_eq!(j["streams"], 3);
     assert_eq!(j["bytes_transferred"], 30_000_017);
-    assert!(j["checksum"].as_str().unwrap().starts_with("adler32="), "{j}");
+    assert!(
+        j["checksum"].as_str().unwrap().starts_with("adler32="),
+        "{j}"
+    );
     same(&export.join("f.bin"), &out_dir.join("f.bin"));
     // dav:// is http://; a percent-encoded name; an empty file.
     let out = run(dir
@@ -154,7 +184,10 @@ fn http_client_pulls_in_parallel_ranges_and_pushes_plain_and_https() {
     assert_exit(&out, 0);
     let j = json(&out);
     assert_eq!(j["direction"], "push");
-    assert!(j["checksum"].as_str().unwrap().starts_with("adler32="), "{j}");
+    assert!(
+        j["checksum"].as_str().unwrap().starts_with("adler32="),
+        "{j}"
+    );
     same(&src, &export.join("in/up.bin"));
     // A missing parent is the server's 409, said in one line, exit 1.
     let out = run(dir
@@ -246,16 +279,28 @@ fn http_client_resumes_a_killed_download_fetching_only_what_is_missing() {
     let _ = child.wait();
     assert!(started, "no 5 blocks journaled within 60 s");
     let had = journal_records() as u64;
-    assert!(had < size.div_ceil(8 << 20), "the download finished before the kill");
-    assert!(!out_dir.join("big.bin").exists(), "nothing under the final name until complete");
+    assert!(
+        had < size.div_ceil(8 << 20),
+        "the download finished before the kill"
+    );
+    assert!(
+        !out_dir.join("big.bin").exists(),
+        "nothing under the final name until complete"
+    );
 
     let out = run(dir.cmd().args(["copy", "--json"]).arg(&url).arg(&out_dir));
     assert_exit(&out, 0);
     assert!(stderr(&out).contains("resuming"), "{}", stderr(&out));
     let j = json(&out);
     let moved = j["bytes_transferred"].as_u64().unwrap();
-    assert!(moved <= size - had * (8 << 20), "moved {moved} of {size}, {had} blocks were journaled");
-    assert!(j["checksum"].as_str().unwrap().starts_with("adler32="), "{j}");
+    assert!(
+        moved <= size - had * (8 << 20),
+        "moved {moved} of {size}, {had} blocks were journaled"
+    );
+    assert!(
+        j["checksum"].as_str().unwrap().starts_with("adler32="),
+        "{j}"
+    );
     same(&export.join("big.bin"), &out_dir.join("big.bin"));
 }
 
@@ -294,8 +339,15 @@ fn http_client_detects_a_file_that_does_not_match_the_servers_checksum() {
         .arg(format!("http://{addr}/pub/f.bin"))
         .arg(&dest));
     assert_exit(&out, 1);
-    assert!(stderr(&out).contains("checksum mismatch"), "{}", stderr(&out));
-    assert!(!dest.exists(), "a file that failed its checksum is not kept");
+    assert!(
+        stderr(&out).contains("checksum mismatch"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !dest.exists(),
+        "a file that failed its checksum is not kept"
+    );
 }
 
 #[test]
@@ -306,9 +358,16 @@ fn http_client_says_401_and_403_and_exits_2() {
     let export = mkdir(&dir.path().join("data"));
     random_file(&export.join("f.bin"), 100_000, 5);
     let spec = format!("data={}", export.display());
-    let (_g, addr, _log) = server(&dir, &["--key-file", key.to_str().unwrap(), "--export", &spec]);
+    let (_g, addr, _log) = server(
+        &dir,
+        &["--key-file", key.to_str().unwrap(), "--export", &spec],
+    );
     let mint = |scope: &str| {
-        let out = run(dir.cmd().args(["token", "--key-file"]).arg(&key).args(["--scope", scope]));
+        let out = run(dir
+            .cmd()
+            .args(["token", "--key-file"])
+            .arg(&key)
+            .args(["--scope", scope]));
         assert_exit(&out, 0);
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
@@ -401,7 +460,13 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
             .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
     if is_root {
         cmd.args(["-R", "nobody"]);
-        assert_exit(&run(Command::new("chown").args(["-R", "nobody"]).arg(root.join("xrd")).arg(&key)), 0);
+        assert_exit(
+            &run(Command::new("chown")
+                .args(["-R", "nobody"])
+                .arg(root.join("xrd"))
+                .arg(&key)),
+            0,
+        );
         let mut p = root.to_path_buf();
         loop {
             let mode = std::fs::metadata(&p).unwrap().permissions().mode();
@@ -411,10 +476,18 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
             }
         }
     }
-    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let _xrootd = Guard(child);
     assert!(
-        within(Duration::from_secs(30), || TcpStream::connect(("127.0.0.1", http)).is_ok()),
+        within(Duration::from_secs(30), || TcpStream::connect((
+            "127.0.0.1",
+            http
+        ))
+        .is_ok()),
         "XRootD did not listen on {http}: {}",
         std::fs::read_to_string(root.join("xrd/log")).unwrap_or_default()
     );
@@ -428,7 +501,11 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
         .arg(format!("http://127.0.0.1:{http}/pushed.bin")));
     assert_exit(&out, 0);
     let j = json(&out);
-    assert_eq!(j["checksum"].as_str().unwrap_or_default().len(), "adler32=".len() + 8, "{j}");
+    assert_eq!(
+        j["checksum"].as_str().unwrap_or_default().len(),
+        "adler32=".len() + 8,
+        "{j}"
+    );
     same(&src, &data.join("pushed.bin"));
 
     let out = run(Command::new(crate::util::bin())
@@ -439,7 +516,10 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
     assert_exit(&out, 0);
     let j = json(&out);
     assert_eq!(j["streams"], 3);
-    assert!(j["checksum"].as_str().unwrap().starts_with("adler32="), "{j}");
+    assert!(
+        j["checksum"].as_str().unwrap().starts_with("adler32="),
+        "{j}"
+    );
     assert!(j["io_remote"].as_str().unwrap().contains("XrootD"), "{j}");
     same(&src, &root.join("pulled.bin"));
 

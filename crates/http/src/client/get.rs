@@ -50,6 +50,10 @@ const RETRIES: u32 = 5;
 /// The largest journal read back.
 const MAX_JOURNAL: u64 = 256 << 20;
 
+/// What steers a running download: called once, on a thread of its own,
+/// with the download as a [`Steerable`].
+pub type Tune<'a> = dyn Fn(&mut dyn Steerable) + Sync + 'a;
+
 /// What to download where.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -139,10 +143,16 @@ fn local(path: &Path, what: &str, e: std::io::Error) -> ClientError {
 
 /// The hidden names beside `dest`: the partial file and its journal.
 pub fn side_names(dest: &Path) -> (PathBuf, PathBuf) {
-    let name = dest.file_name().map(|n| n.as_encoded_bytes().to_vec()).unwrap_or_default();
+    let name = dest
+        .file_name()
+        .map(|n| n.as_encoded_bytes().to_vec())
+        .unwrap_or_default();
     let h = ring::digest::digest(&ring::digest::SHA256, &name);
     let tag: String = h.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     (
         dir.join(format!(".fatpipe-http-{tag}.part")),
         dir.join(format!(".fatpipe-http-{tag}.journal")),
@@ -179,7 +189,11 @@ fn load_journal(path: &Path, want: &Header) -> Option<Vec<bool>> {
 impl Download {
     /// Sends the HEAD and opens the partial file and journal (resuming
     /// one a previous run left when it matches).
-    pub fn start(req: Request, opts: &Options, progress: Arc<Progress>) -> Result<Download, ClientError> {
+    pub fn start(
+        req: Request,
+        opts: &Options,
+        progress: Arc<Progress>,
+    ) -> Result<Download, ClientError> {
         let rt = runtime()?;
         let (url, mut stat, conn) = rt.block_on(async {
             let mut conn = connect(&req.url, opts).await?;
@@ -227,10 +241,12 @@ impl Download {
                 .open(&journal_path)
                 .map_err(|e| local(&journal_path, "open", e))?;
             if fresh {
-                j.set_len(0).map_err(|e| local(&journal_path, "truncate", e))?;
+                j.set_len(0)
+                    .map_err(|e| local(&journal_path, "truncate", e))?;
                 let mut line = serde_json::to_vec(&header).map_err(|e| failed(e.to_string()))?;
                 line.push(b'\n');
-                j.write_all(&line).map_err(|e| local(&journal_path, "write", e))?;
+                j.write_all(&line)
+                    .map_err(|e| local(&journal_path, "write", e))?;
             }
             Some(Mutex::new(j))
         } else {
@@ -303,7 +319,10 @@ impl Download {
     /// Fetches the missing blocks, then verifies and renames. `tune`, if
     /// given, runs on a thread of its own beside the transfer with the
     /// transfer as a [`Steerable`] (the in-flight adjuster).
-    pub fn run(mut self, tune: Option<&(dyn Fn(&mut dyn Steerable) + Sync)>) -> Result<Report, ClientError> {
+    pub fn run(
+        mut self,
+        tune: Option<&Tune<'_>>,
+    ) -> Result<Report, ClientError> {
         let s = &self.shared;
         let pending = lock(&s.queue).len() as u32;
         let first = if s.ranged {
@@ -361,7 +380,11 @@ impl Download {
 
     fn finish(self, added: Vec<(f64, u32)>) -> Result<Report, ClientError> {
         let s = &self.shared;
-        let size_now = s.file.metadata().map_err(|e| local(&self.part, "stat", e))?.len();
+        let size_now = s
+            .file
+            .metadata()
+            .map_err(|e| local(&self.part, "stat", e))?
+            .len();
         if s.ranged && size_now != s.size {
             return Err(failed(format!(
                 "{}: the partial file has {size_now} bytes, not {}",
@@ -371,7 +394,8 @@ impl Download {
         }
         let verified = match self.stat.digests.first() {
             Some((algo, want)) => {
-                let got = digest::compute(&s.file, &[*algo]).map_err(|e| local(&self.part, "read", e))?;
+                let got =
+                    digest::compute(&s.file, &[*algo]).map_err(|e| local(&self.part, "read", e))?;
                 let got = got.get(*algo).unwrap_or_default().to_vec();
                 if got != *want {
                     let _ = std::fs::remove_file(&self.part);
@@ -387,8 +411,11 @@ impl Download {
             }
             None => None,
         };
-        s.file.sync_all().map_err(|e| local(&self.part, "fsync", e))?;
-        std::fs::rename(&self.part, &self.req.dest).map_err(|e| local(&self.req.dest, "rename to", e))?;
+        s.file
+            .sync_all()
+            .map_err(|e| local(&self.part, "fsync", e))?;
+        std::fs::rename(&self.part, &self.req.dest)
+            .map_err(|e| local(&self.req.dest, "rename to", e))?;
         let _ = std::fs::remove_file(&self.journal_path);
         if let Some(dir) = self.req.dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             if let Ok(d) = File::open(dir) {
@@ -544,7 +571,10 @@ async fn fetch(s: &Shared, c: &mut Connection, b: u64) -> Result<(), ClientError
     };
     let mut rb = c.request(Method::GET, &s.url.path, &s.opts);
     if s.ranged {
-        rb = rb.header(hyper::header::RANGE, format!("bytes={first}-{}", first + len - 1));
+        rb = rb.header(
+            hyper::header::RANGE,
+            format!("bytes={first}-{}", first + len - 1),
+        );
         if let Some(e) = &s.if_range {
             rb = rb.header(hyper::header::IF_RANGE, e);
         }
@@ -610,7 +640,10 @@ async fn fetch(s: &Shared, c: &mut Connection, b: u64) -> Result<(), ClientError
                 continue;
             };
             if s.ranged && got + data.len() as u64 > len {
-                return Err(failed(format!("{}: the server sent more than asked for", url.display())));
+                return Err(failed(format!(
+                    "{}: the server sent more than asked for",
+                    url.display()
+                )));
             }
             s.file
                 .write_all_at(&data, first + got)
@@ -642,7 +675,9 @@ async fn fetch(s: &Shared, c: &mut Connection, b: u64) -> Result<(), ClientError
         None => {
             // One whole-file GET: its length is the size.
             if s.file.metadata().map(|m| m.len()).unwrap_or(0) > got {
-                s.file.set_len(got).map_err(|e| fatal(s, failed(format!("truncate: {e}"))))?;
+                s.file
+                    .set_len(got)
+                    .map_err(|e| fatal(s, failed(format!("truncate: {e}"))))?;
             }
         }
     }
@@ -662,7 +697,10 @@ impl Steerable for Steer<'_> {
         let s = &self.shared;
         let deadline = Instant::now() + Duration::from_secs(1);
         while Instant::now() < deadline {
-            if s.stop.load(Ordering::SeqCst) || lock(&s.queue).is_empty() || s.live.load(Ordering::SeqCst) == 0 {
+            if s.stop.load(Ordering::SeqCst)
+                || lock(&s.queue).is_empty()
+                || s.live.load(Ordering::SeqCst) == 0
+            {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -725,7 +763,10 @@ impl Steerable for Steer<'_> {
                 s.max
             ));
         }
-        Ok(Added { streams: n2, warnings })
+        Ok(Added {
+            streams: n2,
+            warnings,
+        })
     }
 
     fn set_congestion(&mut self, _name: &str) -> Result<Vec<String>, String> {
@@ -759,8 +800,19 @@ mod tests {
             ..h
         };
         assert_eq!(load_journal(&p, &other), None);
-        let h2 = Header { v: 1, url: "http://h/x".into(), size: 3 * BLOCK - 5, block: BLOCK, etag: Some("\"abc\"".into()), modified: None };
-        std::fs::write(&p, [serde_json::to_vec(&h2).unwrap(), b"\n7\n".to_vec()].concat()).unwrap();
+        let h2 = Header {
+            v: 1,
+            url: "http://h/x".into(),
+            size: 3 * BLOCK - 5,
+            block: BLOCK,
+            etag: Some("\"abc\"".into()),
+            modified: None,
+        };
+        std::fs::write(
+            &p,
+            [serde_json::to_vec(&h2).unwrap(), b"\n7\n".to_vec()].concat(),
+        )
+        .unwrap();
         assert_eq!(load_journal(&p, &h2), None, "a block beyond the file");
     }
 
@@ -768,7 +820,12 @@ mod tests {
     fn side_names_are_hidden_beside_the_destination() {
         let (p, j) = side_names(Path::new("out/f.bin"));
         assert_eq!(p.parent().unwrap(), Path::new("out"));
-        assert!(p.file_name().unwrap().to_str().unwrap().starts_with(".fatpipe-http-"));
+        assert!(p
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(".fatpipe-http-"));
         assert_eq!(p.with_extension("journal"), j);
         let (p, _) = side_names(Path::new("f.bin"));
         assert_eq!(p.parent().unwrap(), Path::new("."));

@@ -104,7 +104,11 @@ impl Url {
         let tls = match scheme.to_ascii_lowercase().as_str() {
             "http" | "dav" => false,
             "https" | "davs" => true,
-            _ => return Err(format!("'{s}': the scheme must be http, https, dav or davs")),
+            _ => {
+                return Err(format!(
+                    "'{s}': the scheme must be http, https, dav or davs"
+                ))
+            }
         };
         let uri: Uri = format!("{}://{rest}", if tls { "https" } else { "http" })
             .parse()
@@ -118,7 +122,10 @@ impl Url {
                 "'{s}': credentials in the URL are not accepted (use --token FILE or BEARER_TOKEN)"
             ));
         }
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         let path = uri
             .path_and_query()
             .map_or("/".to_string(), |p| p.as_str().to_string());
@@ -133,7 +140,12 @@ impl Url {
 
     /// The URL as `https://host:port/path` (for messages and reports).
     pub fn display(&self) -> String {
-        format!("{}://{}{}", if self.tls { "https" } else { "http" }, self.authority(), self.path)
+        format!(
+            "{}://{}{}",
+            if self.tls { "https" } else { "http" },
+            self.authority(),
+            self.path
+        )
     }
 
     /// `host:port` for the Host header and reports (IPv6 bracketed).
@@ -150,13 +162,21 @@ impl Url {
         let path = self.path.split(['?', '#']).next().unwrap_or("");
         let last = path.rsplit('/').next().filter(|s| !s.is_empty())?;
         let name: Vec<u8> = percent_encoding::percent_decode_str(last).collect();
-        (!name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0))
-            .then_some(name)
+        (!name.is_empty()
+            && name != b"."
+            && name != b".."
+            && !name.contains(&b'/')
+            && !name.contains(&0))
+        .then_some(name)
     }
 
     /// Whether the path ends with `/` (a collection).
     pub fn is_dir(&self) -> bool {
-        self.path.split(['?', '#']).next().unwrap_or("").ends_with('/')
+        self.path
+            .split(['?', '#'])
+            .next()
+            .unwrap_or("")
+            .ends_with('/')
     }
 
     /// This URL with `name` (percent-encoded) appended to its path.
@@ -261,7 +281,13 @@ pub struct Connection {
 fn resolve(url: &Url) -> Result<Vec<SocketAddr>, ClientError> {
     let addrs: Vec<SocketAddr> = (url.host.as_str(), url.port)
         .to_socket_addrs()
-        .map_err(|e| ClientError::Usage(format!("{}: cannot resolve {}: {e}", url.display(), url.host)))?
+        .map_err(|e| {
+            ClientError::Usage(format!(
+                "{}: cannot resolve {}: {e}",
+                url.display(),
+                url.host
+            ))
+        })?
         .collect();
     if addrs.is_empty() {
         return Err(ClientError::Usage(format!(
@@ -331,7 +357,10 @@ async fn finish_connect(
 
 fn tls_error(url: &Url, e: &std::io::Error) -> ClientError {
     let text = e.to_string();
-    if text.contains("certificate") || text.contains("UnknownIssuer") || text.contains("NotValidForName") {
+    if text.contains("certificate")
+        || text.contains("UnknownIssuer")
+        || text.contains("NotValidForName")
+    {
         ClientError::Usage(format!(
             "{}: TLS: {text} (a private CA's certificate goes in --ca FILE)",
             url.display()
@@ -363,7 +392,12 @@ where
 impl Connection {
     /// A request for `path` on this connection's server with the usual
     /// headers (Host, User-Agent, the token).
-    pub fn request(&self, method: Method, path: &str, opts: &Options) -> hyper::http::request::Builder {
+    pub fn request(
+        &self,
+        method: Method,
+        path: &str,
+        opts: &Options,
+    ) -> hyper::http::request::Builder {
         let mut b = Request::builder()
             .method(method)
             .uri(path)
@@ -376,7 +410,10 @@ impl Connection {
     }
 
     /// Sends a request and waits for the response's head.
-    pub async fn send(&mut self, req: Request<Body>) -> Result<Response<hyper::body::Incoming>, ClientError> {
+    pub async fn send(
+        &mut self,
+        req: Request<Body>,
+    ) -> Result<Response<hyper::body::Incoming>, ClientError> {
         let url = format!("{} {}", req.method(), self.url.display());
         tokio::time::timeout(IDLE_TIMEOUT, self.send.ready())
             .await
@@ -480,7 +517,9 @@ pub async fn head(conn: &mut Connection, opts: &Options) -> Result<(Url, Stat), 
                 .headers()
                 .get(hyper::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
-                .ok_or_else(|| failed(format!("HEAD {}: {status} without Location", url.display())))?;
+                .ok_or_else(|| {
+                    failed(format!("HEAD {}: {status} without Location", url.display()))
+                })?;
             url = url.redirect(loc)?;
             continue;
         }
@@ -496,7 +535,10 @@ pub async fn head(conn: &mut Connection, opts: &Options) -> Result<(Url, Stat), 
         }
         return Ok((url, stat(res.headers())));
     }
-    Err(failed(format!("{}: more than {MAX_REDIRECTS} redirects", conn.url.display())))
+    Err(failed(format!(
+        "{}: more than {MAX_REDIRECTS} redirects",
+        conn.url.display()
+    )))
 }
 
 async fn reason(conn: &mut Connection, url: &Url, opts: &Options) -> String {
@@ -534,9 +576,8 @@ pub fn stat(h: &HeaderMap) -> Stat {
     }
     Stat {
         size: text("content-length").and_then(|v| v.trim().parse().ok()),
-        ranges: text("accept-ranges").is_some_and(|v| {
-            v.split(',').any(|u| u.trim().eq_ignore_ascii_case("bytes"))
-        }),
+        ranges: text("accept-ranges")
+            .is_some_and(|v| v.split(',').any(|u| u.trim().eq_ignore_ascii_case("bytes"))),
         etag: text("etag"),
         modified: text("last-modified"),
         digests,
@@ -625,7 +666,9 @@ fn hex32(v: &str) -> Option<Vec<u8>> {
     if v.is_empty() || v.len() > 8 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    u32::from_str_radix(v, 16).ok().map(|n| n.to_be_bytes().to_vec())
+    u32::from_str_radix(v, 16)
+        .ok()
+        .map(|n| n.to_be_bytes().to_vec())
 }
 
 fn unhex(v: &str) -> Option<Vec<u8>> {
@@ -696,7 +739,10 @@ impl Throttle {
         let Some(rate) = self.bytes_per_sec else {
             return;
         };
-        let total = self.moved.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        let total = self
+            .moved
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+            + n;
         let due = Duration::from_secs_f64(total as f64 / rate);
         let now = self.start.elapsed();
         if due > now {
@@ -781,7 +827,10 @@ mod tests {
             parse_digest(b"ADLER32=78c70e"),
             vec![(Algo::Adler32, vec![0, 0x78, 0xc7, 0x0e])]
         );
-        let md5 = [0xd4u8, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8, 0x42, 0x7e];
+        let md5 = [
+            0xd4u8, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8,
+            0x42, 0x7e,
+        ];
         let got = parse_digest(b"md5=1B2M2Y8AsgTpgAmY7PhCfg==, UNIXcksum=123, crc32c=zz");
         assert_eq!(got, vec![(Algo::Md5, md5.to_vec())]);
         assert_eq!(
@@ -798,7 +847,10 @@ mod tests {
 
     #[test]
     fn content_ranges() {
-        assert_eq!(parse_content_range(b"bytes 0-99/1000"), Some((0, 99, Some(1000))));
+        assert_eq!(
+            parse_content_range(b"bytes 0-99/1000"),
+            Some((0, 99, Some(1000)))
+        );
         assert_eq!(parse_content_range(b"bytes 5-9/*"), Some((5, 9, None)));
         assert_eq!(parse_content_range(b"bytes 9-5/10"), None);
         assert_eq!(parse_content_range(b"bytes 0-10/10"), None);

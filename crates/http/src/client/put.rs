@@ -94,12 +94,19 @@ impl hyper::body::Body for FileBody {
             Err(e) => return Poll::Ready(Some(Err(e))),
         };
         this.left -= n as u64;
-        if let Some(h) = this.hasher.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Some(h) = this
+            .hasher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
             h.update(&this.buf[..n]);
         }
         this.progress.moved(n as u64);
         this.throttle.take(n as u64);
-        Poll::Ready(Some(Ok(Frame::data(Bytes::copy_from_slice(&this.buf[..n])))))
+        Poll::Ready(Some(Ok(Frame::data(Bytes::copy_from_slice(
+            &this.buf[..n],
+        )))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -116,7 +123,11 @@ fn local(path: &Path, what: &str, e: std::io::Error) -> ClientError {
 }
 
 /// Uploads one file.
-pub fn upload(req: &Request, opts: &Options, progress: Arc<Progress>) -> Result<Report, ClientError> {
+pub fn upload(
+    req: &Request,
+    opts: &Options,
+    progress: Arc<Progress>,
+) -> Result<Report, ClientError> {
     let file = File::open(&req.source).map_err(|e| local(&req.source, "open", e))?;
     let meta = file.metadata().map_err(|e| local(&req.source, "stat", e))?;
     if !meta.is_file() {
@@ -154,7 +165,9 @@ pub fn upload(req: &Request, opts: &Options, progress: Arc<Progress>) -> Result<
         if size > 0 {
             r = r.header(hyper::header::EXPECT, "100-continue");
         }
-        let mut request = r.body(body.boxed_unsync()).map_err(|e| failed(e.to_string()))?;
+        let mut request = r
+            .body(body.boxed_unsync())
+            .map_err(|e| failed(e.to_string()))?;
         hyper::ext::on_informational(&mut request, move |res| {
             if res.status() == StatusCode::CONTINUE {
                 if let Some(tx) = tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
