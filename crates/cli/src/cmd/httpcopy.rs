@@ -220,7 +220,14 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
                 },
                 bwlimit,
             };
-            get::Download::start(req, &opts, Arc::clone(&progress)).and_then(|d| {
+            get::Download::start(req, &opts, Arc::clone(&progress)).and_then(|mut d| {
+                let rtt = d.rtt().unwrap_or(Duration::ZERO);
+                let connections = if auto_on {
+                    start_connections(rtt)
+                } else {
+                    connections
+                };
+                d.set_connections(connections);
                 if d.resumed() > 0 && !quiet {
                     eprintln!(
                         "{}fatpipe: copy: resuming: {} of {} already here",
@@ -230,7 +237,7 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
                     );
                 }
                 let driver = Mutex::new(Driver::new(
-                    Adjuster::new(adjust_config(connections, bwlimit)),
+                    Adjuster::new(adjust_config(connections, rtt, bwlimit)),
                     fatpipe_tune::steer::Options {
                         record_failed: true,
                         forced_add: None,
@@ -286,10 +293,10 @@ enum Outcome {
 /// The in-flight adjuster for a download: the path's rate unknown (or
 /// the cap), no retransmits seen (the sender is the server), so it adds
 /// connections while each step raises the rate by 5 %, up to the ceiling.
-fn adjust_config(start: u32, cap: Option<u64>) -> AdjustConfig {
+fn adjust_config(start: u32, rtt: Duration, cap: Option<u64>) -> AdjustConfig {
     AdjustConfig {
         path_rate: cap,
-        min_rtt: Duration::ZERO,
+        min_rtt: rtt,
         streams: start,
         max_streams: get::MAX_CONNECTIONS,
         congestion: "the server's".into(),
@@ -301,6 +308,16 @@ fn adjust_config(start: u32, cap: Option<u64>) -> AdjustConfig {
         mss: 1448,
         headroom: fatpipe_tune::plan::Policy::default().headroom,
     }
+}
+
+/// Connections an auto-tuned download starts with: one per 10 ms of
+/// round trip, 4 to 16. The server's window and congestion control are
+/// its own, so a long path needs more connections from the start (each
+/// one's slow start and, with loss, its window are what limit it); the
+/// adjuster adds from there while adding helps.
+fn start_connections(rtt: Duration) -> u32 {
+    let per = (rtt.as_millis() / 10) as u32;
+    per.clamp(DEFAULT_CONNECTIONS, 16)
 }
 
 fn print_event(e: &Event<'_>, quiet: bool) {

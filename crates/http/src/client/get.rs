@@ -311,6 +311,20 @@ impl Download {
         &self.stat
     }
 
+    /// The round-trip time the HEAD's connection measured.
+    pub fn rtt(&self) -> Option<Duration> {
+        let c = self.conn.as_ref()?;
+        let i = fatpipe_sys::tcp::tcp_info(&c.socket).ok()?;
+        i.rtt_us
+            .filter(|&r| r > 0)
+            .map(|r| Duration::from_micros(u64::from(r)))
+    }
+
+    /// Sets the connections to start with.
+    pub fn set_connections(&mut self, n: u32) {
+        self.req.connections = n.max(1);
+    }
+
     /// Bytes an earlier run had already fetched.
     pub fn resumed(&self) -> u64 {
         self.resumed
@@ -319,10 +333,7 @@ impl Download {
     /// Fetches the missing blocks, then verifies and renames. `tune`, if
     /// given, runs on a thread of its own beside the transfer with the
     /// transfer as a [`Steerable`] (the in-flight adjuster).
-    pub fn run(
-        mut self,
-        tune: Option<&Tune<'_>>,
-    ) -> Result<Report, ClientError> {
+    pub fn run(mut self, tune: Option<&Tune<'_>>) -> Result<Report, ClientError> {
         let s = &self.shared;
         let pending = lock(&s.queue).len() as u32;
         let first = if s.ranged {
