@@ -97,8 +97,19 @@ fn read_token(f: &Path) -> std::io::Result<String> {
 }
 
 enum Job {
-    Pull { url: Url, dest: PathBuf },
-    Push { source: PathBuf, url: Url },
+    Pull {
+        url: Url,
+        dest: PathBuf,
+    },
+    Push {
+        source: PathBuf,
+        url: Url,
+    },
+    PushTree {
+        root: PathBuf,
+        url: Url,
+        contents: bool,
+    },
 }
 
 fn plan(args: &Args) -> anyhow::Result<Job> {
@@ -107,9 +118,6 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         return Err(u(
             "over HTTP, copy one file: SOURCE DEST (several sources: not yet)",
         ));
-    }
-    if args.recursive {
-        return Err(u("-r over HTTP: not yet (copy one file at a time)"));
     }
     if args.encrypt || args.key_file.is_some() {
         return Err(u(
@@ -128,6 +136,9 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         (Some(_), Some(_)) => Err(u(
             "both sides are URLs: HTTP third-party copy is not done by fatpipe copy (copy through a local file)",
         )),
+        (Some(_), None) if args.recursive => Err(u(
+            "-r from a URL: not yet (a download is one file; -r uploads a directory)",
+        )),
         (Some(url), None) => {
             if url.is_dir() {
                 return Err(u("the source URL names a collection (ends with /): name a file"));
@@ -144,6 +155,16 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
                 dest
             };
             Ok(Job::Pull { url, dest })
+        }
+        (None, Some(url)) if std::path::Path::new(src).is_dir() => {
+            if !args.recursive {
+                return Err(u("the source is a directory: copy it with -r"));
+            }
+            Ok(Job::PushTree {
+                root: PathBuf::from(src),
+                url,
+                contents: src.as_encoded_bytes().ends_with(b"/"),
+            })
         }
         (None, Some(url)) => {
             let source = PathBuf::from(src);
@@ -167,7 +188,9 @@ use std::os::unix::ffi::OsStrExt;
 pub fn run(args: Args) -> anyhow::Result<()> {
     let job = plan(&args)?;
     let host = match &job {
-        Job::Pull { url, .. } | Job::Push { url, .. } => url.authority(),
+        Job::Pull { url, .. } | Job::Push { url, .. } | Job::PushTree { url, .. } => {
+            url.authority()
+        }
     };
     let rec = Recorder::new(args.archive.as_deref(), RunKind::Copy, &host)?;
     let result = transfer(&args, job, rec.as_ref());
@@ -261,6 +284,12 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
             Arc::clone(&progress),
         )
         .map(Outcome::Push),
+        Job::PushTree {
+            root,
+            url,
+            contents,
+        } => put::upload_tree(root, url, *contents, bwlimit, &opts, Arc::clone(&progress))
+            .map(Outcome::Tree),
     };
     stop.store(true, Ordering::SeqCst);
     if let Some(b) = bar {
@@ -288,6 +317,7 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
 enum Outcome {
     Pull(get::Report),
     Push(put::Report),
+    Tree(put::TreeReport),
 }
 
 /// The in-flight adjuster for a download: the path's rate unknown (or
@@ -349,7 +379,7 @@ fn report(
     let show = |p: &OsString| p.to_string_lossy().into_owned();
     let (direction, url) = match job {
         Job::Pull { url, .. } => (CopyDirection::Pull, url),
-        Job::Push { url, .. } => (CopyDirection::Push, url),
+        Job::Push { url, .. } | Job::PushTree { url, .. } => (CopyDirection::Push, url),
     };
     let (streams, chunk, checksum, total, moved, skipped_bytes, remote) = match outcome {
         Outcome::Pull(r) => (
@@ -370,8 +400,21 @@ fn report(
             0,
             r.server.clone(),
         ),
+        Outcome::Tree(r) => (1, 0, None, r.bytes, r.bytes, 0, r.server.clone()),
     };
     let _ = skipped_bytes;
+    let (files_total, files_verified, tree_checksum) = match outcome {
+        Outcome::Tree(r) => (
+            r.files,
+            r.verified,
+            if r.verified == r.files && r.files > 0 {
+                "adler32 (each file)".to_string()
+            } else {
+                format!("adler32 ({} of {} files)", r.verified, r.files)
+            },
+        ),
+        _ => (1, u64::from(checksum.is_some()), String::new()),
+    };
     let first = progress
         .first_at
         .get()
@@ -392,12 +435,16 @@ fn report(
         destination: show(&args.paths[1]),
         streams,
         chunk_size: chunk,
-        checksum: checksum.map_or_else(|| "none".into(), |(a, v)| client::show_digest(*a, v)),
+        checksum: match (checksum, outcome) {
+            (_, Outcome::Tree(_)) => tree_checksum,
+            (Some((a, v)), _) => client::show_digest(*a, v),
+            (None, _) => "none".into(),
+        },
         sync: true,
         direct: false,
         bwlimit,
-        files_total: 1,
-        files_verified: u64::from(checksum.is_some()),
+        files_total,
+        files_verified,
         files_skipped: 0,
         files_failed: 0,
         bytes_total: total,
@@ -406,7 +453,7 @@ fn report(
         reconnects: 0,
         seconds: secs,
         rate: (moved as f64 * 8.0 / secs) as u64,
-        files_per_sec: 1.0 / secs,
+        files_per_sec: files_total as f64 / secs,
         io_local: if pull { "pwrite" } else { "read" }.into(),
         io_remote: format!(
             "http ({})",
@@ -415,7 +462,17 @@ fn report(
         peak_rss_local: super::copy::peak_rss(),
         failures: vec![],
         problems: vec![],
-        skipped: vec![],
+        skipped: match outcome {
+            Outcome::Tree(r) => r
+                .skipped
+                .iter()
+                .map(|s| fatpipe_schema::copy::CopyNote {
+                    path: s.clone(),
+                    detail: "not uploaded".into(),
+                })
+                .collect(),
+            _ => vec![],
+        },
         hard_links: vec![],
         notes_not_listed: 0,
         auto: None,
@@ -473,5 +530,20 @@ fn summary(r: &CopyReport, outcome: &Outcome) {
             p.status,
             escape(&r.io_remote)
         ),
+        Outcome::Tree(t) => {
+            println!(
+                "{} files, {} verified against the server's adler32; {} collections created; server: {}",
+                t.files,
+                t.verified,
+                t.created,
+                escape(&r.io_remote)
+            );
+            if !t.skipped.is_empty() {
+                println!(
+                    "left out (symlinks, special files): {}",
+                    escape(&t.skipped.join(", "))
+                );
+            }
+        }
     }
 }

@@ -189,6 +189,32 @@ fn http_client_pulls_in_parallel_ranges_and_pushes_plain_and_https() {
         "{j}"
     );
     same(&src, &export.join("in/up.bin"));
+    // A tree with -r: MKCOL per directory, a verified PUT per file.
+    let tree = mkdir(&dir.path().join("tree"));
+    random_file(&mkdir(&tree.join("a/b")).join("x.bin"), 2_000_000, 6);
+    std::fs::write(mkdir(&tree.join("c d")).join("é.txt"), b"hi\n").unwrap();
+    std::fs::write(tree.join("t.txt"), b"top\n").unwrap();
+    let out = run(dir
+        .cmd()
+        .args(["copy", "--json", "-r"])
+        .arg(&tree)
+        .arg(format!("http://{addr}/pub/in/")));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(
+        (j["files_total"].as_u64(), j["files_verified"].as_u64()),
+        (Some(3), Some(3)),
+        "{j}"
+    );
+    for f in ["a/b/x.bin", "c d/é.txt", "t.txt"] {
+        same(&tree.join(f), &export.join("in/tree").join(f));
+    }
+    let out = run(dir
+        .cmd()
+        .arg("copy")
+        .arg(&tree)
+        .arg(format!("http://{addr}/pub/in/")));
+    assert_exit(&out, 2);
     // A missing parent is the server's 409, said in one line, exit 1.
     let out = run(dir
         .cmd()

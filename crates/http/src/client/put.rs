@@ -137,8 +137,10 @@ pub fn upload(
         )));
     }
     let size = meta.len();
-    progress.total_bytes.store(size, Ordering::Relaxed);
-    progress.total_files.store(1, Ordering::Relaxed);
+    if progress.total_files.load(Ordering::Relaxed) == 0 {
+        progress.total_bytes.store(size, Ordering::Relaxed);
+        progress.total_files.store(1, Ordering::Relaxed);
+    }
     let hasher = Arc::new(Mutex::new(Some(Hasher::new(&[Algo::Adler32]))));
     let rt = runtime()?;
     let url = &req.url;
@@ -191,7 +193,7 @@ pub fn upload(
             .map(Hasher::finish)
             .and_then(|s| s.get(Algo::Adler32).map(<[u8]>::to_vec))
             .unwrap_or_default();
-        progress.files.store(1, Ordering::Relaxed);
+        progress.files.fetch_add(1, Ordering::Relaxed);
         // Verify: the size, and the server's checksum when it has one.
         let (_, stat) = head(&mut conn, opts).await?;
         if let Some(n) = stat.size.filter(|&n| n != size) {
@@ -220,4 +222,161 @@ pub fn upload(
             server: stat.server,
         })
     })
+}
+
+/// How a tree upload went.
+#[derive(Debug, Clone, Default)]
+pub struct TreeReport {
+    /// Regular files found.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Files uploaded and matched by the server's checksum.
+    pub verified: u64,
+    /// Collections created (MKCOL 201).
+    pub created: u64,
+    /// Objects left out: symlinks and special files (`path (what)`).
+    pub skipped: Vec<String>,
+    /// The server's `Server` header.
+    pub server: Option<String>,
+}
+
+/// Creates a collection; one that exists already (405) is fine.
+pub fn mkcol(url: &Url, opts: &Options) -> Result<bool, ClientError> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let mut conn = connect(url, opts).await?;
+        let req = conn
+            .request(
+                Method::from_bytes(b"MKCOL").map_err(|e| failed(e.to_string()))?,
+                &url.path,
+                opts,
+            )
+            .body(super::empty())
+            .map_err(|e| failed(e.to_string()))?;
+        let res = conn.send(req).await?;
+        match res.status() {
+            StatusCode::CREATED => Ok(true),
+            StatusCode::METHOD_NOT_ALLOWED => Ok(false),
+            st => {
+                let why = super::error_text(res.into_body()).await;
+                Err(status_error(
+                    url,
+                    &Method::from_bytes(b"MKCOL").unwrap_or(Method::PUT),
+                    st,
+                    &why,
+                ))
+            }
+        }
+    })
+}
+
+/// Uploads the directory `root` into the collection `url` (rsync's rule:
+/// `contents` puts what is in `root` there, else `root` itself goes
+/// inside), one MKCOL per directory and one verified PUT per file, in
+/// name order. Symlinks and special files are left out and listed.
+pub fn upload_tree(
+    root: &Path,
+    url: &Url,
+    contents: bool,
+    bwlimit: Option<u64>,
+    opts: &Options,
+    progress: Arc<Progress>,
+) -> Result<TreeReport, ClientError> {
+    if url.path.contains('?') {
+        return Err(ClientError::Usage(format!(
+            "{}: a tree goes to a collection URL without a query",
+            url.display()
+        )));
+    }
+    let mut base = url.clone();
+    if !base.is_dir() {
+        base.path.push('/');
+    }
+    let mut out = TreeReport::default();
+    // The walk first, for the totals the progress bar shows.
+    let mut dirs: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut files: Vec<(PathBuf, Vec<Vec<u8>>)> = Vec::new();
+    let start: Vec<Vec<u8>> = if contents {
+        Vec::new()
+    } else {
+        let name = root
+            .file_name()
+            .ok_or_else(|| ClientError::Usage(format!("{}: no directory name", root.display())))?;
+        vec![name.as_encoded_bytes().to_vec()]
+    };
+    if !start.is_empty() {
+        dirs.push(start.clone());
+    }
+    walk(root, &start, &mut dirs, &mut files, &mut out)?;
+    progress.total_files.store(out.files, Ordering::Relaxed);
+    progress.total_bytes.store(out.bytes, Ordering::Relaxed);
+    let at = |rel: &[Vec<u8>], dir: bool| {
+        let mut u = base.clone();
+        for (i, seg) in rel.iter().enumerate() {
+            u = u.join(seg);
+            if dir || i + 1 < rel.len() {
+                u.path.push('/');
+            }
+        }
+        u
+    };
+    for d in &dirs {
+        if mkcol(&at(d, true), opts)? {
+            out.created += 1;
+        }
+    }
+    for (path, rel) in &files {
+        let r = upload(
+            &Request {
+                source: path.clone(),
+                url: at(rel, false),
+                bwlimit,
+            },
+            opts,
+            Arc::clone(&progress),
+        )?;
+        if r.verified.is_some() {
+            out.verified += 1;
+        }
+        out.server = r.server;
+    }
+    Ok(out)
+}
+
+fn walk(
+    dir: &Path,
+    rel: &[Vec<u8>],
+    dirs: &mut Vec<Vec<Vec<u8>>>,
+    files: &mut Vec<(PathBuf, Vec<Vec<u8>>)>,
+    out: &mut TreeReport,
+) -> Result<(), ClientError> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| local(dir, "read", e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| local(dir, "read", e))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name().as_encoded_bytes().to_vec();
+        let path = e.path();
+        let mut r = rel.to_vec();
+        r.push(name);
+        let ft = e.file_type().map_err(|er| local(&path, "stat", er))?;
+        if ft.is_dir() {
+            dirs.push(r.clone());
+            walk(&path, &r, dirs, files, out)?;
+        } else if ft.is_file() {
+            out.files += 1;
+            out.bytes += e.metadata().map_err(|er| local(&path, "stat", er))?.len();
+            files.push((path, r));
+        } else {
+            let what = if ft.is_symlink() {
+                "symlink"
+            } else {
+                "special file"
+            };
+            out.skipped.push(format!("{} ({what})", path.display()));
+        }
+    }
+    Ok(())
 }
