@@ -49,6 +49,9 @@ pub const MAX_CONNECTIONS: u32 = 32;
 const RETRIES: u32 = 5;
 /// The largest journal read back.
 const MAX_JOURNAL: u64 = 256 << 20;
+/// The largest file a download takes (2^24 blocks): the queue of blocks
+/// and the journal's map are sized by what the server says.
+pub const MAX_SIZE: u64 = BLOCK << 24;
 
 /// What steers a running download: called once, on a thread of its own,
 /// with the download as a [`Steerable`].
@@ -206,6 +209,12 @@ impl Download {
         drop(rt);
         if stat.size.is_none() {
             stat.ranges = false;
+        }
+        if let Some(n) = stat.size.filter(|&n| n > MAX_SIZE) {
+            return Err(failed(format!(
+                "{}: the server says the file has {n} bytes, more than the {MAX_SIZE} a download takes",
+                url.display()
+            )));
         }
         let size = stat.size.unwrap_or(0);
         let ranged = stat.ranges && size > 0;
