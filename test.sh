@@ -76,7 +76,7 @@ trap run_on_exit EXIT
 stage "installing what the tests need"
 
 # --- what the tests need -----------------------------------------------------
-APT_PACKAGES=(curl davix davix-tests gfal2-util-scripts gfal2-plugin-http gfal2-plugin-file iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core sccache lintian rpmlint rpm)
+APT_PACKAGES=(curl davix davix-tests gfal2-util-scripts gfal2-plugin-http gfal2-plugin-file xrootd-server xrootd-server-plugins iperf3 iperf nuttcp iproute2 iputils-ping procps kmod ethtool postgresql systemd groff-base zsh fish openssl chromium fonts-dejavu-core sccache lintian rpmlint rpm)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

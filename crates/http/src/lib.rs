@@ -35,6 +35,7 @@ use std::time::Duration;
 use fatpipe_engine::{Conn, FrontEnd, PortCaps};
 
 mod body;
+pub mod client;
 mod conn;
 pub mod dav;
 pub mod digest;

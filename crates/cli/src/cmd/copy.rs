@@ -66,7 +66,9 @@ const TRACE_ENV: &str = "FATPIPE_COPY_TRACE";
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Sources then destination; exactly one side is remote,
-    /// HOST:EXPORT/PATH (e.g. `-r run42/ dtn2:data/in` or `dtn2:data/x .`).
+    /// HOST:EXPORT/PATH (e.g. `-r run42/ dtn2:data/in` or `dtn2:data/x .`),
+    /// or an http(s):// or dav(s):// URL of any WebDAV server (one file:
+    /// ranged GETs over several connections, or one PUT; docs/http.md).
     /// Destinations follow rsync: a source directory with a trailing `/`
     /// (or an export, HOST:EXPORT) copies its contents into DEST; without
     /// the `/` the directory itself goes inside DEST. DEST is created if
@@ -144,6 +146,15 @@ pub struct Args {
     /// capacity, with its timeline marked, into FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// HTTP(S) URLs: a file holding the bearer token sent as
+    /// `Authorization: Bearer` (else $BEARER_TOKEN, else the file
+    /// $BEARER_TOKEN_FILE names). Never give a token on the command line.
+    #[arg(long, value_name = "FILE")]
+    pub token: Option<PathBuf>,
+    /// HTTPS URLs: trust only the CA certificate(s) in FILE (PEM), as
+    /// curl's --cacert (default: the Mozilla roots built in).
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 /// A validated copy request.
@@ -334,6 +345,14 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
 /// Runs `fatpipe copy`; stores it when `--archive` or FATPIPE_ARCHIVE
 /// asks (a failed copy too, with its error).
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if super::httpcopy::applies(&args) {
+        return super::httpcopy::run(args);
+    }
+    if args.token.is_some() || args.ca.is_some() {
+        return Err(crate::exit::usage(
+            "--token and --ca are for http(s):// and dav(s):// URLs",
+        ));
+    }
     let host = plan(&args)?.host;
     let rec = Recorder::new(args.archive.as_deref(), RunKind::Copy, &host)?;
     let result = transfer(args, rec.as_ref());
@@ -638,7 +657,7 @@ fn print_tuner_event(e: &Event<'_>, quiet: bool, trace: bool) {
 /// What starts a line printed over the progress bar: return and erase
 /// on a terminal, nothing when stderr is a file or a pipe (where the
 /// codes would only be noise in a log).
-fn clear_line() -> &'static str {
+pub(super) fn clear_line() -> &'static str {
     if std::io::stderr().is_terminal() {
         "\r\x1b[K"
     } else {
@@ -795,13 +814,13 @@ fn notes_line(r: &CopyReport) -> Option<String> {
 
 /// Samples a copy's progress (seconds since `t0`, bytes so far) every
 /// 100 ms on a thread of its own, until [`Sampler::finish`].
-struct Sampler {
+pub(super) struct Sampler {
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Vec<(f64, u64)>>,
 }
 
 impl Sampler {
-    fn start(p: Arc<Progress>, t0: Instant) -> Sampler {
+    pub(super) fn start(p: Arc<Progress>, t0: Instant) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -818,7 +837,7 @@ impl Sampler {
         Sampler { stop, thread }
     }
 
-    fn finish(self) -> Vec<(f64, u64)> {
+    pub(super) fn finish(self) -> Vec<(f64, u64)> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.join().unwrap_or_default()
     }
@@ -873,7 +892,7 @@ fn timeline(
 
 /// At most `max` of `samples`, evenly spaced, the first and the last kept:
 /// the shape of the copy for a plot, without 36,000 points an hour.
-fn thin(samples: &[(f64, u64)], max: usize) -> Vec<(f64, u64)> {
+pub(super) fn thin(samples: &[(f64, u64)], max: usize) -> Vec<(f64, u64)> {
     if samples.len() <= max || max < 2 {
         return samples.to_vec();
     }
@@ -928,7 +947,7 @@ fn print_summary(r: &CopyReport) {
     );
 }
 
-fn progress_bar(p: &Progress, stop: &AtomicBool) {
+pub(super) fn progress_bar(p: &Progress, stop: &AtomicBool) {
     let start = Instant::now();
     let mut last = (Instant::now(), 0u64);
     let mut rate = 0.0f64;
@@ -974,7 +993,7 @@ fn progress_bar(p: &Progress, stop: &AtomicBool) {
     let _ = write!(err, "\r\x1b[K");
 }
 
-fn peak_rss() -> u64 {
+pub(super) fn peak_rss() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

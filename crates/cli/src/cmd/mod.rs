@@ -6,6 +6,7 @@ pub mod completions;
 pub mod copy;
 pub mod demo;
 pub mod http;
+pub mod httpcopy;
 pub mod iperf3;
 pub mod key;
 pub mod lab;

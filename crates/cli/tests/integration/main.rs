@@ -16,6 +16,7 @@ mod encrypt;
 mod flood;
 mod harden;
 mod http;
+mod http_client;
 mod iperf3;
 mod lab;
 mod lab_copy;
