@@ -71,7 +71,8 @@ gzip -9n "$gen"/man/*.1
 # (install -d -o fatpipe -g fatpipe /srv/fatpipe; an export elsewhere also
 # needs ReadWritePaths= in `systemctl edit fatpipe-server`).
 HEAD
-    "$bin" server --print-config | sed -e '1,3d' -e 's/^\([a-z0-9-]* = .*\)  # default$/# \1/'
+    # Defaults come out commented (`# key = value  (default)`).
+    "$bin" server --print-config | sed -e '1,3d'
 } >"$gen/server.toml"
 # Every setting line must be commented: the defaults are the binary's.
 if grep -qv -e '^#' -e '^$' "$gen/server.toml"; then

@@ -14,7 +14,8 @@
 //! anything binds, so an error is one line naming the file, the line and the
 //! key: `server.toml:7: max-sessions: invalid value 'many' …`, exit 2.
 //! `--print-config` prints the effective settings (defaults, file, command
-//! line, each marked) as a file the server reads back.
+//! line, each marked) as a file the server reads back; defaults are
+//! commented out, so they stay defaults when it does.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -322,10 +323,13 @@ fn print_config(
         for l in wrap(&help, 74) {
             out.push_str(&format!("# {l}\n"));
         }
-        if source.is_empty() {
-            out.push_str(&format!("{line}\n"));
-        } else {
-            out.push_str(&format!("{line}  # {source}\n"));
+        // A default is shown commented out: read back, it stays a default
+        // (and a flag that needs another, such as the HTTP port's, is not
+        // set by the file alone).
+        match source {
+            "" => out.push_str(&format!("{line}\n")),
+            "default" if !line.starts_with('#') => out.push_str(&format!("# {line}  (default)\n")),
+            _ => out.push_str(&format!("{line}  # {source}\n")),
         }
     }
     out
@@ -501,7 +505,7 @@ mod tests {
             "{p}"
         );
         assert!(p.contains("quiet = true  # command line\n"), "{p}");
-        assert!(p.contains("bind = \"0.0.0.0\"  # default\n"), "{p}");
+        assert!(p.contains("\n# bind = \"0.0.0.0\"  (default)\n"), "{p}");
         assert!(p.contains("quiet = true"), "{p}");
         assert!(p.contains("export = [\"a=/x\"]"), "{p}");
         assert!(p.contains("key-file = \"/etc/k\""), "{p}");
@@ -513,7 +517,6 @@ mod tests {
         assert_eq!(
             run_args(&p, &[]),
             [
-                "--bind=0.0.0.0",
                 "--export=a=/x",
                 "--key-file=/etc/k",
                 "--max-sessions=16",

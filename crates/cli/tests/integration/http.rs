@@ -381,7 +381,7 @@ fn http_tokens_grant_their_scope_at_path_boundaries_until_they_expire() {
     }
     let dir = setup();
     let key = dir.path().join("key");
-    std::fs::write(&key, "a test key of enough length\n").unwrap();
+    crate::util::write_key(&key, "a test key of enough length\n");
     let export = crate::util::mkdir(&dir.path().join("data"));
     crate::util::mkdir(&export.join("up"));
     crate::util::mkdir(&export.join("upload"));
@@ -467,7 +467,7 @@ fn http_tokens_grant_their_scope_at_path_boundaries_until_they_expire() {
     assert_eq!(code, 401);
     assert!(String::from_utf8_lossy(&body).contains("audience"));
     let other_key = dir.path().join("other-key");
-    std::fs::write(&other_key, "another key of enough length\n").unwrap();
+    crate::util::write_key(&other_key, "another key of enough length\n");
     let forged = mint(&dir, &other_key, &["--scope", "storage.modify:/"]);
     assert_eq!(put(&forged, "up/z").0, 401);
     assert!(!export.join("up/z").exists() && !export.join("upload/x").exists());
@@ -644,7 +644,7 @@ fn http_gfal_copy_streams_in_and_out_with_adler32_and_a_token() {
     }
     let dir = setup();
     let key = dir.path().join("key");
-    std::fs::write(&key, "a test key of enough length\n").unwrap();
+    crate::util::write_key(&key, "a test key of enough length\n");
     let export = crate::util::mkdir(&dir.path().join("data"));
     let spec = format!("data={}", export.display());
     let mut s = server(

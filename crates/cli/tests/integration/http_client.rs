@@ -380,7 +380,7 @@ fn http_client_detects_a_file_that_does_not_match_the_servers_checksum() {
 fn http_client_says_401_and_403_and_exits_2() {
     let dir = setup();
     let key = dir.path().join("key");
-    std::fs::write(&key, "a test key of enough length\n").unwrap();
+    crate::util::write_key(&key, "a test key of enough length\n");
     let export = mkdir(&dir.path().join("data"));
     random_file(&export.join("f.bin"), 100_000, 5);
     let spec = format!("data={}", export.display());
