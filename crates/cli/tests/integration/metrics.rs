@@ -118,7 +118,14 @@ fn metrics_count_tests_during_and_after_by_the_right_amounts() {
         .cmd()
         .args(["test", &target, "--key-file", "wrong", "--no-auto"]));
     assert_exit(&out, 2);
-    let (_, after_auth) = get(&maddr, "/metrics");
+    // The client learns of the refusal before the server has counted it
+    // (the count follows the refusal it sends): wait for the count, then
+    // check it is exactly one. CI once read 0 here.
+    let mut after_auth = String::new();
+    crate::util::wait_for(Duration::from_secs(10), "the auth failure counted", || {
+        after_auth = get(&maddr, "/metrics").1;
+        sample(&after_auth, "fatpipe_auth_failures_total") != Some(0.0)
+    });
     assert_eq!(
         sample(&after_auth, "fatpipe_auth_failures_total"),
         Some(1.0)
