@@ -88,6 +88,15 @@ impl Algo {
         }
     }
 
+    /// Bytes of a raw checksum of this algorithm.
+    pub fn raw_len(self) -> usize {
+        match self {
+            Algo::Adler32 | Algo::Crc32c => 4,
+            Algo::Md5 => 16,
+            Algo::Sha256 => 32,
+        }
+    }
+
     /// The value of a `Repr-Digest` (RFC 9530) member: a byte sequence,
     /// `:base64:`.
     pub fn repr_value(self, raw: &[u8]) -> String {
@@ -165,50 +174,59 @@ pub fn stamp(meta: &Meta) -> Stamp {
     (meta.size, meta.mtime_s, meta.mtime_ns)
 }
 
-/// The checksums a client sent with its upload (RFC 3230 `Digest:
-/// adler32=…, md5=…`, or RFC 9530 `Repr-Digest: sha-256=:…:`) that the
-/// server can check: algorithm and raw value. Values that do not decode
-/// are left out (nothing to compare), as are unknown algorithms.
+/// Decodes an RFC 3230 `Digest` value (`adler32=0a1b2c3d, md5=base64`)
+/// into the algorithms known here, with their raw values: adler32 and
+/// crc32c as hex (fewer than 8 digits are left-padded: gfal2 and some
+/// servers drop leading zeros), md5 as base64 or 32 hex digits, sha-256 as
+/// base64. Unknown algorithms and values that do not decode to the
+/// algorithm's length are left out; at most [`MAX_HEADER`] bytes and
+/// [`MAX_ITEMS`] items are read. Both the server (an upload's checksums)
+/// and the client (a server's) read the field with this.
+pub fn parse_digest(value: &[u8]) -> Vec<(Algo, Vec<u8>)> {
+    decode(value, false)
+}
+
+/// Decodes an RFC 9530 `Repr-Digest` value (`sha-256=:base64:, adler=:…:`)
+/// as [`parse_digest`] does a `Digest` one.
+pub fn parse_repr_digest(value: &[u8]) -> Vec<(Algo, Vec<u8>)> {
+    decode(value, true)
+}
+
+/// The checksums a client sent with its upload (`Digest` and/or
+/// `Repr-Digest`) that the server can check.
 pub fn sent_digests(digest: Option<&[u8]>, repr: Option<&[u8]>) -> Vec<(Algo, Vec<u8>)> {
+    let mut out = digest.map(parse_digest).unwrap_or_default();
+    out.extend(repr.map(parse_repr_digest).unwrap_or_default());
+    out
+}
+
+fn decode(value: &[u8], repr: bool) -> Vec<(Algo, Vec<u8>)> {
     let mut out = Vec::new();
-    for (value, repr) in [(digest, false), (repr, true)] {
-        let Some(items) = value.and_then(items) else {
+    for item in items(value).unwrap_or_default() {
+        let Some((name, v)) = item.split_once('=') else {
             continue;
         };
-        for item in items {
-            let Some((name, v)) = item.split_once('=') else {
-                continue;
-            };
-            let Some(algo) = Algo::from_name(name.trim()) else {
-                continue;
-            };
-            let v = v.split(';').next().unwrap_or("").trim();
-            let raw = if repr {
-                v.strip_prefix(':')
-                    .and_then(|v| v.strip_suffix(':'))
-                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            } else {
-                match algo {
-                    Algo::Adler32 | Algo::Crc32c => {
-                        // Leading zeros are sometimes dropped (gfal2 does).
-                        (v.len() <= 8)
-                            .then(|| format!("{v:0>8}"))
-                            .and_then(|h| unhex(&h))
-                    }
-                    Algo::Md5 if v.len() == 32 => unhex(v),
-                    Algo::Md5 | Algo::Sha256 => {
-                        base64::engine::general_purpose::STANDARD.decode(v).ok()
-                    }
+        let Some(algo) = Algo::from_name(name.trim()) else {
+            continue;
+        };
+        let v = v.split(';').next().unwrap_or("").trim();
+        let raw = if repr {
+            v.strip_prefix(':')
+                .and_then(|v| v.strip_suffix(':'))
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        } else {
+            match algo {
+                Algo::Adler32 | Algo::Crc32c => (v.len() <= 8)
+                    .then(|| format!("{v:0>8}"))
+                    .and_then(|h| unhex(&h)),
+                Algo::Md5 if v.len() == 32 => unhex(v),
+                Algo::Md5 | Algo::Sha256 => {
+                    base64::engine::general_purpose::STANDARD.decode(v).ok()
                 }
-            };
-            let want_len = match algo {
-                Algo::Adler32 | Algo::Crc32c => 4,
-                Algo::Md5 => 16,
-                Algo::Sha256 => 32,
-            };
-            if let Some(raw) = raw.filter(|r| r.len() == want_len) {
-                out.push((algo, raw));
             }
+        };
+        if let Some(raw) = raw.filter(|r| r.len() == algo.raw_len()) {
+            out.push((algo, raw));
         }
     }
     out
@@ -623,5 +641,34 @@ mod tests {
         assert_eq!(Sums::from_record(&rec, stamp(&meta)), Some(sums));
         forget(&dir, b"f");
         assert!(read_sidecar(&dir, b"f").is_none());
+    }
+
+    #[test]
+    fn digests_as_servers_send_them() {
+        assert_eq!(
+            parse_digest(b"adler32=5f78c70e"),
+            vec![(Algo::Adler32, vec![0x5f, 0x78, 0xc7, 0x0e])]
+        );
+        // Leading zeros dropped (some servers), upper case names.
+        assert_eq!(
+            parse_digest(b"ADLER32=78c70e"),
+            vec![(Algo::Adler32, vec![0, 0x78, 0xc7, 0x0e])]
+        );
+        let md5 = [
+            0xd4u8, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8,
+            0x42, 0x7e,
+        ];
+        let got = parse_digest(b"md5=1B2M2Y8AsgTpgAmY7PhCfg==, UNIXcksum=123, crc32c=zz");
+        assert_eq!(got, vec![(Algo::Md5, md5.to_vec())]);
+        assert_eq!(
+            parse_digest(b"md5=d41d8cd98f00b204e9800998ecf8427e"),
+            vec![(Algo::Md5, md5.to_vec())]
+        );
+        assert!(parse_digest(b"adler32=123456789").is_empty());
+        assert!(parse_digest(&vec![b'a'; MAX_HEADER + 1]).is_empty());
+        assert_eq!(
+            parse_repr_digest(b"adler=:X3jHDg==:, sha-256=:nope:"),
+            vec![(Algo::Adler32, vec![0x5f, 0x78, 0xc7, 0x0e])]
+        );
     }
 }

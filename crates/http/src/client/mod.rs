@@ -23,7 +23,8 @@
 //! as on the server side.
 //!
 //! What the server sends is peer input: its headers are decoded with size
-//! caps ([`parse_digest`], [`parse_content_range`], fuzzed), an error
+//! caps ([`parse_content_range`]; the checksum fields through
+//! [`crate::digest::parse_digest`], fuzzed), an error
 //! body is read to at most [`ERROR_BODY`] bytes and escaped by the caller,
 //! and a body that does not match what was asked for (another range, more
 //! or fewer bytes) fails the block.
@@ -35,14 +36,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use base64::Engine as _;
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Frame};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 
-use crate::digest::Algo;
+use crate::digest::{self, Algo};
 
 pub mod get;
 pub mod put;
@@ -563,15 +563,20 @@ pub fn stat(h: &HeaderMap) -> Stat {
             .filter(|v| v.len() <= MAX_HEADER)
             .map(str::to_string)
     };
-    let mut digests = Vec::new();
-    for v in h.get_all("digest") {
-        digests.extend(parse_digest(v.as_bytes()));
-    }
-    for v in h.get_all("repr-digest") {
-        for d in parse_repr_digest(v.as_bytes()) {
-            if !digests.iter().any(|(a, _)| *a == d.0) {
-                digests.push(d);
-            }
+    // One value per algorithm: the first a `Digest` field gives, else a
+    // `Repr-Digest` one.
+    let mut digests: Vec<(Algo, Vec<u8>)> = Vec::new();
+    let fields = h
+        .get_all("digest")
+        .iter()
+        .map(|v| digest::parse_digest(v.as_bytes()));
+    let repr = h
+        .get_all("repr-digest")
+        .iter()
+        .map(|v| digest::parse_repr_digest(v.as_bytes()));
+    for d in fields.chain(repr).flatten() {
+        if !digests.iter().any(|(a, _)| *a == d.0) {
+            digests.push(d);
         }
     }
     Stat {
@@ -583,102 +588,6 @@ pub fn stat(h: &HeaderMap) -> Stat {
         digests,
         server: text("server"),
     }
-}
-
-/// Decodes an RFC 3230 `Digest` value (`adler32=0a1b2c3d, md5=base64`)
-/// into the algorithms served here: adler32 and crc32c as hex (as XRootD,
-/// dCache and fatpipe send them; fewer than 8 digits are left-padded),
-/// md5 as base64 or 32 hex digits, sha-256 as base64. Unknown algorithms
-/// and undecodable values are left out; at most [`MAX_HEADER`] bytes and
-/// 16 items are read.
-pub fn parse_digest(value: &[u8]) -> Vec<(Algo, Vec<u8>)> {
-    let Ok(s) = std::str::from_utf8(value) else {
-        return Vec::new();
-    };
-    if s.len() > MAX_HEADER {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for item in s.split(',').take(16) {
-        let Some((name, v)) = item.trim().split_once('=') else {
-            continue;
-        };
-        let Some(algo) = Algo::from_name(name.trim()) else {
-            continue;
-        };
-        let v = v.trim();
-        let raw = match algo {
-            Algo::Adler32 | Algo::Crc32c => hex32(v),
-            Algo::Md5 if v.len() == 32 => unhex(v),
-            Algo::Md5 | Algo::Sha256 => base64::engine::general_purpose::STANDARD.decode(v).ok(),
-        };
-        if let Some(raw) = raw.filter(|r| r.len() == raw_len(algo)) {
-            if !out.iter().any(|(a, _)| *a == algo) {
-                out.push((algo, raw));
-            }
-        }
-    }
-    out
-}
-
-/// Decodes an RFC 9530 `Repr-Digest` value (`sha-256=:base64:, adler=:…:`).
-pub fn parse_repr_digest(value: &[u8]) -> Vec<(Algo, Vec<u8>)> {
-    let Ok(s) = std::str::from_utf8(value) else {
-        return Vec::new();
-    };
-    if s.len() > MAX_HEADER {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for item in s.split(',').take(16) {
-        let Some((name, v)) = item.trim().split_once('=') else {
-            continue;
-        };
-        let Some(algo) = Algo::from_name(name.trim()) else {
-            continue;
-        };
-        let v = v.trim();
-        let Some(b64) = v.strip_prefix(':').and_then(|v| v.strip_suffix(':')) else {
-            continue;
-        };
-        if let Some(raw) = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .ok()
-            .filter(|r| r.len() == raw_len(algo))
-        {
-            if !out.iter().any(|(a, _)| *a == algo) {
-                out.push((algo, raw));
-            }
-        }
-    }
-    out
-}
-
-fn raw_len(a: Algo) -> usize {
-    match a {
-        Algo::Adler32 | Algo::Crc32c => 4,
-        Algo::Md5 => 16,
-        Algo::Sha256 => 32,
-    }
-}
-
-fn hex32(v: &str) -> Option<Vec<u8>> {
-    if v.is_empty() || v.len() > 8 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(v, 16)
-        .ok()
-        .map(|n| n.to_be_bytes().to_vec())
-}
-
-fn unhex(v: &str) -> Option<Vec<u8>> {
-    if !v.len().is_multiple_of(2) || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..v.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&v[i..i + 2], 16).ok())
-        .collect()
 }
 
 /// A checksum as the report and messages show it: `adler32=0a1b2c3d`.
@@ -814,35 +723,6 @@ mod tests {
         assert!(is_url(b"DAVS://h/x"));
         assert!(!is_url(b"h:data/x"));
         assert!(Url::parse("http://h/%2e%2e").unwrap().file_name().is_none());
-    }
-
-    #[test]
-    fn digests_as_servers_send_them() {
-        assert_eq!(
-            parse_digest(b"adler32=5f78c70e"),
-            vec![(Algo::Adler32, vec![0x5f, 0x78, 0xc7, 0x0e])]
-        );
-        // Leading zeros dropped (some servers), upper case names.
-        assert_eq!(
-            parse_digest(b"ADLER32=78c70e"),
-            vec![(Algo::Adler32, vec![0, 0x78, 0xc7, 0x0e])]
-        );
-        let md5 = [
-            0xd4u8, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8,
-            0x42, 0x7e,
-        ];
-        let got = parse_digest(b"md5=1B2M2Y8AsgTpgAmY7PhCfg==, UNIXcksum=123, crc32c=zz");
-        assert_eq!(got, vec![(Algo::Md5, md5.to_vec())]);
-        assert_eq!(
-            parse_digest(b"md5=d41d8cd98f00b204e9800998ecf8427e"),
-            vec![(Algo::Md5, md5.to_vec())]
-        );
-        assert!(parse_digest(b"adler32=123456789").is_empty());
-        assert!(parse_digest(&vec![b'a'; MAX_HEADER + 1]).is_empty());
-        assert_eq!(
-            parse_repr_digest(b"adler=:X3jHDg==:, sha-256=:nope:"),
-            vec![(Algo::Adler32, vec![0x5f, 0x78, 0xc7, 0x0e])]
-        );
     }
 
     #[test]
