@@ -579,6 +579,35 @@ mod tests {
         (a, b)
     }
 
+    /// A sender over `sock` (made non-blocking) of `chunk`-byte writes
+    /// until `budget` bytes (`None`: until stopped), and its byte count.
+    fn writer(
+        sock: TcpStream,
+        chunk: usize,
+        budget: Option<u64>,
+        stop: &Arc<AtomicBool>,
+    ) -> (Box<Writer>, Arc<AtomicU64>) {
+        sock.set_nonblocking(true).unwrap();
+        let sent = Arc::new(AtomicU64::new(0));
+        let now = Instant::now();
+        let w = Writer {
+            sock,
+            st: Sender::new(SendSpec {
+                chunk,
+                datagrams: None,
+                until_ns: None,
+            }),
+            clock: SendClock {
+                stream_start: now,
+                test_start: now,
+            },
+            budget: Arc::new(ByteBudget::new(budget)),
+            sent: Arc::clone(&sent),
+            stop: Arc::clone(stop),
+        };
+        (Box::new(w), sent)
+    }
+
     #[test]
     fn many_streams_share_the_threads_and_all_move_their_bytes() {
         // 64 senders of 1 MB each (the -n budget of each), their readers
@@ -587,25 +616,8 @@ mod tests {
         let mut handles = Vec::new();
         for _ in 0..64 {
             let (a, b) = pair();
-            a.set_nonblocking(true).unwrap();
-            let sent = Arc::new(AtomicU64::new(0));
-            let now = Instant::now();
-            let task = Writer {
-                sock: a,
-                st: Sender::new(SendSpec {
-                    chunk: 65536,
-                    datagrams: None,
-                    until_ns: None,
-                }),
-                clock: SendClock {
-                    stream_start: now,
-                    test_start: now,
-                },
-                budget: Arc::new(ByteBudget::new(Some(1_000_000))),
-                sent: Arc::clone(&sent),
-                stop: Arc::new(AtomicBool::new(false)),
-            };
-            handles.push((spawn(Box::new(task)).unwrap(), sent));
+            let (task, sent) = writer(a, 65536, Some(1_000_000), &Arc::new(AtomicBool::new(false)));
+            handles.push((spawn(task).unwrap(), sent));
             readers.push(std::thread::spawn(move || {
                 let mut got = Vec::new();
                 (&b).read_to_end(&mut got).unwrap();
@@ -646,25 +658,8 @@ mod tests {
         h.join();
         // The threads still serve: a sender after it moves its bytes.
         let (a, b) = pair();
-        a.set_nonblocking(true).unwrap();
-        let now = Instant::now();
-        let sent = Arc::new(AtomicU64::new(0));
-        let h = spawn(Box::new(Writer {
-            sock: a,
-            st: Sender::new(SendSpec {
-                chunk: 1000,
-                datagrams: None,
-                until_ns: None,
-            }),
-            clock: SendClock {
-                stream_start: now,
-                test_start: now,
-            },
-            budget: Arc::new(ByteBudget::new(Some(5000))),
-            sent: Arc::clone(&sent),
-            stop: Arc::new(AtomicBool::new(false)),
-        }))
-        .unwrap();
+        let (task, _) = writer(a, 1000, Some(5000), &Arc::new(AtomicBool::new(false)));
+        let h = spawn(task).unwrap();
         let mut got = Vec::new();
         (&b).read_to_end(&mut got).unwrap();
         h.join();
@@ -677,26 +672,9 @@ mod tests {
         // A sender whose peer never reads blocks on a full socket; the
         // stop flag and a wake end it.
         let (a, _b) = pair();
-        a.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(AtomicU64::new(0));
-        let now = Instant::now();
-        let h = spawn(Box::new(Writer {
-            sock: a,
-            st: Sender::new(SendSpec {
-                chunk: 65536,
-                datagrams: None,
-                until_ns: None,
-            }),
-            clock: SendClock {
-                stream_start: now,
-                test_start: now,
-            },
-            budget: Arc::new(ByteBudget::new(None)),
-            sent: Arc::clone(&sent),
-            stop: Arc::clone(&stop),
-        }))
-        .unwrap();
+        let (task, sent) = writer(a, 65536, None, &stop);
+        let h = spawn(task).unwrap();
         // Wait until it has filled the socket (sent stops growing).
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut last = u64::MAX;
