@@ -62,6 +62,18 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// True when `argv` is a `fatpipe server` command line that names a
+/// configuration file or asks for `--print-config`: only then is there
+/// anything for [`expand`] to do, so no other command pays for a second
+/// parse at start-up.
+pub fn wanted(argv: &[OsString]) -> bool {
+    argv.get(1).is_some_and(|a| a == "server")
+        && argv.iter().skip(2).any(|a| {
+            let a = a.as_encoded_bytes();
+            a.starts_with(b"--config") || a == b"--print-config"
+        })
+}
+
 /// Reads `fatpipe server --config FILE` into flags; any other command line
 /// is returned as it is (clap reports its own errors when it parses it).
 pub fn expand(argv: Vec<OsString>, cli: &Command) -> Result<Expanded, ConfigError> {
@@ -596,6 +608,17 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 20, "only {checked} server flags");
+    }
+
+    #[test]
+    fn only_server_command_lines_with_a_file_or_print_are_expanded() {
+        let v = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert!(wanted(&v(&["fatpipe", "server", "--config", "f"])));
+        assert!(wanted(&v(&["fatpipe", "server", "-q", "--config=f"])));
+        assert!(wanted(&v(&["fatpipe", "server", "--print-config"])));
+        assert!(!wanted(&v(&["fatpipe", "server", "--port", "0"])));
+        assert!(!wanted(&v(&["fatpipe", "test", "--config", "f"])));
+        assert!(!wanted(&v(&["fatpipe"])));
     }
 
     #[test]

@@ -56,7 +56,13 @@ enum Command {
 fn main() -> std::process::ExitCode {
     // `fatpipe server --config FILE`: the file's keys become flags before
     // the command line's; an error in it is one line, exit 2.
-    let argv = match config::expand(std::env::args_os().collect(), &Cli::command()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let expanded = if config::wanted(&argv) {
+        config::expand(argv, &Cli::command())
+    } else {
+        Ok(config::Expanded::Run(argv))
+    };
+    let argv = match expanded {
         Ok(config::Expanded::Run(argv)) => argv,
         Ok(config::Expanded::Print(text)) => {
             print!("{text}");
