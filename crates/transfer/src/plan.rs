@@ -163,10 +163,6 @@ pub fn chunk_to_fit(sizes: &[u64], chunk: u32, bound: u64, max: u32) -> u32 {
     c
 }
 
-// The chunk size a copy uses when none is given is policy: it lives in
-// `fatpipe_tune::plan::auto_chunk_size`, re-exported here.
-pub use fatpipe_tune::plan::{auto_chunk_size, AUTO_CHUNK_RANGE, AUTO_CHUNK_SECS};
-
 /// The shared work queue.
 #[derive(Debug, Default)]
 pub struct Queue {

@@ -369,7 +369,7 @@ pub struct CopyTuning {
     pub data: DataOpts,
     /// The server's data sockets (sent in the request).
     pub server: SocketTuning,
-    /// The chunk size for the path ([`crate::plan::auto_chunk_size`]), used
+    /// The chunk size for the path ([`fatpipe_tune::plan::auto_chunk_size`]), used
     /// unless `--chunk-size` gives one.
     pub chunk_size: u32,
     /// For the JSON (`adjusting`: the in-flight adjuster always runs).
@@ -408,7 +408,7 @@ impl CopyTuning {
             streams,
             data,
             server,
-            chunk_size: crate::plan::auto_chunk_size(rate, u32::from(streams)),
+            chunk_size: fatpipe_tune::plan::auto_chunk_size(rate, u32::from(streams)),
             record,
         }
     }

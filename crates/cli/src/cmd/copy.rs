@@ -256,7 +256,7 @@ pub fn plan(args: &Args) -> anyhow::Result<Plan> {
     }
     let auto_chunk = args.chunk_size == "auto";
     let chunk = if auto_chunk {
-        u64::from(fatpipe_transfer::plan::AUTO_CHUNK_RANGE.1)
+        u64::from(fatpipe_tune::plan::AUTO_CHUNK_RANGE.1)
     } else {
         units::parse_size(&args.chunk_size).map_err(|e| usage(e.to_string()))?
     };
