@@ -14,7 +14,7 @@ use fatpipe_lab::{End, Lab, LinkSpec};
 use fatpipe_schema::copy::CopyReport;
 use fatpipe_schema::test::TestReport;
 
-use crate::util::{self, assert_exit, run, setup, spawn_server, Dir, Guard};
+use crate::util::{self, assert_exit, run, setup, spawn_server, stderr, Dir, Guard};
 
 fn loopback_server(dir: &Dir, extra: &[&str]) -> (Guard, u16) {
     let mut cmd = dir.cmd();
@@ -31,10 +31,6 @@ fn report(out: &Output) -> TestReport {
             String::from_utf8_lossy(&out.stdout)
         )
     })
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -13,7 +13,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::util::{self, assert_exit, assert_same_tree, json, mkdir, random_file, Dir, Guard};
+use crate::util::{
+    self, assert_exit, assert_same_tree, json, mkdir, random_file, stderr, Dir, Guard,
+};
 
 const KEY: &str = "encrypt-test-key-0123456789\n";
 
@@ -74,10 +76,6 @@ fn copy(dir: &Dir, port: u16) -> Command {
     .arg("--key-file")
     .arg(dir.path().join("key"));
     c
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

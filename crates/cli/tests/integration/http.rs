@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::util::{assert_exit, random_file, run, setup, skip, wait_for, Dir, Guard, Lines};
+use crate::util::{assert_exit, have, random_file, run, setup, skip, wait_for, Dir, Guard, Lines};
 
 /// A server with `--http 127.0.0.1:0` (and `extra`): its guard, the HTTP
 /// address, the metrics address and its log lines.
@@ -59,14 +59,6 @@ fn server(dir: &Dir, extra: &[&str]) -> Http {
         log: Lines::read(stderr),
         pid,
     }
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// Runs curl with `args` (silent, errors shown, a 60 s cap); returns the

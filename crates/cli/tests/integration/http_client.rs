@@ -13,7 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::util::{
-    assert_exit, json, mkdir, random_file, run, setup, skip, within, Dir, Guard, Lines,
+    assert_exit, free_port, have, json, mkdir, random_file, run, setup, skip, stderr, within, Dir,
+    Guard, Lines,
 };
 
 /// A fatpipe server with `--http 127.0.0.1:0` and `extra`: its guard and
@@ -42,18 +43,6 @@ fn server(dir: &Dir, extra: &[&str]) -> (Guard, String, Lines) {
         "the server printed no 'http listening on' line"
     );
     (guard, addr, Lines::read(stderr))
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn same(a: &Path, b: &Path) {
@@ -434,15 +423,6 @@ fn http_client_says_401_and_403_and_exits_2() {
     assert_exit(&out, 2);
     assert!(stderr(&out).contains("403"), "{}", stderr(&out));
     assert!(!export.join("new.bin").exists());
-}
-
-/// A free loopback port (bound, then released for the server to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

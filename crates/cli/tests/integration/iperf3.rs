@@ -6,25 +6,14 @@
 //! protocol lets both ends count the same bytes.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{TcpStream, UdpSocket};
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fatpipe_schema::test::{Direction, TestReport};
 use serde_json::Value;
 
-use crate::util::{self, assert_exit, run, setup, Dir, Guard};
-
-/// A TCP and UDP port nothing listens on right now.
-fn free_port() -> u16 {
-    loop {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = l.local_addr().expect("addr").port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
+use crate::util::{self, assert_exit, free_port, run, setup, Dir, Guard};
 
 /// True when something listens on TCP `port` (from /proc, so that iperf3
 /// does not take a probe connection for a client).

@@ -10,14 +10,10 @@ use std::path::PathBuf;
 
 use fatpipe_schema::tune::{TargetSource, ValueSource};
 
-use crate::util::{assert_exit, need_root, run, setup, spawn_server};
+use crate::util::{assert_exit, need_root, run, setup, spawn_server, stderr};
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
