@@ -622,23 +622,18 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
     }
     // RFC 9110 preconditions: `If-None-Match: *` creates only,
     // `If-Match: *` replaces only.
-    if existing.is_some()
-        && req
-            .headers()
-            .get(header::IF_NONE_MATCH)
+    let star = |name| {
+        req.headers()
+            .get(name)
             .is_some_and(|v| v.as_bytes() == b"*")
-    {
+    };
+    if existing.is_some() && star(header::IF_NONE_MATCH) {
         return text(
             StatusCode::PRECONDITION_FAILED,
             "the file exists (If-None-Match: *)",
         );
     }
-    if existing.is_none()
-        && req
-            .headers()
-            .get(header::IF_MATCH)
-            .is_some_and(|v| v.as_bytes() == b"*")
-    {
+    if existing.is_none() && star(header::IF_MATCH) {
         return text(
             StatusCode::PRECONDITION_FAILED,
             "no such file to replace (If-Match: *)",
