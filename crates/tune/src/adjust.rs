@@ -112,15 +112,49 @@ impl AdjustConfig {
             max_streams: max_streams.max(plan.streams).max(1),
             congestion: plan.congestion.clone(),
             bbr_available,
-            near_rate: 0.92,
-            samples_per_decision: 3,
+            near_rate: NEAR_RATE,
+            samples_per_decision: SAMPLES_PER_DECISION,
             cruise: None,
             stream_window: plan.set_buffers.then_some(plan.per_stream_buffer),
             mss: mss_for(path.mtu),
             headroom: Policy::default().headroom,
         }
     }
+
+    /// The configuration for connections whose sender this end cannot
+    /// steer (an HTTP download: the server's windows and congestion
+    /// control are its own): it can only add connections, from `streams`
+    /// up to `max_streams`, while each step raises the rate. The path rate
+    /// is unknown unless `rate_cap` bounds it.
+    pub fn for_connections(
+        streams: u32,
+        max_streams: u32,
+        min_rtt: Duration,
+        rate_cap: Option<u64>,
+    ) -> Self {
+        AdjustConfig {
+            path_rate: rate_cap,
+            min_rtt,
+            streams: streams.max(1),
+            max_streams: max_streams.max(streams).max(1),
+            congestion: "the server's".into(),
+            bbr_available: false,
+            near_rate: NEAR_RATE,
+            samples_per_decision: SAMPLES_PER_DECISION,
+            cruise: None,
+            stream_window: None,
+            mss: mss_for(0),
+            headroom: Policy::default().headroom,
+        }
+    }
 }
+
+/// Fraction of the path rate counted as "at the path rate" (goodput at MTU
+/// 1500 peaks near 94 % of the link rate).
+const NEAR_RATE: f64 = 0.92;
+
+/// Samples averaged for each decision.
+const SAMPLES_PER_DECISION: u32 = 3;
 
 /// How an auto-tuned transfer actually started: what
 /// [`AdjustConfig::for_transfer`] needs beyond the pre-flight's record. The
@@ -1079,5 +1113,24 @@ mod tests {
         assert!(json.contains("\"n\":2"), "{json}");
         let back: Decision = serde_json::from_str(&json).expect("round trip");
         assert_eq!(back, changes[0]);
+    }
+
+    #[test]
+    fn connections_only_adds_connections_with_the_plans_thresholds() {
+        let rtt = Duration::from_millis(93);
+        let c = AdjustConfig::for_connections(9, 32, rtt, Some(1_000_000_000));
+        assert_eq!((c.streams, c.max_streams, c.min_rtt), (9, 32, rtt));
+        assert_eq!(c.path_rate, Some(1_000_000_000));
+        assert!(!c.bbr_available && c.cruise.is_none() && c.stream_window.is_none());
+        assert_eq!(c.mss, 1448);
+        // The same thresholds as a planned transfer's.
+        assert_eq!(
+            (c.near_rate, c.samples_per_decision),
+            (NEAR_RATE, SAMPLES_PER_DECISION)
+        );
+        assert_eq!(
+            AdjustConfig::for_connections(40, 32, rtt, None).max_streams,
+            40
+        );
     }
 }

@@ -260,7 +260,12 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
                     );
                 }
                 let driver = Mutex::new(Driver::new(
-                    Adjuster::new(adjust_config(connections, rtt, bwlimit)),
+                    Adjuster::new(AdjustConfig::for_connections(
+                        connections,
+                        get::MAX_CONNECTIONS,
+                        rtt,
+                        bwlimit,
+                    )),
                     fatpipe_tune::steer::Options {
                         record_failed: true,
                         forced_add: None,
@@ -318,26 +323,6 @@ enum Outcome {
     Pull(get::Report),
     Push(put::Report),
     Tree(put::TreeReport),
-}
-
-/// The in-flight adjuster for a download: the path's rate unknown (or
-/// the cap), no retransmits seen (the sender is the server), so it adds
-/// connections while each step raises the rate by 5 %, up to the ceiling.
-fn adjust_config(start: u32, rtt: Duration, cap: Option<u64>) -> AdjustConfig {
-    AdjustConfig {
-        path_rate: cap,
-        min_rtt: rtt,
-        streams: start,
-        max_streams: get::MAX_CONNECTIONS,
-        congestion: "the server's".into(),
-        bbr_available: false,
-        near_rate: 0.92,
-        samples_per_decision: 3,
-        cruise: None,
-        stream_window: None,
-        mss: 1448,
-        headroom: fatpipe_tune::plan::Policy::default().headroom,
-    }
 }
 
 /// Connections an auto-tuned download starts with: one per 10 ms of
