@@ -62,6 +62,17 @@ pub trait FrontEnd: Send + Sync + 'static {
     /// stream, the log.
     fn serve(&self, tcp: TcpStream, conn: Conn);
 
+    /// Called on the port's accept thread before [`serve`](Self::serve):
+    /// a front end may finish here, without a thread of its own, a
+    /// connection whose whole first message has already arrived and needs
+    /// no answer (a data stream presenting its session's cookie). It must
+    /// not block (the socket is non-blocking meanwhile). Returns the
+    /// connection to be served on a thread of its own, as it was (nothing
+    /// read from it); the default takes none.
+    fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
+        Some((tcp, conn))
+    }
+
     /// Called every watchdog tick (100 ms) while the server runs: for a
     /// front end's own deadlines (the fatpipe protocol ends sessions that
     /// never start). The default does nothing.
@@ -625,7 +636,7 @@ pub(crate) struct Listening {
 }
 
 /// Accepts on one port until the drain is over, one thread per
-/// connection; the first loop to see the shutdown starts the drain.
+/// connection (unless the front end finishes it inline); the first loop to see the shutdown starts the drain.
 pub(crate) fn accept_loop(gate: &Arc<Gate>, listening: &Listening) {
     let Listening {
         listener,
@@ -670,7 +681,26 @@ pub(crate) fn accept_loop(gate: &Arc<Gate>, listening: &Listening) {
             gate.summarise(port.label, Event::HandshakeCap, peer.ip());
             continue;
         };
-        let (gate, port, front) = (Arc::clone(gate), Arc::clone(port), Arc::clone(front));
+        let conn = Conn {
+            gate: Arc::clone(gate),
+            port: Arc::clone(port),
+            handshake,
+            peer,
+            seq,
+            accepted: Instant::now(),
+        };
+        // A stream whose cookie is already here is handed over at once:
+        // a thousand of them connecting together cost no thread each, and
+        // never wait for one while their handshake slots run out.
+        let inline = match tcp.set_nonblocking(true) {
+            Ok(()) => front.serve_inline(tcp, conn),
+            Err(_) => Some((tcp, conn)),
+        };
+        let Some((tcp, conn)) = inline else { continue };
+        if tcp.set_nonblocking(false).is_err() {
+            continue;
+        }
+        let front = Arc::clone(front);
         let name = format!("{} {peer}", port.name);
         let spawned = std::thread::Builder::new()
             .name(name)
@@ -680,12 +710,8 @@ pub(crate) fn accept_loop(gate: &Arc<Gate>, listening: &Listening) {
                 // read, as it always has: on a loaded host a thread may
                 // start late, and that is not the peer's time.
                 let conn = Conn {
-                    gate,
-                    port,
-                    handshake,
-                    peer,
-                    seq,
                     accepted: Instant::now(),
+                    ..conn
                 };
                 front.serve(tcp, conn)
             });

@@ -78,6 +78,10 @@ pub struct Options {
     /// Limit for each step after the cookie: the parameters and stream
     /// setup (the cookie itself is read by the engine's pre-auth deadline).
     pub handshake_timeout: Duration,
+    /// Time an admitted session has to connect all of its streams (the
+    /// server's `--start-timeout`): iperf3's client connects them one by
+    /// one, and 128 of them from a loaded host take longer than one step.
+    pub start_timeout: Duration,
     /// iperf3's RSA authentication: when set, every client must present
     /// a token this admits.
     pub auth: Option<Arc<crate::auth::Authorizer>>,
@@ -87,6 +91,7 @@ impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("start_timeout", &self.start_timeout)
             .field("auth", &self.auth.is_some())
             .finish_non_exhaustive()
     }
@@ -166,6 +171,34 @@ impl FrontEnd for Iperf3Port {
     fn serve(&self, tcp: TcpStream, conn: Conn) {
         connection(tcp, conn, &self.inner);
     }
+
+    fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
+        attach_inline(tcp, conn, &self.inner)
+    }
+}
+
+/// A data stream whose cookie has already arrived and names a session
+/// waiting for its streams: read it and hand the socket over, on the
+/// accept thread. Anything else (a control connection, a cookie still on
+/// its way) goes back to be served on a thread, unread.
+fn attach_inline(mut tcp: TcpStream, mut conn: Conn, inner: &Inner) -> Option<(TcpStream, Conn)> {
+    let mut cookie = [0u8; wire::COOKIE_LEN];
+    if !matches!(tcp.peek(&mut cookie), Ok(n) if n == cookie.len()) {
+        return Some((tcp, conn));
+    }
+    let pending = lock(&inner.pending);
+    let Some(tx) = pending.get(&cookie) else {
+        drop(pending);
+        return Some((tcp, conn));
+    };
+    // Peeked whole, so this read takes exactly the cookie without waiting.
+    if tcp.read_exact(&mut cookie).is_err() || tcp.set_nonblocking(false).is_err() {
+        return None;
+    }
+    let _ = tcp.set_write_timeout(Some(inner.opts.handshake_timeout));
+    conn.admitted();
+    let _ = tx.try_send((conn.seq(), tcp));
+    None
 }
 
 /// A UDP socket on `addr` that shares the port with the per-stream ones.
@@ -476,7 +509,7 @@ fn tcp_streams(
     lock(&inner.pending).insert(cookie, tx);
     let r = (|| {
         ctrl.send_state(State::CreateStreams)?;
-        collect(&rx, total, inner.opts.handshake_timeout)
+        collect(&rx, total, inner.opts.start_timeout)
     })();
     lock(&inner.pending).remove(&cookie);
     let mut streams = r?;
@@ -521,7 +554,7 @@ fn udp_streams(
     let ip = peer
         .map(|a| a.ip())
         .ok_or_else(|| Refusal::new(errno::STREAMACCEPT, "no peer address"))?;
-    let deadline = Instant::now() + inner.opts.handshake_timeout;
+    let deadline = Instant::now() + inner.opts.start_timeout;
     {
         let (m, cv) = &inner.udp_busy;
         let mut busy = lock(m);

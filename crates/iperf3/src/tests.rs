@@ -15,6 +15,7 @@ use crate::server::{Iperf3Port, Options, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOUR
 fn server() -> std::net::SocketAddr {
     let opts = Options {
         handshake_timeout: Duration::from_secs(5),
+        start_timeout: Duration::from_secs(5),
         auth: None,
     };
     let (listener, port) = Iperf3Port::bind(([127, 0, 0, 1], 0).into(), opts).expect("bind");

@@ -105,6 +105,7 @@ pub fn bind_server(
     a: &super::server::Args,
     port: u16,
     handshake: Duration,
+    start: Duration,
 ) -> anyhow::Result<(std::net::TcpListener, fatpipe_iperf3::server::Iperf3Port)> {
     let auth = match (&a.iperf3_rsa_private_key, &a.iperf3_authorized_users) {
         (Some(key), Some(users)) => Some(std::sync::Arc::new(
@@ -120,6 +121,7 @@ pub fn bind_server(
     };
     let opts = fatpipe_iperf3::server::Options {
         handshake_timeout: handshake,
+        start_timeout: start,
         auth,
     };
     fatpipe_iperf3::server::Iperf3Port::bind(std::net::SocketAddr::new(a.bind, port), opts)

@@ -158,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let metrics = super::metrics::bind(&args.metrics, key.clone(), logger.clone())?;
     let http = super::http::bind(&args.http, &args.exports, key.as_ref())?;
     let iperf3 = match args.iperf3_port {
-        Some(port) => Some(super::iperf3::bind_server(&args, port, preauth)?),
+        Some(port) => Some(super::iperf3::bind_server(&args, port, preauth, start)?),
         None => None,
     };
     // Every port is a front end of the one server: the same caps,

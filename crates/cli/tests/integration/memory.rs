@@ -18,6 +18,9 @@ use crate::util::{assert_exit, run, setup, spawn_server, Dir, Guard};
 /// Streams of the big test: the issue's 1,024 (the session's cap).
 const STREAMS: u32 = 1024;
 
+/// Stock iperf3 clients of 128 streams each beside it.
+const IPERF3_CLIENTS: usize = 20;
+
 /// What the server's resident set may grow by under it.
 const RSS_BOUND_KIB: u64 = 256 * 1024;
 
@@ -26,19 +29,50 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 #[test]
 fn issue_34_a_peers_long_streams_do_not_choose_the_servers_memory() {
+    // The issue's load: `test -R -P 1024 -l 16M` (each sending stream had
+    // its own 16 MiB pattern: 16 GiB) and 20 stock `iperf3 -c -P 128` at
+    // once (2,560 more streams on the iperf3 port), while another client
+    // runs a test of its own.
     let dir = setup();
-    let (srv, port) = server(&dir);
+    let (srv, port, iperf3_port) = server_with_iperf3(&dir);
     let pid = srv.0.id();
     let before = status(pid, "VmRSS:");
     let streams = STREAMS.to_string();
-    let big = Client::spawn(&dir, port, &["-R", "-P", &streams, "-l", "16M", "-t", "3"]);
+    let big = Client::spawn(&dir, port, &["-R", "-P", &streams, "-l", "16M", "-t", "4"]);
     // Once the big test reports its first interval every stream is
-    // attached and sending; the other client comes then.
+    // attached and sending; the others come then.
     big.next_interval();
+    let iperf3: Vec<Guard> = (0..IPERF3_CLIENTS)
+        .map(|_| {
+            let child = Command::new("iperf3")
+                .args(["-c", "127.0.0.1", "-p", &iperf3_port.to_string()])
+                .args(["-P", "128", "-t", "2", "--connect-timeout", "60000"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn iperf3 -c (test.sh installs iperf3)");
+            Guard(child)
+        })
+        .collect();
     let small = run(&mut test_cmd(&dir, port, &["-t", "1", "--json"]));
     assert_exit(&small, 0);
     let small: TestReport = serde_json::from_slice(&small.stdout).expect("small report");
     assert!(small.end.sums[0].bytes > 0, "the other client moved data");
+    for (i, mut c) in iperf3.into_iter().enumerate() {
+        let status = c.0.wait().expect("wait for iperf3 -c");
+        let mut err = String::new();
+        if let Some(mut e) = c.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        if !status.success() {
+            let log = std::fs::read_to_string(dir.path().join(SERVER_LOG)).unwrap_or_default();
+            let said: Vec<&str> = log.lines().filter(|l| !l.contains(" = ")).collect();
+            panic!(
+                "iperf3 client {i} exited {status}: {err}\nthe server said:\n{}",
+                said.join("\n")
+            );
+        }
+    }
     let end = big.end();
     let peak = status(pid, "VmHWM:");
     let grew = peak.saturating_sub(before);
@@ -159,22 +193,7 @@ fn issue_34_stock_iperf3_streams_run_on_the_servers_few_threads() {
     // `iperf3 -c -P 128 --bidir` was 256 threads. On the runner the
     // server keeps its few threads.
     let dir = setup();
-    let mut cmd = dir.cmd();
-    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
-        .args(["--iperf3-port", "0", "--quiet"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().expect("spawn fatpipe server");
-    let stdout = child.stdout.take().expect("server stdout");
-    let srv = Guard(child);
-    let mut lines = BufReader::new(stdout).lines();
-    let _fatpipe = lines.next();
-    let second = lines.next().and_then(|l| l.ok()).unwrap_or_default();
-    let port: u16 = second
-        .strip_prefix("iperf3 listening on ")
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected second line: {second:?}"));
+    let (srv, _, port) = server_with_iperf3(&dir);
     let mut client = Command::new("iperf3")
         .args(["-c", "127.0.0.1", "-p", &port.to_string()])
         .args([
@@ -232,6 +251,33 @@ fn server(dir: &Dir) -> (Guard, u16) {
     let mut cmd = dir.cmd();
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"]);
     spawn_server(cmd)
+}
+
+/// Where [`server_with_iperf3`] writes the server's stderr.
+const SERVER_LOG: &str = "server.log";
+
+/// Starts `fatpipe server` with its iperf3 port: (server, fatpipe port,
+/// iperf3 port).
+fn server_with_iperf3(dir: &Dir) -> (Guard, u16, u16) {
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
+        .args(["--iperf3-port", "0"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join(SERVER_LOG)).expect("server log"));
+    let mut child = cmd.spawn().expect("spawn fatpipe server");
+    let stdout = child.stdout.take().expect("server stdout");
+    let srv = Guard(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let mut port = |prefix: &str| -> u16 {
+        let line = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        line.strip_prefix(prefix)
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
+    };
+    let fatpipe = port("listening on ");
+    let iperf3 = port("iperf3 listening on ");
+    (srv, fatpipe, iperf3)
 }
 
 fn test_cmd(dir: &Dir, port: u16, args: &[&str]) -> Command {
