@@ -161,6 +161,13 @@ impl Overrides {
     }
 }
 
+/// Whether a command auto-tunes: TCP, not `--no-auto`, and some part of
+/// the plan (streams, buffer, congestion control, pacing) left to choose.
+/// The one answer for `test`, `test --iperf3` and `copy`.
+pub fn wanted(no_auto: bool, tcp: bool, o: &Overrides) -> bool {
+    !no_auto && tcp && !o.all_given()
+}
+
 /// What to run with: the plan with the user's flags laid over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -598,23 +605,50 @@ pub fn run(req: &Request) -> Result<Tuned, PreflightError> {
 
 /// The pre-flight after its probe (pure).
 pub fn settle(pre: Preflight, req: &Request) -> Tuned {
-    let mut settings = merge(&pre.plan, &req.overrides);
-    if let Some(f) = &req.floor {
+    settle_with(pre, req.into())
+}
+
+/// What [`settle`] lays over a pre-flight's plan: the part of a
+/// [`Request`] that is not the probe, so a pre-flight that had no probe
+/// ([`blind_live`], a stock iperf3 server) settles the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct Laid<'a> {
+    /// The user's flags.
+    pub overrides: &'a Overrides,
+    /// The command's own minimum of streams.
+    pub floor: Option<&'a Floor>,
+    /// A rate cap that replaces the plan's pacing.
+    pub rate_cap: Option<u64>,
+    /// The planner's bounds.
+    pub policy: &'a Policy,
+}
+
+impl<'a> From<&'a Request> for Laid<'a> {
+    fn from(req: &'a Request) -> Laid<'a> {
+        Laid {
+            overrides: &req.overrides,
+            floor: req.floor.as_ref(),
+            rate_cap: req.rate_cap,
+            policy: &req.preflight.policy,
+        }
+    }
+}
+
+/// [`settle`] for a pre-flight however it was made (pure).
+pub fn settle_with(pre: Preflight, laid: Laid<'_>) -> Tuned {
+    let mut settings = merge(&pre.plan, laid.overrides);
+    if let Some(f) = laid.floor {
         settings.at_least(f.streams);
     }
     let mut line = line(&pre.plan, &settings);
-    if let Some(f) = req
-        .floor
-        .as_ref()
-        .filter(|_| settings.streams > pre.plan.streams)
-    {
+    if let Some(f) = laid.floor.filter(|_| settings.streams > pre.plan.streams) {
         line += &format!("; {} uses {} streams ({})", f.who, settings.streams, f.why);
     }
-    let start_window = start_window(&pre, &settings, &req.preflight.policy);
+    let start_window = start_window(&pre, &settings, laid.policy);
     let short = short_line(&pre, &settings);
     let act_on = pre.actionable.clone();
     let mut record = record(&pre, &settings, false);
-    if req.rate_cap.is_some() && settings.pacing_rate.is_some() {
+    if laid.rate_cap.is_some() && settings.pacing_rate.is_some() {
         record.pacing_rate = None;
         record.overridden.push("pacing".into());
     }

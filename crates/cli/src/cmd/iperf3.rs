@@ -237,10 +237,14 @@ fn notes(p: &TestParams) -> Vec<String> {
     out
 }
 
-/// True when auto-tuning has something to choose: TCP, no `--no-auto`,
-/// and streams or buffer left to it.
+/// True when auto-tuning has something to choose: the same answer as
+/// `fatpipe test`'s.
 fn wants_auto(a: &Args, p: &TestParams) -> bool {
-    !a.no_auto && p.protocol == Protocol::Tcp && (a.parallel.is_none() || p.window.is_none())
+    auto::wanted(
+        a.no_auto,
+        p.protocol == Protocol::Tcp,
+        &super::test::overrides(a, p),
+    )
 }
 
 /// Plans from what the control connection showed (RTT, MTU) and this
@@ -272,24 +276,44 @@ fn auto_tune(a: &Args, link: &Link, c: &mut Config) -> Option<AutoTune> {
         congestion: c.congestion.clone(),
         pacing_rate: c.fq_rate,
     };
-    let s = auto::merge(&pre.plan, &overrides);
+    // Settled as `test` and `copy` settle their probe's plan, and printed
+    // as `test` prints it.
+    let t = auto::settle_with(
+        pre,
+        auto::Laid {
+            overrides: &overrides,
+            floor: None,
+            rate_cap: None,
+            policy: &policy,
+        },
+    );
+    let s = &t.settings;
     c.streams = s.streams.min(wire::MAX_STREAMS);
     c.window = s.buffer.map(|b| b.min(wire::MAX_WINDOW));
     c.fq_rate = s.pacing_rate;
     if c.congestion.is_none() {
         c.local_congestion = s.congestion.clone();
     }
-    let mut rec = auto::record(&pre, &s, false);
-    rec.warnings
-        .push("no in-flight adjustment: iperf3 cannot add streams to a running test".into());
+    // What only iperf3 lacks is always said.
+    let mut own = vec!["no in-flight adjustment: iperf3 cannot add streams to a running test"];
     if c.congestion.is_none() {
-        rec.warnings
-            .push("congestion control set at this end only (the server may not offer it)".into());
+        own.push("congestion control set at this end only (the server may not offer it)");
     }
-    eprintln!("{}", auto::line(&pre.plan, &s));
-    for w in &rec.warnings {
+    let mut rec = t.record;
+    let (line, warnings) = if a.verbose {
+        (&t.line, &rec.warnings)
+    } else {
+        (&t.short, &t.act_on)
+    };
+    eprintln!("{line}");
+    for w in warnings
+        .iter()
+        .map(String::as_str)
+        .chain(own.iter().copied())
+    {
         eprintln!("fatpipe: warning: auto: {w}");
     }
+    rec.warnings.extend(own.into_iter().map(String::from));
     Some(rec)
 }
 

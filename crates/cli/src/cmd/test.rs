@@ -303,11 +303,11 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
 /// True when the test should be auto-tuned: TCP, no `--no-auto`, and some
 /// part of the plan (streams, window, congestion, pacing) left to choose.
 fn wants_auto(a: &Args, p: &TestParams) -> bool {
-    !a.no_auto && p.protocol == Protocol::Tcp && !overrides(a, p).all_given()
+    auto::wanted(a.no_auto, p.protocol == Protocol::Tcp, &overrides(a, p))
 }
 
 /// The parts of a plan the user's flags fix.
-fn overrides(a: &Args, p: &TestParams) -> auto::Overrides {
+pub(super) fn overrides(a: &Args, p: &TestParams) -> auto::Overrides {
     auto::Overrides {
         streams: a.parallel.map(|_| p.streams),
         buffer: p.window,
