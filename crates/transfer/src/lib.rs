@@ -105,6 +105,59 @@ pub struct Failure {
     pub path: String,
     /// What went wrong and what to do.
     pub message: String,
+    /// What kind of failure: what a caller acts on, instead of reading
+    /// `message`.
+    pub kind: FailureKind,
+}
+
+/// What kind of failure a file's is, decided where the error happened
+/// (the end that writes) and carried to the other end with it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FailureKind {
+    /// The destination's file system is full; `on` names it as the
+    /// message does ("/data (xfs)", or "device" when its mount is unknown).
+    NoSpace {
+        /// The file system.
+        on: String,
+    },
+    /// The user's disk quota is exhausted.
+    Quota,
+    /// The file system refused the access.
+    Permission,
+    /// Anything else.
+    #[default]
+    Other,
+}
+
+/// Why one file failed, as it travels (`FileFailed`): its kind and the
+/// one line the user reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason {
+    /// What kind of failure.
+    pub kind: FailureKind,
+    /// What went wrong and what to do.
+    pub text: String,
+}
+
+impl From<String> for Reason {
+    /// A failure of no particular kind.
+    fn from(text: String) -> Reason {
+        Reason {
+            kind: FailureKind::Other,
+            text,
+        }
+    }
+}
+
+impl Failure {
+    /// File `path` failed for `why`.
+    pub fn new(path: String, why: Reason) -> Failure {
+        Failure {
+            path,
+            message: why.text,
+            kind: why.kind,
+        }
+    }
 }
 
 /// A test hook's value: the environment variable `name` (a

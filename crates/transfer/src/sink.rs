@@ -50,7 +50,7 @@ use crate::wire::{
     invalid, write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Need, Summary, WireError,
     HEADER_LEN,
 };
-use crate::{Failure, Progress};
+use crate::{Failure, FailureKind, Progress, Reason};
 
 /// How the receiver stores data.
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +93,7 @@ pub struct Sink {
     direct_used: AtomicBool,
     failures: Mutex<Vec<Failure>>,
     progress: Arc<Progress>,
-    early: Mutex<Vec<(u32, String)>>,
+    early: Mutex<Vec<(u32, Reason)>>,
     renames: AtomicU64,
     stall: crate::Stall,
 }
@@ -373,7 +373,7 @@ impl Sink {
     }
 
     /// Marks a file failed because the sender could not read it.
-    pub fn remote_failure(&self, file: u32, message: String) {
+    pub fn remote_failure(&self, file: u32, message: Reason) {
         if let Some(Some(slot)) = self.slots.get(file as usize) {
             self.fail(file, slot, message, false);
         }
@@ -671,7 +671,8 @@ impl Sink {
         self.send(&Msg::Resend { file: idx, chunk });
     }
 
-    fn fail(&self, idx: u32, slot: &Slot, message: String, tell_peer: bool) {
+    fn fail(&self, idx: u32, slot: &Slot, why: impl Into<Reason>, tell_peer: bool) {
+        let message: Reason = why.into();
         {
             let mut st = lock(&slot.st);
             if st.phase != Phase::Waiting {
@@ -681,10 +682,10 @@ impl Sink {
             st.open = None; // the part and journal stay for the next run
         }
         self.failed.fetch_add(1, Ordering::Relaxed);
-        lock(&self.failures).push(Failure {
-            path: self.entries[idx as usize].path.display(),
-            message: message.clone(),
-        });
+        lock(&self.failures).push(Failure::new(
+            self.entries[idx as usize].path.display(),
+            message.clone(),
+        ));
         if tell_peer {
             self.send(&Msg::FileFailed { file: idx, message });
         }
@@ -698,10 +699,10 @@ impl Sink {
             lock(&slot.st).phase = Phase::Failed;
         }
         self.failed.fetch_add(1, Ordering::Relaxed);
-        lock(&self.failures).push(Failure {
-            path: self.entries[idx as usize].path.display(),
-            message: message.clone(),
-        });
+        lock(&self.failures).push(Failure::new(
+            self.entries[idx as usize].path.display(),
+            message.clone(),
+        ));
         lock(&self.early).push((idx, message));
     }
 
@@ -725,9 +726,10 @@ impl Sink {
     /// The one line a failure of file `idx` gets. A full disk names the
     /// file system (mount point and type), what is free on it and what the
     /// file needs, so the user knows which disk to clear and by how much.
-    fn describe(&self, idx: u32, e: io::Error) -> String {
+    fn describe(&self, idx: u32, e: io::Error) -> Reason {
         // Only the kernel's errors: ENOSPC, EDQUOT and EACCES/EPERM.
         let os = e.raw_os_error().is_some();
+        let reason = |kind, text| Reason { kind, text };
         match e.kind() {
             io::ErrorKind::StorageFull if os => {
                 let need = match self.entries.get(idx as usize).map(|e| &e.kind) {
@@ -750,15 +752,19 @@ impl Sink {
                         )
                     })
                     .unwrap_or_default();
-                format!(
+                let text = format!(
                     "no space left on {on}{free}{need} (free space and re-run the same command to resume)"
-                )
+                );
+                reason(FailureKind::NoSpace { on }, text)
             }
-            io::ErrorKind::QuotaExceeded if os => {
-                "disk quota exceeded (journal kept: re-run to resume)".into()
+            io::ErrorKind::QuotaExceeded if os => reason(
+                FailureKind::Quota,
+                "disk quota exceeded (journal kept: re-run to resume)".into(),
+            ),
+            io::ErrorKind::PermissionDenied if os => {
+                reason(FailureKind::Permission, format!("permission denied ({e})"))
             }
-            io::ErrorKind::PermissionDenied if os => format!("permission denied ({e})"),
-            _ => e.to_string(),
+            _ => e.to_string().into(),
         }
     }
 
@@ -1068,10 +1074,10 @@ impl Sink {
                     d.set_mtime_self(e.mtime_s, e.mtime_ns)
                 });
             if let Err(err) = r {
-                lock(&self.failures).push(Failure {
-                    path: e.path.display(),
-                    message: format!("could not set directory mode/time: {err}"),
-                });
+                lock(&self.failures).push(Failure::new(
+                    e.path.display(),
+                    format!("could not set directory mode/time: {err}").into(),
+                ));
             }
         }
     }

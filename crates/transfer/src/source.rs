@@ -31,7 +31,7 @@ use crate::io::{pread_exact, AlignedBuf, Limiter};
 use crate::manifest::{open_origin, Origin};
 use crate::plan::{chunk_range, lock, ChunkRef, Queue};
 use crate::wire::{write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Summary};
-use crate::{Failure, Progress};
+use crate::{Failure, Progress, Reason};
 
 /// The size of one read-hash-send step.
 pub const PIECE: usize = 256 * 1024;
@@ -185,7 +185,7 @@ impl Source {
                         .get(file as usize)
                         .map(|e| e.path.display())
                         .unwrap_or_else(|| format!("#{file}"));
-                    lock(&self.failures).push(Failure { path, message });
+                    lock(&self.failures).push(Failure::new(path, message));
                 }
                 Ok(false)
             }
@@ -258,10 +258,8 @@ impl Source {
             return;
         }
         let path = self.entries[file as usize].path.display();
-        lock(&self.failures).push(Failure {
-            path,
-            message: message.clone(),
-        });
+        let message = Reason::from(message);
+        lock(&self.failures).push(Failure::new(path, message.clone()));
         if let Some(c) = lock(&self.ctrl).as_mut() {
             let _ = write_msg(c, &Msg::FileFailed { file, message });
         }

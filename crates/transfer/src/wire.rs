@@ -23,6 +23,7 @@ use std::io::{self, Read, Write};
 
 use crate::hash::Algo;
 use crate::relpath::{PathError, RelPath, MAX_PATH};
+use crate::{FailureKind, Reason};
 
 /// Protocol version; bumped on any incompatible change (2: streams added
 /// mid-session, sender statistics, congestion switches, the server's socket
@@ -31,8 +32,10 @@ use crate::relpath::{PathError, RelPath, MAX_PATH};
 /// engine's data hello, without waiting for the answers; 4: rsync's
 /// destination rule (a source path ending in `/`, or the export itself,
 /// sends the directory's contents, not the directory), and the sender's
-/// [`Msg::Notes`] on what it skipped or changed).
-pub const VERSION: u16 = 4;
+/// [`Msg::Notes`] on what it skipped or changed; 5: a `FileFailed` carries
+/// its failure's kind, so the other end acts on a full disk without
+/// reading the message).
+pub const VERSION: u16 = 5;
 /// The largest control frame accepted (payload bytes).
 pub const MAX_FRAME: usize = 1 << 20;
 /// The largest chunk accepted on a data connection.
@@ -294,12 +297,13 @@ pub enum Msg {
         /// Chunk index.
         chunk: u32,
     },
-    /// Either way: this file could not be copied (one line why).
+    /// Either way: this file could not be copied (one line why, and its
+    /// kind).
     FileFailed {
         /// File index.
         file: u32,
         /// What went wrong.
-        message: String,
+        message: Reason,
     },
     /// Receiver → sender: every file is complete or failed.
     Done(Summary),
@@ -578,7 +582,16 @@ impl Msg {
             Msg::FileFailed { file, message } => {
                 w.u8(9);
                 w.u32(*file);
-                w.bytes(message.as_bytes());
+                w.bytes(message.text.as_bytes());
+                match &message.kind {
+                    FailureKind::Other => w.u8(0),
+                    FailureKind::NoSpace { on } => {
+                        w.u8(1);
+                        w.bytes(on.as_bytes());
+                    }
+                    FailureKind::Quota => w.u8(2),
+                    FailureKind::Permission => w.u8(3),
+                }
             }
             Msg::Done(s) => {
                 w.u8(10);
@@ -767,7 +780,23 @@ impl Msg {
             },
             9 => Msg::FileFailed {
                 file: r.u32()?,
-                message: r.text()?,
+                message: Reason {
+                    text: r.text()?,
+                    kind: match r.u8()? {
+                        0 => FailureKind::Other,
+                        1 => FailureKind::NoSpace {
+                            on: r.short_text(MAX_PATH)?,
+                        },
+                        2 => FailureKind::Quota,
+                        3 => FailureKind::Permission,
+                        k => {
+                            return Err(WireError::Unknown {
+                                what: "failure kind",
+                                value: u64::from(k),
+                            })
+                        }
+                    },
+                },
             },
             10 => Msg::Done(Summary {
                 files_verified: r.u64()?,

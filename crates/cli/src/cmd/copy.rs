@@ -40,7 +40,7 @@ use fatpipe_transfer::service::{self, CopyTuning, DataOpts, EngineLink};
 use fatpipe_transfer::session::{self, CopyError, Job};
 use fatpipe_transfer::tuner::CopyTuner;
 use fatpipe_transfer::wire::{Direction, NoteKind, SocketTuning};
-use fatpipe_transfer::Progress;
+use fatpipe_transfer::{FailureKind, Progress};
 use fatpipe_tune::auto;
 use fatpipe_tune::steer::Event;
 
@@ -533,7 +533,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     if let Some(file) = &args.plot {
         super::plots::copy(&out, file)?;
     }
-    for line in failure_lines(&out.failures) {
+    for line in failure_lines(&report.failures) {
         eprintln!("fatpipe: copy: {line}");
     }
     // Names and reasons from the sender (the server, on a pull): escaped.
@@ -749,25 +749,16 @@ fn notes(r: &session::Report, kind: NoteKind) -> impl Iterator<Item = CopyNote> 
 /// how much, the others on it are counted in one more line (a full disk
 /// in a tree copy fails every file after it, and a wall of identical lines
 /// would bury the one that matters).
-fn failure_lines(failures: &[CopyFailure]) -> Vec<String> {
-    const FULL: &str = "no space left on ";
-    // The file system a full-disk message names: "/data (xfs)", "device".
-    let disk = |m: &str| {
-        let rest = m.strip_prefix(FULL)?;
-        let end = rest
-            .find("): ")
-            .map_or_else(|| rest.find([':', ' ']).unwrap_or(rest.len()), |i| i + 1);
-        Some(rest[..end].to_string())
-    };
+fn failure_lines(failures: &[fatpipe_transfer::Failure]) -> Vec<String> {
     let mut lines = Vec::new();
     let mut full: Vec<(String, usize)> = Vec::new();
     for f in failures {
-        if let Some(d) = disk(&f.message) {
-            if let Some(seen) = full.iter_mut().find(|(k, _)| *k == d) {
+        if let FailureKind::NoSpace { on } = &f.kind {
+            if let Some(seen) = full.iter_mut().find(|(k, _)| k == on) {
                 seen.1 += 1;
                 continue;
             }
-            full.push((d, 0));
+            full.push((on.clone(), 0));
         }
         lines.push(format!("{}: {}", escape(&f.path), escape(&f.message)));
     }
@@ -1010,22 +1001,40 @@ mod tests {
 
     #[test]
     fn a_full_disk_is_said_once_with_the_others_counted() {
-        let f = |path: &str, message: &str| CopyFailure {
+        let f = |path: &str, message: &str, kind: FailureKind| fatpipe_transfer::Failure {
             path: path.into(),
             message: message.into(),
+            kind,
         };
         let full = |need: &str| {
             format!("no space left on /data (xfs): 1 MiB free of 6 MiB, this file needs {need} (free space and re-run the same command to resume)")
         };
+        let data = || FailureKind::NoSpace {
+            on: "/data (xfs)".into(),
+        };
         let lines = failure_lines(&[
-            f("big.bin", &full("12 MiB")),
-            f("a/b", "permission denied (os error 13)"),
-            f("small/1", &full("20 KiB")),
+            f("big.bin", &full("12 MiB"), data()),
+            f(
+                "a/b",
+                "permission denied (os error 13)",
+                FailureKind::Permission,
+            ),
+            f("small/1", &full("20 KiB"), data()),
             f(
                 "other",
                 "no space left on device (free space and re-run the same command to resume)",
+                FailureKind::NoSpace {
+                    on: "device".into(),
+                },
             ),
-            f("small/2", &full("4 KiB")),
+            f("small/2", &full("4 KiB"), data()),
+            // The kind decides, not the words: a message that reads like a
+            // full disk but is not one is listed as it is.
+            f(
+                "odd",
+                "no space left on the label (a file named so)",
+                FailureKind::Other,
+            ),
         ]);
         assert_eq!(
             lines,
@@ -1034,6 +1043,7 @@ mod tests {
                 "a/b: permission denied (os error 13)".to_string(),
                 "other: no space left on device (free space and re-run the same command to resume)"
                     .to_string(),
+                "odd: no space left on the label (a file named so)".to_string(),
                 "2 more files failed for lack of space on /data (xfs)".to_string(),
             ]
         );

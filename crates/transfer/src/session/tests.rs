@@ -1011,6 +1011,13 @@ fn a_full_disk_fails_that_file_alone_and_a_rerun_completes() {
         "{:?}",
         rep.failures
     );
+    // The kind came over the wire with the message (the server's sink
+    // failed the file; the client's source reports it).
+    assert!(
+        matches!(rep.failures[0].kind, crate::FailureKind::NoSpace { .. }),
+        "{:?}",
+        rep.failures
+    );
     assert!(mnt.path().join("t/fits").exists());
     assert!(
         !mnt.path().join("t/too big").exists(),

@@ -77,7 +77,23 @@ fn all_messages() -> Vec<Msg> {
         Msg::Resend { file: 1, chunk: 2 },
         Msg::FileFailed {
             file: 9,
-            message: "gone".into(),
+            message: "gone".to_string().into(),
+        },
+        Msg::FileFailed {
+            file: 10,
+            message: crate::Reason {
+                kind: crate::FailureKind::NoSpace {
+                    on: "/data (xfs)".into(),
+                },
+                text: "no space left on /data (xfs)".into(),
+            },
+        },
+        Msg::FileFailed {
+            file: 11,
+            message: crate::Reason {
+                kind: crate::FailureKind::Permission,
+                text: "permission denied".into(),
+            },
         },
         Msg::Done(Summary {
             files_verified: 1,
