@@ -1,7 +1,9 @@
 //! The client half of the probe: RTT echoes, the MTU search, packet trains,
 //! then the server's train timestamps.
 //!
-//! One thread, one connected UDP socket, phases in a fixed order because
+//! One thread, one connected UDP socket, and a state machine of phases
+//! ([`Phase`]: each one's I/O is a method of [`Run`], the choice of the
+//! next a pure function tested on its own), in a fixed order because
 //! each one sizes the next: the echoes give the RTT that sets every later
 //! timeout; the MTU search gives the packet size of the trains; the trains
 //! go last so their queueing cannot disturb the RTT samples, and come in up
@@ -158,279 +160,455 @@ fn probe(
     control: &Control,
     started: Instant,
 ) -> Result<ProbeOutcome, ProbeError> {
-    let (udp_port, peer_limits, pipelined) = match recv_msg(control, Duration::from_secs(10))? {
-        ProbeMsg::Ready {
-            udp_port,
-            limits,
-            limits_error,
-            reverse,
-            pipelined,
-        } => {
-            if cfg.reverse && !reverse {
-                return Err(ProbeError::Unsupported(
-                    "the server cannot probe in reverse (it predates reverse probing): upgrade it"
-                        .into(),
-                ));
-            }
-            (
-                udp_port,
-                limits.ok_or_else(|| limits_error.unwrap_or_else(|| "not sent".into())),
-                pipelined,
-            )
-        }
-        other => return Err(unexpected(&other, "Ready")),
-    };
-    let server_udp = SocketAddr::new(cfg.addr.ip(), udp_port);
-    let local = match server_udp {
-        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
-        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
-    };
-    let udp = UdpSocket::bind(local).map_err(|e| ProbeError::io("bind UDP", e))?;
-    udp.connect(server_udp)
-        .map_err(|e| ProbeError::io(format!("connect UDP to {server_udp}"), e))?;
-    let v6 = server_udp.is_ipv6() && ip_overhead(server_udp) == 48;
-    let df = sock::set_df_probe(&udp, v6);
-    // Replies are timed by the kernel too, so this process being
-    // descheduled between the reply's arrival and `recv` costs nothing.
-    let _ = sock::enable_rx_timestamps(&udp);
-    let mut io = Udp {
-        sock: udp,
-        buf: vec![0; MAX_DATAGRAM],
-        stamp: None,
-        len: 0,
-        token: None,
-        hello_answered: false,
-    };
-    if cfg.reverse {
-        // A whole train must wait here while this thread is descheduled.
-        let _ = fatpipe_sys::buffers::set_recv_buffer(
-            &io.sock,
-            8 << 20,
-            fatpipe_audit::host::is_privileged(),
-        );
+    let mut run = Run::open(cfg, session, control)?;
+    let mut phase = Phase::Start;
+    loop {
+        phase = match phase {
+            Phase::Done => return run.outcome(started),
+            p => run.step(p)?,
+        };
     }
-    let overhead = ip_overhead(server_udp) as u32;
-    let route_mtu = match df {
-        Ok(()) => sock::route_mtu(&io.sock, v6).map_err(|e| e.to_string()),
-        Err(e) => Err(format!("cannot set Don't Fragment: {e}")),
-    };
-    let floor = if v6 { 1280 } else { 576 };
-    let max_len = |packet: u32| (cfg.train_bytes / packet).clamp(MIN_TRAIN_LEN, MAX_TRAIN_LEN);
-    let shape_of = |packet: u32| TrainShape {
-        packet,
-        payload: packet.saturating_sub(overhead) as usize,
-        max_len: max_len(packet),
-    };
-    let trains = cfg.trains.clamp(1, MAX_TRAINS);
-    // The hello goes out and everything after it follows without waiting
-    // for its answer: the server reads its socket in order, so the hello
-    // has bound this address before the echoes arrive. The MTU search's
-    // first probe (the route MTU, which passes on most paths) goes along
-    // with the echoes, and so does a forward probe's first train, at the
-    // size that probe tests: on most paths they cost no round trip of
-    // their own.
-    send_hello(&io, session)?;
-    let mut search = route_mtu
-        .as_ref()
-        .ok()
-        .map(|route| MtuSearch::new(floor, (*route).min(MAX_DATAGRAM as u32 + overhead), 2));
-    let early = match search
-        .as_mut()
-        .and_then(|s| s.poll_probe().map(|size| (s, size)))
-    {
-        Some((s, size)) => {
-            if send_mtu_probe(&io, 1, size, overhead)? {
-                Some(size)
-            } else {
-                s.handle_too_big(size);
-                None
+}
+
+/// The probe client's phases. Each one's I/O is [`Run::step`]; which comes
+/// next is decided from what it learnt ([`after_echoes`], [`after_round`],
+/// pure and table-tested).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The UDP hello, and without waiting for its answer the MTU search's
+    /// first probe and (forward) the first train's set-up.
+    Start,
+    /// RTT echoes, the first train right behind them.
+    Echoes,
+    /// (Reverse) the echoes came back but the server's token did not: ask
+    /// for it again.
+    Token,
+    /// The MTU search, which sizes the trains.
+    Mtu,
+    /// The first train's acknowledgement, which sizes the others.
+    FirstAck,
+    /// Round `n` of trains.
+    Round(u32),
+    /// Measured.
+    Done,
+}
+
+/// After the echoes: the token a reverse probe still lacks, else the MTU
+/// search.
+fn after_echoes(reverse: bool, have_token: bool) -> Phase {
+    if reverse && !have_token {
+        Phase::Token
+    } else {
+        Phase::Mtu
+    }
+}
+
+/// After round `round` of trains (`trains` the trains in all so far,
+/// `estimate` what they agree on): another round while they disagree and
+/// the rounds and trains last; a sender-limited forward round is given one
+/// more chance (a busy host descheduled the sender), twice in a row this
+/// host is what limits them and more trains cannot help; a reverse round
+/// ends on a sender-limited estimate at once (the server's host limits it).
+fn after_round(round: u32, trains: u32, estimate: Option<&RateEstimate>, reverse: bool) -> Phase {
+    let agreed = estimate.is_some_and(|e| e.confidence >= AGREED);
+    let limited = estimate.is_some_and(|e| e.sender_limited);
+    let done = agreed || (limited && (reverse || round > 0));
+    if done || round + 1 >= MAX_ROUNDS || trains >= MAX_TRAINS {
+        Phase::Done
+    } else {
+        Phase::Round(round + 1)
+    }
+}
+
+/// One probe's socket and what its phases have learnt so far.
+struct Run<'a> {
+    cfg: &'a ProbeConfig,
+    session: &'a ClientSession,
+    control: &'a Control,
+    io: Udp,
+    /// IP and UDP header bytes of each datagram.
+    overhead: u32,
+    /// The smallest MTU the IP version guarantees.
+    floor: u32,
+    /// Trains asked for (the first round's).
+    trains: u32,
+    /// The server collects timestamps pipelined.
+    pipelined: bool,
+    peer_limits: Result<HostLimits, String>,
+    route_mtu: Result<u32, String>,
+    search: Option<MtuSearch>,
+    /// The early MTU probe's size, if one went with the echoes.
+    early: Option<u32>,
+    first_train: Option<FirstTrain>,
+    mtu_acks: Vec<u32>,
+    rtt: Option<RttStats>,
+    /// Reverse: the token that asks the server for trains.
+    token: Option<u64>,
+    /// Every wait after the echoes: twice the largest RTT and a margin.
+    timeout: Duration,
+    mtu: MtuResult,
+    train_packet: u32,
+    shape: Option<TrainShape>,
+    sizer: Option<Sizer>,
+    obs: Vec<TrainObs>,
+    kernel_clock: bool,
+}
+
+impl<'a> Run<'a> {
+    /// Waits for the server's `Ready` and opens the UDP socket to the port
+    /// it names, Don't Fragment set.
+    fn open(
+        cfg: &'a ProbeConfig,
+        session: &'a ClientSession,
+        control: &'a Control,
+    ) -> Result<Run<'a>, ProbeError> {
+        let (udp_port, peer_limits, pipelined) = match recv_msg(control, Duration::from_secs(10))? {
+            ProbeMsg::Ready {
+                udp_port,
+                limits,
+                limits_error,
+                reverse,
+                pipelined,
+            } => {
+                if cfg.reverse && !reverse {
+                    return Err(ProbeError::Unsupported(
+                        "the server cannot probe in reverse (it predates reverse probing): upgrade it"
+                            .into(),
+                    ));
+                }
+                (
+                    udp_port,
+                    limits.ok_or_else(|| limits_error.unwrap_or_else(|| "not sent".into())),
+                    pipelined,
+                )
+            }
+            other => return Err(unexpected(&other, "Ready")),
+        };
+        let server_udp = SocketAddr::new(cfg.addr.ip(), udp_port);
+        let local = match server_udp {
+            SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+            SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+        };
+        let udp = UdpSocket::bind(local).map_err(|e| ProbeError::io("bind UDP", e))?;
+        udp.connect(server_udp)
+            .map_err(|e| ProbeError::io(format!("connect UDP to {server_udp}"), e))?;
+        let v6 = server_udp.is_ipv6() && ip_overhead(server_udp) == 48;
+        let df = sock::set_df_probe(&udp, v6);
+        // Replies are timed by the kernel too, so this process being
+        // descheduled between the reply's arrival and `recv` costs nothing.
+        let _ = sock::enable_rx_timestamps(&udp);
+        let io = Udp {
+            sock: udp,
+            buf: vec![0; MAX_DATAGRAM],
+            stamp: None,
+            len: 0,
+            token: None,
+            hello_answered: false,
+        };
+        if cfg.reverse {
+            // A whole train must wait here while this thread is descheduled.
+            let _ = fatpipe_sys::buffers::set_recv_buffer(
+                &io.sock,
+                8 << 20,
+                fatpipe_audit::host::is_privileged(),
+            );
+        }
+        let route_mtu = match df {
+            Ok(()) => sock::route_mtu(&io.sock, v6).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("cannot set Don't Fragment: {e}")),
+        };
+        Ok(Run {
+            cfg,
+            session,
+            control,
+            io,
+            overhead: ip_overhead(server_udp) as u32,
+            floor: if v6 { 1280 } else { 576 },
+            trains: cfg.trains.clamp(1, MAX_TRAINS),
+            pipelined,
+            peer_limits,
+            route_mtu,
+            search: None,
+            early: None,
+            first_train: None,
+            mtu_acks: Vec::new(),
+            rtt: None,
+            token: None,
+            timeout: Duration::from_millis(50),
+            mtu: MtuResult {
+                path_mtu: None,
+                probes: 0,
+            },
+            train_packet: 0,
+            shape: None,
+            sizer: None,
+            obs: Vec::new(),
+            kernel_clock: true,
+        })
+    }
+
+    /// Runs phase `p`; returns the next.
+    fn step(&mut self, p: Phase) -> Result<Phase, ProbeError> {
+        match p {
+            Phase::Start => self.start(),
+            Phase::Echoes => self.echo(),
+            Phase::Token => {
+                hello(&mut self.io, self.session)?;
+                self.take_token()?;
+                Ok(Phase::Mtu)
+            }
+            Phase::Mtu => self.search_mtu(),
+            Phase::FirstAck => self.first_ack(),
+            Phase::Round(n) => self.round(n),
+            Phase::Done => Ok(Phase::Done),
+        }
+    }
+
+    /// Trains of `packet`-byte datagrams.
+    fn shape_of(&self, packet: u32) -> TrainShape {
+        TrainShape {
+            packet,
+            payload: packet.saturating_sub(self.overhead) as usize,
+            max_len: (self.cfg.train_bytes / packet).clamp(MIN_TRAIN_LEN, MAX_TRAIN_LEN),
+        }
+    }
+
+    /// The hello goes out and everything after it follows without waiting
+    /// for its answer: the server reads its socket in order, so the hello
+    /// has bound this address before the echoes arrive. The MTU search's
+    /// first probe (the route MTU, which passes on most paths) goes along
+    /// with the echoes, and so does a forward probe's first train, at the
+    /// size that probe tests: on most paths they cost no round trip of
+    /// their own.
+    fn start(&mut self) -> Result<Phase, ProbeError> {
+        send_hello(&self.io, self.session)?;
+        let ceiling = MAX_DATAGRAM as u32 + self.overhead;
+        self.search = self
+            .route_mtu
+            .as_ref()
+            .ok()
+            .map(|route| MtuSearch::new(self.floor, (*route).min(ceiling), 2));
+        if let Some(s) = self.search.as_mut() {
+            if let Some(size) = s.poll_probe() {
+                if send_mtu_probe(&self.io, 1, size, self.overhead)? {
+                    self.early = Some(size);
+                } else {
+                    s.handle_too_big(size);
+                }
             }
         }
-        None => None,
-    };
-    let mut first_train = match (&early, cfg.reverse, trains > 1) {
-        (Some(size), false, true) => {
-            let shape = shape_of((*size).min(cfg.max_train_packet).max(floor));
-            io.fit_send_buffer(&shape);
-            Some(FirstTrain {
+        if let (Some(size), false, true) = (self.early, self.cfg.reverse, self.trains > 1) {
+            let shape = self.shape_of(size.min(self.cfg.max_train_packet).max(self.floor));
+            self.io.fit_send_buffer(&shape);
+            self.first_train = Some(FirstTrain {
                 shape,
                 sent: None,
                 ack: None,
-            })
+            });
         }
-        _ => None,
-    };
-    let mut mtu_acks = Vec::new();
-    let rtt = match echoes(&mut io, cfg, first_train.as_mut(), &mut mtu_acks) {
-        Ok(rtt) => rtt,
-        // Nothing came back, not even the hello's answer: the hello (or
-        // everything) was lost. Hello again, waiting this time, and echo
-        // again; the early MTU probe and train count as lost.
-        Err(ProbeError::Timeout(_)) if !io.hello_answered => {
-            first_train = None;
-            hello(&mut io, session)?;
-            echoes(&mut io, cfg, None, &mut mtu_acks)?
-        }
-        Err(e) => return Err(e),
-    };
-    if cfg.reverse && io.token.is_none() {
-        // Echoes came back but the token was lost: ask for it again.
-        hello(&mut io, session)?;
+        Ok(Phase::Echoes)
     }
-    let token = match (cfg.reverse, io.token) {
-        (false, _) => None,
-        (true, Some(t)) => Some(t),
-        (true, None) => {
-            return Err(ProbeError::Protocol(
-                "the server took a reverse session but sent no token".into(),
-            ))
+
+    /// The echoes. If nothing came back, not even the hello's answer, the
+    /// hello (or everything) was lost: hello again, waiting this time, and
+    /// echo again; the early MTU probe and train count as lost.
+    fn echo(&mut self) -> Result<Phase, ProbeError> {
+        let (io, cfg) = (&mut self.io, self.cfg);
+        let rtt = match echoes(io, cfg, self.first_train.as_mut(), &mut self.mtu_acks) {
+            Ok(rtt) => rtt,
+            Err(ProbeError::Timeout(_)) if !io.hello_answered => {
+                self.first_train = None;
+                hello(io, self.session)?;
+                echoes(io, cfg, None, &mut self.mtu_acks)?
+            }
+            Err(e) => return Err(e),
+        };
+        self.timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
+        self.rtt = Some(rtt);
+        if !self.cfg.reverse || self.io.token.is_some() {
+            self.take_token()?;
         }
-    };
-    let timeout = (rtt.max * 2 + Duration::from_millis(20)).max(Duration::from_millis(50));
-    let mtu = match search {
-        Some(mut s) => {
-            if let Some(size) = early {
+        Ok(after_echoes(self.cfg.reverse, self.token.is_some()))
+    }
+
+    /// A reverse probe's token, which the server must have sent by now.
+    fn take_token(&mut self) -> Result<(), ProbeError> {
+        self.token = match (self.cfg.reverse, self.io.token) {
+            (false, _) => None,
+            (true, Some(t)) => Some(t),
+            (true, None) => {
+                return Err(ProbeError::Protocol(
+                    "the server took a reverse session but sent no token".into(),
+                ))
+            }
+        };
+        Ok(())
+    }
+
+    /// The MTU search, then the trains' packet size and shape.
+    fn search_mtu(&mut self) -> Result<Phase, ProbeError> {
+        if let Some(mut s) = self.search.take() {
+            if let Some(size) = self.early {
                 // Echoes take a round trip and more: a probe that passed
                 // has been answered by now. Unanswered, it counts as one
                 // of its size's tries and the search goes on as usual.
-                if mtu_acks.contains(&size) {
+                if self.mtu_acks.contains(&size) {
                     s.handle_ack(size);
                 } else {
                     s.handle_timeout(size);
                 }
             }
-            search_mtu(&mut io, s, overhead, timeout, 1)?
+            self.mtu = search_mtu(&mut self.io, s, self.overhead, self.timeout, 1)?;
         }
-        None => MtuResult {
-            path_mtu: None,
-            probes: 0,
-        },
-    };
-    let train_packet = mtu
-        .path_mtu
-        .unwrap_or(1500)
-        .min(cfg.max_train_packet)
-        .max(floor);
-    let shape = shape_of(train_packet);
-    if first_train
-        .as_ref()
-        .is_none_or(|t| t.shape.packet != shape.packet)
-    {
-        io.fit_send_buffer(&shape);
+        self.train_packet = self
+            .mtu
+            .path_mtu
+            .unwrap_or(1500)
+            .min(self.cfg.max_train_packet)
+            .max(self.floor);
+        let shape = self.shape_of(self.train_packet);
+        if self
+            .first_train
+            .as_ref()
+            .is_none_or(|t| t.shape.packet != shape.packet)
+        {
+            self.io.fit_send_buffer(&shape);
+        }
+        self.sizer = Some(Sizer::new(&shape));
+        self.shape = Some(shape);
+        Ok(Phase::FirstAck)
     }
-    let mut obs: Vec<TrainObs> = Vec::new();
-    let mut sizer = Sizer::new(&shape);
-    if let Some(FirstTrain {
-        shape: first_shape,
-        sent: Some((len, (send_span_ns, send_busy_ns), at)),
-        mut ack,
-    }) = first_train
-    {
-        obs.push(TrainObs {
-            sent: len,
-            ip_bytes: first_shape.packet,
-            send_span_ns,
-            send_busy_ns,
-            arrivals: Vec::new(),
-        });
-        // Its acknowledgement is usually in by the time the echoes are.
-        let deadline = at + timeout + sizer.drain(&first_shape, len) * 2;
-        while ack.is_none() {
-            match io.recv_until(deadline)? {
-                Some(Packet::TrainAck {
-                    train: 0,
-                    received,
-                    span_ns,
-                }) => ack = Some((received, span_ns)),
-                Some(_) => {}
-                None => break,
-            }
-        }
-        match ack {
-            Some((received, span_ns)) => sizer.handle_ack(&first_shape, len, received, span_ns),
-            None => sizer.handle_lost_tail(&shape),
-        }
-    }
-    // Rounds of trains until they agree (or the rounds run out): a
-    // receiver or forwarder descheduled during a round spoils its trains,
-    // and more trains are cheaper than a wrong rate. The first train, if
-    // it went with the echoes, is one of the first round's.
-    let mut kernel_clock = true;
-    for round in 0..MAX_ROUNDS {
-        let first = obs.len() as u32;
-        let n = if round == 0 {
-            trains - first
-        } else {
-            trains.min(MAX_TRAINS - first)
+
+    /// The first train, if it went with the echoes: its acknowledgement is
+    /// usually in by the time the echoes are; it sizes the others.
+    fn first_ack(&mut self) -> Result<Phase, ProbeError> {
+        let (Some(shape), Some(sizer)) = (&self.shape, self.sizer.as_mut()) else {
+            return Ok(Phase::Round(0));
         };
-        if n == 0 {
-            break;
-        }
-        if let Some(token) = token {
-            let round = Round {
-                token,
-                first,
-                trains: n,
-                overhead: overhead as usize,
-                timeout,
-            };
-            let (got, kernel) = reverse_round(&mut io, control, &round, &shape, &mut sizer)?;
-            obs.extend(got);
-            kernel_clock &= kernel;
-            if estimate::combine(&obs).is_some_and(|e| e.confidence >= AGREED || e.sender_limited) {
-                break;
-            }
-            continue;
-        }
-        let sent = send_trains(&mut io, first, n, &shape, &mut sizer, timeout, pipelined)?;
-        for &(len, (send_span_ns, send_busy_ns)) in &sent.trains {
-            obs.push(TrainObs {
+        if let Some(FirstTrain {
+            shape: first_shape,
+            sent: Some((len, (send_span_ns, send_busy_ns), at)),
+            mut ack,
+        }) = self.first_train.take()
+        {
+            self.obs.push(TrainObs {
                 sent: len,
-                ip_bytes: train_packet,
+                ip_bytes: first_shape.packet,
                 send_span_ns,
                 send_busy_ns,
                 arrivals: Vec::new(),
             });
-        }
-        let last = first + n - 1;
-        kernel_clock = collect(control, &mut obs, sent.collect_wait.map(|w| (last, w)))?;
-        if sent.collect_wait.is_some() {
-            // The last train was not waited for: its report sizes the
-            // next round instead of its acknowledgement.
-            if let Some(t) = obs.last() {
-                sizer.handle_report(&shape, t);
+            let deadline = at + self.timeout + sizer.drain(&first_shape, len) * 2;
+            while ack.is_none() {
+                match self.io.recv_until(deadline)? {
+                    Some(Packet::TrainAck {
+                        train: 0,
+                        received,
+                        span_ns,
+                    }) => ack = Some((received, span_ns)),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            match ack {
+                Some((received, span_ns)) => sizer.handle_ack(&first_shape, len, received, span_ns),
+                None => sizer.handle_lost_tail(shape),
             }
         }
-        // A sender-limited round is given one more chance (a busy host
-        // descheduled the sender or the device queue was full); twice in a
-        // row, more trains cannot help: this host is what limits them.
-        let e = estimate::combine(&obs);
-        if e.as_ref().is_some_and(|e| e.confidence >= AGREED) {
-            break;
-        }
-        let limited = e.as_ref().is_some_and(|e| e.sender_limited);
-        if limited && round > 0 {
-            break;
-        }
+        Ok(Phase::Round(0))
     }
-    let received: u64 = obs.iter().map(|t| t.arrivals.len() as u64).sum();
-    let sent_packets: u64 = obs.iter().map(|t| u64::from(t.sent)).sum();
-    // The length the sizing settled on (the last train's) is the one to show.
-    let train_len = obs.last().map_or(0, |t| t.sent);
-    Ok(ProbeOutcome {
-        remote: cfg.addr,
-        rtt,
-        route_mtu,
-        mtu,
-        train_packet,
-        train_len,
-        rate: estimate::combine(&obs),
-        kernel_clock,
-        train_packets: (sent_packets, received),
-        peer_limits,
-        reverse: cfg.reverse,
-        elapsed: started.elapsed(),
-    })
+
+    /// One round of trains until they agree (or the rounds run out): a
+    /// receiver or forwarder descheduled during a round spoils its trains,
+    /// and more trains are cheaper than a wrong rate. The first train, if
+    /// it went with the echoes, is one of the first round's.
+    fn round(&mut self, round: u32) -> Result<Phase, ProbeError> {
+        let (Some(shape), Some(sizer)) = (&self.shape, self.sizer.as_mut()) else {
+            return Ok(Phase::Done);
+        };
+        let first = self.obs.len() as u32;
+        let n = if round == 0 {
+            self.trains.saturating_sub(first)
+        } else {
+            self.trains.min(MAX_TRAINS - first)
+        };
+        if n == 0 {
+            return Ok(Phase::Done);
+        }
+        if let Some(token) = self.token {
+            let r = Round {
+                token,
+                first,
+                trains: n,
+                overhead: self.overhead as usize,
+                timeout: self.timeout,
+            };
+            let (got, kernel) = reverse_round(&mut self.io, self.control, &r, shape, sizer)?;
+            self.obs.extend(got);
+            self.kernel_clock &= kernel;
+        } else {
+            let sent = send_trains(
+                &mut self.io,
+                first,
+                n,
+                shape,
+                sizer,
+                self.timeout,
+                self.pipelined,
+            )?;
+            for &(len, (send_span_ns, send_busy_ns)) in &sent.trains {
+                self.obs.push(TrainObs {
+                    sent: len,
+                    ip_bytes: self.train_packet,
+                    send_span_ns,
+                    send_busy_ns,
+                    arrivals: Vec::new(),
+                });
+            }
+            let last = first + n - 1;
+            let wait = sent.collect_wait.map(|w| (last, w));
+            self.kernel_clock = collect(self.control, &mut self.obs, wait)?;
+            if sent.collect_wait.is_some() {
+                // The last train was not waited for: its report sizes the
+                // next round instead of its acknowledgement.
+                if let Some(t) = self.obs.last() {
+                    sizer.handle_report(shape, t);
+                }
+            }
+        }
+        let e = estimate::combine(&self.obs);
+        Ok(after_round(
+            round,
+            self.obs.len() as u32,
+            e.as_ref(),
+            self.token.is_some(),
+        ))
+    }
+
+    /// Everything measured.
+    fn outcome(self, started: Instant) -> Result<ProbeOutcome, ProbeError> {
+        let rtt = self
+            .rtt
+            .ok_or_else(|| ProbeError::Protocol("the probe ended before its echoes".into()))?;
+        let received: u64 = self.obs.iter().map(|t| t.arrivals.len() as u64).sum();
+        let sent_packets: u64 = self.obs.iter().map(|t| u64::from(t.sent)).sum();
+        // The length the sizing settled on (the last train's) is the one to show.
+        let train_len = self.obs.last().map_or(0, |t| t.sent);
+        Ok(ProbeOutcome {
+            remote: self.cfg.addr,
+            rtt,
+            route_mtu: self.route_mtu,
+            mtu: self.mtu,
+            train_packet: self.train_packet,
+            train_len,
+            rate: estimate::combine(&self.obs),
+            kernel_clock: self.kernel_clock,
+            train_packets: (sent_packets, received),
+            peer_limits: self.peer_limits,
+            reverse: self.cfg.reverse,
+            elapsed: started.elapsed(),
+        })
+    }
 }
 
 /// The UDP socket and what every phase needs around it.
@@ -1044,86 +1222,4 @@ fn unexpected(got: &ProbeMsg, want: &str) -> ProbeError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shape() -> TrainShape {
-        TrainShape {
-            packet: 1500,
-            payload: 1472,
-            max_len: 400,
-        }
-    }
-
-    /// The ack of a train of `n` packets all received at `rate` bit/s.
-    fn ack(s: &mut Sizer, n: u32, received: u32, rate: f64) {
-        let span = f64::from(received - 1) * 1500.0 * 8.0 / rate * 1e9;
-        s.handle_ack(&shape(), n, received, span as u64);
-    }
-
-    #[test]
-    fn a_lost_echo_is_given_up_soon_after_the_slowest_reply_not_a_second_later() {
-        let sent = Instant::now();
-        let ms = Duration::from_millis;
-        // Fewer than half back: the caller's long deadline stands.
-        assert_eq!(stragglers_given_up(&[], 5, sent), None);
-        assert_eq!(stragglers_given_up(&[ms(228), ms(229)], 5, sent), None);
-        // Four of five back at 228-240 ms: the fifth is lost 380 ms after
-        // the last send, not at the one-second deadline.
-        let by = stragglers_given_up(&[ms(228), ms(240), ms(229), ms(230)], 5, sent);
-        assert_eq!(by, Some(sent + ms(380)));
-        // A single echo that came back settles it.
-        assert_eq!(stragglers_given_up(&[ms(10)], 1, sent), Some(sent + ms(35)));
-    }
-
-    #[test]
-    fn echo_rtt_subtracts_the_servers_hold() {
-        let ms = |x: u64| x * 1_000_000;
-        assert_eq!(
-            echo_rtt(ms(1000), ms(1045), ms(5)),
-            Some(Duration::from_millis(40))
-        );
-        assert_eq!(
-            echo_rtt(ms(1000), ms(1040), 0),
-            Some(Duration::from_millis(40))
-        );
-        // A hold longer than the trip is ignored, not subtracted.
-        assert_eq!(
-            echo_rtt(ms(1000), ms(1040), ms(50)),
-            Some(Duration::from_millis(40))
-        );
-        // Received before sent (clock stepped back), or a minute later.
-        assert_eq!(echo_rtt(ms(1000), ms(999), 0), None);
-        assert_eq!(echo_rtt(0, ms(61_000), 0), None);
-    }
-
-    #[test]
-    fn trains_are_sized_to_span_4ms_at_the_rate_shown() {
-        let mut s = Sizer::new(&shape());
-        assert_eq!((s.len, s.measured), (FIRST_TRAIN_LEN, None));
-        // Unknown rate: drain time assumes 10 Mbit/s.
-        assert_eq!(s.drain(&shape(), 64), Duration::from_secs_f64(0.0768));
-        ack(&mut s, 64, 64, 1e9);
-        assert_eq!(s.len, 333); // 4 ms × 1 Gbit/s / 1500 B
-        assert!((s.measured.unwrap() / 1e9 - 1.0).abs() < 1e-6);
-        ack(&mut s, 333, 333, 200e6);
-        assert_eq!(s.len, 67);
-        ack(&mut s, 67, 67, 10e6);
-        assert_eq!(s.len, MIN_TRAIN_LEN);
-        ack(&mut s, 32, 32, 100e9);
-        assert_eq!(s.len, 400, "capped by the train bytes");
-    }
-
-    #[test]
-    fn lossy_trains_shrink() {
-        let mut s = Sizer::new(&shape());
-        ack(&mut s, 64, 64, 1e9);
-        // Half of a 333-packet train arrived: the queue holds ~166.
-        ack(&mut s, 333, 166, 1e9);
-        assert_eq!(s.len, 83);
-        s.handle_lost_tail(&shape());
-        assert_eq!(s.len, MIN_TRAIN_LEN);
-        s.handle_ack(&shape(), 32, 1, 0);
-        assert_eq!(s.len, MIN_TRAIN_LEN);
-    }
-}
+mod tests;
