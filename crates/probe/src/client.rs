@@ -2,7 +2,7 @@
 //! then the server's train timestamps.
 //!
 //! One thread, one connected UDP socket, and a state machine of phases
-//! ([`Phase`]: each one's I/O is a method of [`Run`], the choice of the
+//! (`Phase`: each one's I/O is a method of `Run`, the choice of the
 //! next a pure function tested on its own), in a fixed order because
 //! each one sizes the next: the echoes give the RTT that sets every later
 //! timeout; the MTU search gives the packet size of the trains; the trains
