@@ -15,6 +15,12 @@
 //!   keep-alive;
 //! - on SIGTERM hyper is told to finish the request in flight and close;
 //!   the drain's abort shuts the socket.
+//!
+//! On plain HTTP, file bodies are zero copy: they hand their file pieces
+//! to the socket wrapper through a [`Handoff`], which sends them with
+//! `sendfile(2)` (body.rs says how). That needs hyper's vectored "queue"
+//! write strategy (body frames passed on as they are, never copied into
+//! its own buffer), which the builder is told to use.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -32,6 +38,7 @@ use fatpipe_engine::{Conn, Outcome, Session};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::body::Handoff;
 use crate::Config;
 
 /// How often the watchdog looks.
@@ -146,9 +153,11 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
         }
         None => Io::Plain(tcp),
     };
+    let handoff = matches!(io, Io::Plain(_)).then(|| Rc::new(Handoff::default()));
     let io = Activity {
         io,
         last: Rc::clone(&last),
+        handoff: handoff.clone(),
     };
     let limits = sh.cfg.limits;
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -158,9 +167,22 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
         .max_buf_size(limits.max_buf.max(8192))
         .max_headers(limits.max_headers)
         .keep_alive(true);
+    if handoff.is_some() {
+        // Zero copy needs body frames passed to the socket as they are.
+        builder.writev(true);
+    }
     let svc_shared = Rc::clone(&sh);
-    let svc =
-        hyper::service::service_fn(move |req| crate::handler::handle(Rc::clone(&svc_shared), req));
+    let svc = hyper::service::service_fn(move |req| {
+        let answer = crate::handler::handle(Rc::clone(&svc_shared), req);
+        let handoff = handoff.clone();
+        async move {
+            let resp = answer.await?;
+            Ok::<_, std::convert::Infallible>(match &handoff {
+                Some(h) => resp.map(|b| b.zero_copy(h)),
+                None => resp,
+            })
+        }
+    });
     let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let mut connection = std::pin::pin!(connection);
     let mut tick = tokio::time::interval(TICK);
@@ -212,10 +234,12 @@ enum Io {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// The socket, noting when a byte last moved either way.
+/// The socket, noting when a byte last moved either way; on plain HTTP
+/// it sends zero-copy bodies' stand-in frames from their files.
 struct Activity {
     io: Io,
     last: Rc<Cell<Instant>>,
+    handoff: Option<Rc<Handoff>>,
 }
 
 impl Activity {
@@ -251,9 +275,10 @@ impl AsyncWrite for Activity {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, data),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        let r = match (&mut this.io, &this.handoff) {
+            (Io::Plain(s), Some(h)) if Handoff::is_stand_in(data) => h.send(cx, s, data),
+            (Io::Plain(s), _) => Pin::new(s).poll_write(cx, data),
+            (Io::Tls(s), _) => Pin::new(s.as_mut()).poll_write(cx, data),
         };
         let progressed = matches!(r, Poll::Ready(Ok(n)) if n > 0);
         this.moved(&r, progressed);
@@ -266,9 +291,15 @@ impl AsyncWrite for Activity {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        let r = match (&mut this.io, &this.handoff) {
+            // Ordinary bytes before a stand-in go out first, by themselves.
+            (Io::Plain(s), Some(h)) => match Handoff::first_stand_in(bufs) {
+                Some(k) if bufs[..k].iter().all(|b| b.is_empty()) => h.send(cx, s, &bufs[k]),
+                Some(k) => Pin::new(s).poll_write_vectored(cx, &bufs[..k]),
+                None => Pin::new(s).poll_write_vectored(cx, bufs),
+            },
+            (Io::Plain(s), None) => Pin::new(s).poll_write_vectored(cx, bufs),
+            (Io::Tls(s), _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         };
         let progressed = matches!(r, Poll::Ready(Ok(n)) if n > 0);
         this.moved(&r, progressed);
