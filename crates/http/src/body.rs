@@ -153,6 +153,19 @@ pub struct Body {
     report: Option<Report>,
     left: u64,
     handoff: Option<Rc<Handoff>>,
+    /// File bytes handed on so far.
+    sent: u64,
+    /// Called once, when the body is dropped: the file bytes handed on,
+    /// and whether that was all of the body.
+    on_end: Option<Box<dyn FnOnce(u64, bool)>>,
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_end.take() {
+            f(self.sent, self.left == 0);
+        }
+    }
 }
 
 impl Body {
@@ -164,6 +177,8 @@ impl Body {
             report: None,
             left: 0,
             handoff: None,
+            sent: 0,
+            on_end: None,
         }
     }
 
@@ -177,6 +192,8 @@ impl Body {
             report: None,
             left,
             handoff: None,
+            sent: 0,
+            on_end: None,
         }
     }
 
@@ -195,7 +212,21 @@ impl Body {
             report,
             left,
             handoff: None,
+            sent: 0,
+            on_end: None,
         }
+    }
+
+    /// Whether the body is pieces of a file.
+    pub fn is_file(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Calls `f` when the body is dropped (sent, or the connection gone)
+    /// with the file bytes handed on and whether that was all of it.
+    pub fn on_end(mut self, f: impl FnOnce(u64, bool) + 'static) -> Body {
+        self.on_end = Some(Box::new(f));
+        self
     }
 
     /// Sends the file's pieces through `handoff` (zero copy) instead of
@@ -256,6 +287,7 @@ impl hyper::body::Body for Body {
                         *off += n;
                         *len -= n;
                         this.left = this.left.saturating_sub(n);
+                        this.sent += n;
                         if let Some(r) = &this.report {
                             r.bytes(Flow::Sent, n);
                         }
@@ -282,6 +314,7 @@ impl hyper::body::Body for Body {
                     *off += n as u64;
                     *len -= n as u64;
                     this.left = this.left.saturating_sub(n as u64);
+                    this.sent += n as u64;
                     if let Some(r) = &this.report {
                         r.bytes(Flow::Sent, n as u64);
                     }

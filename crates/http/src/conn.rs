@@ -38,7 +38,8 @@ use fatpipe_engine::{Conn, Outcome, Session};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::body::Handoff;
+use crate::archive::Transfer;
+use crate::body::{Body, Handoff};
 use crate::Config;
 
 /// How often the watchdog looks.
@@ -173,10 +174,20 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
     }
     let svc_shared = Rc::clone(&sh);
     let svc = hyper::service::service_fn(move |req| {
+        let asked = svc_shared.cfg.archive.clone().map(|sink| Asked {
+            sink,
+            method: req.method().clone(),
+            path: req.uri().path().chars().take(1024).collect(),
+            peer: svc_shared.conn.borrow().peer(),
+            t0: Instant::now(),
+        });
         let answer = crate::handler::handle(Rc::clone(&svc_shared), req);
         let handoff = handoff.clone();
         async move {
-            let resp = answer.await?;
+            let mut resp = answer.await?;
+            if let Some(a) = asked {
+                resp = a.record(resp);
+            }
             Ok::<_, std::convert::Infallible>(match &handoff {
                 Some(h) => resp.map(|b| b.zero_copy(h)),
                 None => resp,
@@ -225,6 +236,49 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
             false
         }
         Err(Cut::Aborted) => false,
+    }
+}
+
+/// A request whose file transfer goes to the archive hook.
+struct Asked {
+    sink: crate::archive::Sink,
+    method: hyper::Method,
+    path: String,
+    peer: std::net::SocketAddr,
+    t0: Instant,
+}
+
+impl Asked {
+    /// Records a `PUT` that wrote a file now, a `GET` of a file when its
+    /// body ends; other answers are not transfers.
+    fn record(self, resp: hyper::Response<Body>) -> hyper::Response<Body> {
+        let status = resp.status().as_u16();
+        let transfer = move |method, bytes, complete| Transfer {
+            method,
+            path: self.path,
+            peer: self.peer,
+            status,
+            bytes,
+            seconds: self.t0.elapsed().as_secs_f64(),
+            finished: std::time::SystemTime::now(),
+            complete,
+        };
+        let sink = self.sink.clone();
+        if self.method == hyper::Method::PUT {
+            if let Some(w) = resp.extensions().get::<crate::archive::Written>() {
+                sink.record(transfer("PUT", w.0, true));
+            }
+            resp
+        } else if self.method == hyper::Method::GET
+            && matches!(status, 200 | 206)
+            && resp.body().is_file()
+        {
+            resp.map(|b| {
+                b.on_end(move |sent, complete| sink.record(transfer("GET", sent, complete)))
+            })
+        } else {
+            resp
+        }
     }
 }
 
