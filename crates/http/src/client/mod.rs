@@ -46,6 +46,7 @@ use hyper_util::rt::TokioIo;
 use crate::digest::{self, Algo};
 
 pub mod get;
+pub mod list;
 pub mod put;
 
 /// The longest error body read from a server (the rest is dropped).
@@ -266,6 +267,13 @@ pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error
 /// An empty body.
 pub fn empty() -> Body {
     http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A body of bytes in memory.
+pub fn full(data: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(data.into())
         .map_err(|never| match never {})
         .boxed_unsync()
 }
