@@ -546,6 +546,30 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
         .arg(format!("https://localhost:{http}/pushed-tls.bin")));
     assert_exit(&out, 0);
     same(&src, &data.join("pushed-tls.bin"));
+
+    // A tree up (MKCOL, PUT) and down again (PROPFIND walks, GETs).
+    let tree = mkdir(&root.join("tree"));
+    let sub = mkdir(&tree.join("sub dir"));
+    random_file(&tree.join("t1.bin"), 3_000_001, 9);
+    random_file(&sub.join("t2 é.bin"), 100_003, 10);
+    let out = run(Command::new(crate::util::bin())
+        .current_dir(root)
+        .args(["copy", "-q", "-r"])
+        .arg(&tree)
+        .arg(format!("http://127.0.0.1:{http}/")));
+    assert_exit(&out, 0);
+    same(&sub.join("t2 é.bin"), &data.join("tree/sub dir/t2 é.bin"));
+    let back = root.join("back");
+    let out = run(Command::new(crate::util::bin())
+        .current_dir(root)
+        .args(["copy", "--json", "-r"])
+        .arg(format!("http://127.0.0.1:{http}/tree/"))
+        .arg(&back));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["files_total"], 2, "{j}");
+    same(&tree.join("t1.bin"), &back.join("t1.bin"));
+    same(&sub.join("t2 é.bin"), &back.join("sub dir/t2 é.bin"));
 }
 
 /// `copy -r URL DIR`: a tree (nested collections, an empty one, an empty
