@@ -476,9 +476,15 @@ fn report(
             0,
             r.server.clone(),
         ),
-        Outcome::Tree(r) | Outcome::PullTree(r) => {
-            (1, 0, None, r.bytes, r.bytes, 0, r.server.clone())
-        }
+        Outcome::Tree(r) | Outcome::PullTree(r) => (
+            1,
+            0,
+            None,
+            r.bytes,
+            r.bytes - r.present_bytes.min(r.bytes),
+            0,
+            r.server.clone(),
+        ),
     };
     let _ = skipped_bytes;
     let (files_total, files_verified, tree_checksum) = match outcome {
@@ -525,6 +531,7 @@ fn report(
         files_verified,
         files_skipped: match outcome {
             Outcome::PullTree(r) => r.skipped.len() as u64,
+            Outcome::Tree(r) => r.present,
             _ => 0,
         },
         files_failed: 0,
@@ -629,9 +636,10 @@ fn summary(r: &CopyReport, outcome: &Outcome) {
         ),
         Outcome::Tree(t) => {
             println!(
-                "{} files, {} verified against the server's adler32; {} collections created; server: {}",
+                "{} files, {} verified against the server's adler32, {} there already; {} collections created; server: {}",
                 t.files,
                 t.verified,
+                t.present,
                 t.created,
                 escape(&r.io_remote)
             );

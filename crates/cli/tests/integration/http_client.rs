@@ -198,6 +198,22 @@ fn http_client_pulls_in_parallel_ranges_and_pushes_plain_and_https() {
     for f in ["a/b/x.bin", "c d/é.txt", "t.txt"] {
         same(&tree.join(f), &export.join("in/tree").join(f));
     }
+    // A rerun sends only what the server lacks (same path and size).
+    std::fs::remove_file(export.join("in/tree/c d/é.txt")).unwrap();
+    let out = run(dir
+        .cmd()
+        .args(["copy", "--json", "-r"])
+        .arg(&tree)
+        .arg(format!("http://{addr}/pub/in/")));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(
+        (j["files_skipped"].as_u64(), j["files_verified"].as_u64()),
+        (Some(2), Some(1)),
+        "{j}"
+    );
+    assert_eq!(j["bytes_transferred"], 3, "{j}");
+    same(&tree.join("c d/é.txt"), &export.join("in/tree/c d/é.txt"));
     let out = run(dir
         .cmd()
         .arg("copy")
