@@ -561,6 +561,7 @@ mod tests {
                 "[\"https://iam.example.org/=/etc/fatpipe/iam.jwks\"]",
             ),
             ("http-token-file", "\"/etc/fatpipe/http-tokens\""),
+            ("archive", "\"/var/lib/fatpipe/archive.sqlite\""),
         ];
         let cli = crate::Cli::command();
         let server = cli.find_subcommand("server").expect("a server subcommand");

@@ -15,6 +15,12 @@
 //!   keep-alive;
 //! - on SIGTERM hyper is told to finish the request in flight and close;
 //!   the drain's abort shuts the socket.
+//!
+//! On plain HTTP, file bodies are zero copy: they hand their file pieces
+//! to the socket wrapper through a [`Handoff`], which sends them with
+//! `sendfile(2)` (body.rs says how). That needs hyper's vectored "queue"
+//! write strategy (body frames passed on as they are, never copied into
+//! its own buffer), which the builder is told to use.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -32,6 +38,8 @@ use fatpipe_engine::{Conn, Outcome, Session};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::archive::Transfer;
+use crate::body::{Body, Handoff};
 use crate::Config;
 
 /// How often the watchdog looks.
@@ -146,9 +154,11 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
         }
         None => Io::Plain(tcp),
     };
+    let handoff = matches!(io, Io::Plain(_)).then(|| Rc::new(Handoff::default()));
     let io = Activity {
         io,
         last: Rc::clone(&last),
+        handoff: handoff.clone(),
     };
     let limits = sh.cfg.limits;
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -158,9 +168,32 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
         .max_buf_size(limits.max_buf.max(8192))
         .max_headers(limits.max_headers)
         .keep_alive(true);
+    if handoff.is_some() {
+        // Zero copy needs body frames passed to the socket as they are.
+        builder.writev(true);
+    }
     let svc_shared = Rc::clone(&sh);
-    let svc =
-        hyper::service::service_fn(move |req| crate::handler::handle(Rc::clone(&svc_shared), req));
+    let svc = hyper::service::service_fn(move |req| {
+        let asked = svc_shared.cfg.archive.clone().map(|sink| Asked {
+            sink,
+            method: req.method().clone(),
+            path: req.uri().path().chars().take(1024).collect(),
+            peer: svc_shared.conn.borrow().peer(),
+            t0: Instant::now(),
+        });
+        let answer = crate::handler::handle(Rc::clone(&svc_shared), req);
+        let handoff = handoff.clone();
+        async move {
+            let mut resp = answer.await?;
+            if let Some(a) = asked {
+                resp = a.record(resp);
+            }
+            Ok::<_, std::convert::Infallible>(match &handoff {
+                Some(h) => resp.map(|b| b.zero_copy(h)),
+                None => resp,
+            })
+        }
+    });
     let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let mut connection = std::pin::pin!(connection);
     let mut tick = tokio::time::interval(TICK);
@@ -206,16 +239,61 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
     }
 }
 
+/// A request whose file transfer goes to the archive hook.
+struct Asked {
+    sink: crate::archive::Sink,
+    method: hyper::Method,
+    path: String,
+    peer: std::net::SocketAddr,
+    t0: Instant,
+}
+
+impl Asked {
+    /// Records a `PUT` that wrote a file now, a `GET` of a file when its
+    /// body ends; other answers are not transfers.
+    fn record(self, resp: hyper::Response<Body>) -> hyper::Response<Body> {
+        let status = resp.status().as_u16();
+        let transfer = move |method, bytes, complete| Transfer {
+            method,
+            path: self.path,
+            peer: self.peer,
+            status,
+            bytes,
+            seconds: self.t0.elapsed().as_secs_f64(),
+            finished: std::time::SystemTime::now(),
+            complete,
+        };
+        let sink = self.sink.clone();
+        if self.method == hyper::Method::PUT {
+            if let Some(w) = resp.extensions().get::<crate::archive::Written>() {
+                sink.record(transfer("PUT", w.0, true));
+            }
+            resp
+        } else if self.method == hyper::Method::GET
+            && matches!(status, 200 | 206)
+            && resp.body().is_file()
+        {
+            resp.map(|b| {
+                b.on_end(move |sent, complete| sink.record(transfer("GET", sent, complete)))
+            })
+        } else {
+            resp
+        }
+    }
+}
+
 /// The socket, plain or TLS.
 enum Io {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// The socket, noting when a byte last moved either way.
+/// The socket, noting when a byte last moved either way; on plain HTTP
+/// it sends zero-copy bodies' stand-in frames from their files.
 struct Activity {
     io: Io,
     last: Rc<Cell<Instant>>,
+    handoff: Option<Rc<Handoff>>,
 }
 
 impl Activity {
@@ -251,9 +329,10 @@ impl AsyncWrite for Activity {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, data),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        let r = match (&mut this.io, &this.handoff) {
+            (Io::Plain(s), Some(h)) if Handoff::is_stand_in(data) => h.send(cx, s, data),
+            (Io::Plain(s), _) => Pin::new(s).poll_write(cx, data),
+            (Io::Tls(s), _) => Pin::new(s.as_mut()).poll_write(cx, data),
         };
         let progressed = matches!(r, Poll::Ready(Ok(n)) if n > 0);
         this.moved(&r, progressed);
@@ -266,9 +345,15 @@ impl AsyncWrite for Activity {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        let r = match (&mut this.io, &this.handoff) {
+            // Ordinary bytes before a stand-in go out first, by themselves.
+            (Io::Plain(s), Some(h)) => match Handoff::first_stand_in(bufs) {
+                Some(k) if bufs[..k].iter().all(|b| b.is_empty()) => h.send(cx, s, &bufs[k]),
+                Some(k) => Pin::new(s).poll_write_vectored(cx, &bufs[..k]),
+                None => Pin::new(s).poll_write_vectored(cx, bufs),
+            },
+            (Io::Plain(s), None) => Pin::new(s).poll_write_vectored(cx, bufs),
+            (Io::Tls(s), _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         };
         let progressed = matches!(r, Poll::Ready(Ok(n)) if n > 0);
         this.moved(&r, progressed);

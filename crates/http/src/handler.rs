@@ -758,6 +758,7 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
     if let Ok(meta) = fstat(&tmp.file) {
         insert(r.headers_mut(), header::ETAG, &digest::etag(&meta));
     }
+    r.extensions_mut().insert(crate::archive::Written(written));
     add_put_digests(&sums, r.headers_mut());
     r
 }

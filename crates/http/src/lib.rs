@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use fatpipe_engine::{Conn, FrontEnd, PortCaps};
 
+pub mod archive;
 mod body;
 pub mod client;
 mod conn;
@@ -130,6 +131,8 @@ pub struct Config {
     pub inline: Vec<digest::Algo>,
     /// Per-connection bounds.
     pub limits: Limits,
+    /// Where file transfers are recorded (`--archive`), if anywhere.
+    pub archive: Option<archive::Sink>,
 }
 
 impl Config {
@@ -162,6 +165,7 @@ impl Config {
             tls: None,
             inline: vec![digest::Algo::Adler32, digest::Algo::Crc32c],
             limits: Limits::default(),
+            archive: None,
         })
     }
 

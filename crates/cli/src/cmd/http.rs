@@ -47,6 +47,19 @@ pub struct HttpArgs {
         value_name = "LIST"
     )]
     pub http_checksums: String,
+    /// Record every file transfer of the HTTP port (a GET of a file or a
+    /// range of it, a PUT: bytes, duration, peer) as a run in the archive:
+    /// this SQLite file or postgres:// URL, or with no value
+    /// $FATPIPE_ARCHIVE, else the user's data directory. Give it as
+    /// --archive=LOCATION, or last.
+    #[arg(
+        long,
+        requires = "http",
+        value_name = "LOCATION",
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
+    pub archive: Option<String>,
 }
 
 /// The bound HTTP port.
@@ -112,6 +125,9 @@ pub fn bind(
         verifier = verifier.map(|v| v.with_static(tokens));
     }
     cfg.tokens = verifier;
+    if let Some(flag) = &args.archive {
+        cfg.archive = Some(archive_writer(flag)?);
+    }
     let listener = TcpListener::bind(addr)
         .map_err(|e| crate::exit::usage(format!("--http: bind {addr}: {e}")))?;
     Ok(Some(Bound {
@@ -120,6 +136,134 @@ pub fn bind(
         tls: cfg.tls.is_some(),
         port: HttpPort::new(cfg),
     }))
+}
+
+/// Opens the archive (now: before the server may drop root, and so that
+/// a wrong location is a usage error at start) on a thread of its own
+/// that stores the port's transfer records as they come.
+fn archive_writer(flag: &str) -> anyhow::Result<fatpipe_http::archive::Sink> {
+    let flag = flag.to_string();
+    let (sink, rx) = fatpipe_http::archive::Sink::new();
+    let dropped = sink.dropped_count();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("http-archive".into())
+        .spawn(move || {
+            let mut store = match super::archive::open(Some(flag.as_str())) {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let host = super::archive::host_facts();
+            let mut said = 0;
+            for t in rx {
+                let run = transfer_run(&t, host.clone());
+                if let Err(e) = store.insert_runs(std::slice::from_ref(&run)) {
+                    eprintln!("fatpipe: server: archive: {e}");
+                }
+                let now = dropped.load(std::sync::atomic::Ordering::Relaxed);
+                if now > said {
+                    eprintln!(
+                        "fatpipe: server: archive: {} transfer records dropped (the archive is slower than the port)",
+                        now - said
+                    );
+                    said = now;
+                }
+            }
+        })?;
+    ready_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("archive: its thread ended"))??;
+    Ok(sink)
+}
+
+/// One HTTP transfer as a run of kind copy: its document a `fatpipe.copy`
+/// report seen from the server (`server` is the client's address; a GET
+/// is the client's pull).
+fn transfer_run(
+    t: &fatpipe_http::archive::Transfer,
+    host: fatpipe_archive::HostFacts,
+) -> fatpipe_archive::Run {
+    use fatpipe_schema::copy::{
+        CopyDirection, CopyReport, CopyTimeline, COPY_SCHEMA, COPY_SCHEMA_VERSION,
+    };
+    let secs = t.seconds.max(1e-9);
+    let get = t.method == "GET";
+    let peer = t.peer.to_string();
+    let report = CopyReport {
+        schema: COPY_SCHEMA.into(),
+        version: COPY_SCHEMA_VERSION,
+        direction: if get {
+            CopyDirection::Pull
+        } else {
+            CopyDirection::Push
+        },
+        server: peer.clone(),
+        export: t.path.clone(),
+        sources: vec![if get { t.path.clone() } else { peer.clone() }],
+        destination: if get { peer.clone() } else { t.path.clone() },
+        streams: 1,
+        chunk_size: t.bytes,
+        checksum: "none".into(),
+        sync: !get,
+        direct: false,
+        bwlimit: None,
+        files_total: 1,
+        files_verified: 0,
+        files_skipped: 0,
+        files_failed: u64::from(!t.complete),
+        bytes_total: t.bytes,
+        bytes_transferred: t.bytes,
+        chunks_resent: 0,
+        reconnects: 0,
+        seconds: secs,
+        rate: (t.bytes as f64 * 8.0 / secs) as u64,
+        files_per_sec: 1.0 / secs,
+        io_local: if get {
+            "http GET (server)"
+        } else {
+            "http PUT (server)"
+        }
+        .into(),
+        io_remote: format!("http {}", t.status),
+        peak_rss_local: super::copy::peak_rss(),
+        failures: if t.complete {
+            vec![]
+        } else {
+            vec![fatpipe_schema::copy::CopyFailure {
+                path: t.path.clone(),
+                message: format!("the connection ended after {} bytes", t.bytes),
+            }]
+        },
+        problems: vec![],
+        skipped: vec![],
+        hard_links: vec![],
+        notes_not_listed: 0,
+        auto: None,
+        timeline: Some(CopyTimeline {
+            wall_secs: secs,
+            ..CopyTimeline::default()
+        }),
+        encryption: None,
+    };
+    let finished: chrono::DateTime<chrono::Utc> = t.finished.into();
+    let path = super::archive::path_key(&peer);
+    match fatpipe_archive::Run::from_copy(&report, path.clone(), host.clone(), finished) {
+        Ok(r) => r.with_peer(peer),
+        Err(e) => fatpipe_archive::Run::failed(
+            fatpipe_archive::RunKind::Copy,
+            path,
+            host,
+            finished,
+            finished,
+            e.to_string(),
+        ),
+    }
 }
 
 /// Arguments of `fatpipe token`.

@@ -110,6 +110,10 @@ enum Job {
         url: Url,
         contents: bool,
     },
+    PullTree {
+        url: Url,
+        dest: PathBuf,
+    },
 }
 
 fn plan(args: &Args) -> anyhow::Result<Job> {
@@ -136,9 +140,23 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         (Some(_), Some(_)) => Err(u(
             "both sides are URLs: HTTP third-party copy is not done by fatpipe copy (copy through a local file)",
         )),
-        (Some(_), None) if args.recursive => Err(u(
-            "-r from a URL: not yet (a download is one file; -r uploads a directory)",
-        )),
+        (Some(url), None) if args.recursive => {
+            if url.path.contains('?') {
+                return Err(u("-r from a URL: name a collection without a query"));
+            }
+            // As for a local tree: a source ending in / copies what is in
+            // it into DEST, otherwise the collection itself (by its name).
+            let dest = PathBuf::from(dst);
+            let dest = if url.is_dir() {
+                dest
+            } else {
+                let name = url
+                    .file_name()
+                    .ok_or_else(|| u("the source URL has no collection name"))?;
+                dest.join(std::ffi::OsStr::from_bytes(&name))
+            };
+            Ok(Job::PullTree { url, dest })
+        }
         (Some(url), None) => {
             if url.is_dir() {
                 return Err(u("the source URL names a collection (ends with /): name a file"));
@@ -188,9 +206,10 @@ use std::os::unix::ffi::OsStrExt;
 pub fn run(args: Args) -> anyhow::Result<()> {
     let job = plan(&args)?;
     let host = match &job {
-        Job::Pull { url, .. } | Job::Push { url, .. } | Job::PushTree { url, .. } => {
-            url.authority()
-        }
+        Job::Pull { url, .. }
+        | Job::Push { url, .. }
+        | Job::PushTree { url, .. }
+        | Job::PullTree { url, .. } => url.authority(),
     };
     let rec = Recorder::new(args.archive.as_deref(), RunKind::Copy, &host)?;
     let result = transfer(&args, job, rec.as_ref());
@@ -228,56 +247,12 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
     });
     let samples = super::copy::Sampler::start(Arc::clone(&progress), t0);
     let auto_on = !(args.no_auto || args.parallel.is_some());
-    let quiet = args.quiet;
     let outcome = match &job {
         Job::Pull { url, dest } => {
-            let connections = args.parallel.map_or(DEFAULT_CONNECTIONS, u32::from);
-            let req = get::Request {
-                url: url.clone(),
-                dest: dest.clone(),
-                connections,
-                max_connections: if auto_on {
-                    get::MAX_CONNECTIONS
-                } else {
-                    connections
-                },
-                bwlimit,
-            };
-            get::Download::start(req, &opts, Arc::clone(&progress)).and_then(|mut d| {
-                let rtt = d.rtt().unwrap_or(Duration::ZERO);
-                let connections = if auto_on {
-                    start_connections(rtt)
-                } else {
-                    connections
-                };
-                d.set_connections(connections);
-                if d.resumed() > 0 && !quiet {
-                    eprintln!(
-                        "{}fatpipe: copy: resuming: {} of {} already here",
-                        super::copy::clear_line(),
-                        units::format_bytes(d.resumed()),
-                        units::format_bytes(d.stat().size.unwrap_or(0))
-                    );
-                }
-                let driver = Mutex::new(Driver::new(
-                    Adjuster::new(AdjustConfig::for_connections(
-                        connections,
-                        get::MAX_CONNECTIONS,
-                        rtt,
-                        bwlimit,
-                    )),
-                    fatpipe_tune::steer::Options {
-                        record_failed: true,
-                        forced_add: None,
-                    },
-                ));
-                let tune = |s: &mut dyn Steerable| {
-                    let mut d = driver.lock().unwrap_or_else(|e| e.into_inner());
-                    d.run(s, &mut |e| print_event(&e, quiet));
-                };
-                d.run(auto_on.then_some(&tune as &get::Tune<'_>))
-                    .map(Outcome::Pull)
-            })
+            pull_file(url, dest, args, &opts, &progress, bwlimit, auto_on).map(Outcome::Pull)
+        }
+        Job::PullTree { url, dest } => {
+            pull_tree(url, dest, args, &opts, &progress, bwlimit, auto_on).map(Outcome::PullTree)
         }
         Job::Push { source, url } => put::upload(
             &put::Request {
@@ -319,8 +294,124 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Downloads one file (auto-tuned connections unless fixed).
+fn pull_file(
+    url: &Url,
+    dest: &std::path::Path,
+    args: &Args,
+    opts: &Options,
+    progress: &Arc<Progress>,
+    bwlimit: Option<u64>,
+    auto_on: bool,
+) -> Result<get::Report, client::ClientError> {
+    let quiet = args.quiet;
+    let dest = dest.to_path_buf();
+    let connections = args.parallel.map_or(DEFAULT_CONNECTIONS, u32::from);
+    let req = get::Request {
+        url: url.clone(),
+        dest: dest.clone(),
+        connections,
+        max_connections: if auto_on {
+            get::MAX_CONNECTIONS
+        } else {
+            connections
+        },
+        bwlimit,
+    };
+    get::Download::start(req, opts, Arc::clone(progress)).and_then(|mut d| {
+        let rtt = d.rtt().unwrap_or(Duration::ZERO);
+        let connections = if auto_on {
+            start_connections(rtt)
+        } else {
+            connections
+        };
+        d.set_connections(connections);
+        if d.resumed() > 0 && !quiet {
+            eprintln!(
+                "{}fatpipe: copy: resuming: {} of {} already here",
+                super::copy::clear_line(),
+                units::format_bytes(d.resumed()),
+                units::format_bytes(d.stat().size.unwrap_or(0))
+            );
+        }
+        let driver = Mutex::new(Driver::new(
+            Adjuster::new(AdjustConfig::for_connections(
+                connections,
+                get::MAX_CONNECTIONS,
+                rtt,
+                bwlimit,
+            )),
+            fatpipe_tune::steer::Options {
+                record_failed: true,
+                forced_add: None,
+            },
+        ));
+        let tune = |s: &mut dyn Steerable| {
+            let mut d = driver.lock().unwrap_or_else(|e| e.into_inner());
+            d.run(s, &mut |e| print_event(&e, quiet));
+        };
+        d.run(auto_on.then_some(&tune as &get::Tune<'_>))
+    })
+}
+
+/// Downloads the tree under the collection `url` into `dest` (created):
+/// the walk first (PROPFIND), then the collections made and the files
+/// fetched one after the other. A file already at its place with the
+/// listed size is left as it is, so a rerun after an interruption fetches
+/// only what is missing (the file it stopped in resumes from its journal).
+fn pull_tree(
+    url: &Url,
+    dest: &std::path::Path,
+    args: &Args,
+    opts: &Options,
+    progress: &Arc<Progress>,
+    bwlimit: Option<u64>,
+    auto_on: bool,
+) -> Result<put::TreeReport, client::ClientError> {
+    let local = |p: &std::path::Path, e: std::io::Error| {
+        client::ClientError::Failed(format!("{}: {e}", p.display()))
+    };
+    let entries = client::list::walk(url, opts)?;
+    let mut out = put::TreeReport::default();
+    std::fs::create_dir_all(dest).map_err(|e| local(dest, e))?;
+    let place = |rel: &[Vec<u8>]| {
+        let mut p = dest.to_path_buf();
+        for seg in rel {
+            p.push(std::ffi::OsStr::from_bytes(seg));
+        }
+        p
+    };
+    for e in entries.iter().filter(|e| e.dir) {
+        let p = place(&e.rel);
+        match std::fs::create_dir(&p) {
+            Ok(()) => out.created += 1,
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => {}
+            Err(err) => return Err(local(&p, err)),
+        }
+    }
+    for e in entries.iter().filter(|e| !e.dir) {
+        let p = place(&e.rel);
+        out.files += 1;
+        let have = std::fs::symlink_metadata(&p).ok();
+        if let (Some(m), Some(size)) = (&have, e.size) {
+            if m.is_file() && m.len() == size {
+                out.skipped.push(p.display().to_string());
+                continue;
+            }
+        }
+        let r = pull_file(&e.url, &p, args, opts, progress, bwlimit, auto_on)?;
+        out.bytes += r.size;
+        out.verified += u64::from(r.verified.is_some());
+        if out.server.is_none() {
+            out.server = r.server.clone();
+        }
+    }
+    Ok(out)
+}
+
 enum Outcome {
     Pull(get::Report),
+    PullTree(put::TreeReport),
     Push(put::Report),
     Tree(put::TreeReport),
 }
@@ -363,7 +454,7 @@ fn report(
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     let show = |p: &OsString| p.to_string_lossy().into_owned();
     let (direction, url) = match job {
-        Job::Pull { url, .. } => (CopyDirection::Pull, url),
+        Job::Pull { url, .. } | Job::PullTree { url, .. } => (CopyDirection::Pull, url),
         Job::Push { url, .. } | Job::PushTree { url, .. } => (CopyDirection::Push, url),
     };
     let (streams, chunk, checksum, total, moved, skipped_bytes, remote) = match outcome {
@@ -385,11 +476,19 @@ fn report(
             0,
             r.server.clone(),
         ),
-        Outcome::Tree(r) => (1, 0, None, r.bytes, r.bytes, 0, r.server.clone()),
+        Outcome::Tree(r) | Outcome::PullTree(r) => (
+            1,
+            0,
+            None,
+            r.bytes,
+            r.bytes - r.present_bytes.min(r.bytes),
+            0,
+            r.server.clone(),
+        ),
     };
     let _ = skipped_bytes;
     let (files_total, files_verified, tree_checksum) = match outcome {
-        Outcome::Tree(r) => (
+        Outcome::Tree(r) | Outcome::PullTree(r) => (
             r.files,
             r.verified,
             if r.verified == r.files && r.files > 0 {
@@ -421,7 +520,7 @@ fn report(
         streams,
         chunk_size: chunk,
         checksum: match (checksum, outcome) {
-            (_, Outcome::Tree(_)) => tree_checksum,
+            (_, Outcome::Tree(_) | Outcome::PullTree(_)) => tree_checksum,
             (Some((a, v)), _) => client::show_digest(*a, v),
             (None, _) => "none".into(),
         },
@@ -430,7 +529,11 @@ fn report(
         bwlimit,
         files_total,
         files_verified,
-        files_skipped: 0,
+        files_skipped: match outcome {
+            Outcome::PullTree(r) => r.skipped.len() as u64,
+            Outcome::Tree(r) => r.present,
+            _ => 0,
+        },
         files_failed: 0,
         bytes_total: total,
         bytes_transferred: moved,
@@ -454,6 +557,14 @@ fn report(
                 .map(|s| fatpipe_schema::copy::CopyNote {
                     path: s.clone(),
                     detail: "not uploaded".into(),
+                })
+                .collect(),
+            Outcome::PullTree(r) => r
+                .skipped
+                .iter()
+                .map(|s| fatpipe_schema::copy::CopyNote {
+                    path: s.clone(),
+                    detail: "not fetched".into(),
                 })
                 .collect(),
             _ => vec![],
@@ -515,11 +626,20 @@ fn summary(r: &CopyReport, outcome: &Outcome) {
             p.status,
             escape(&r.io_remote)
         ),
+        Outcome::PullTree(t) => println!(
+            "{} files ({} fetched and verified against the server's checksum, {} already here); {} directories created; server: {}",
+            t.files,
+            t.verified,
+            t.skipped.len(),
+            t.created,
+            escape(&r.io_remote)
+        ),
         Outcome::Tree(t) => {
             println!(
-                "{} files, {} verified against the server's adler32; {} collections created; server: {}",
+                "{} files, {} verified against the server's adler32, {} there already; {} collections created; server: {}",
                 t.files,
                 t.verified,
+                t.present,
                 t.created,
                 escape(&r.io_remote)
             );

@@ -958,3 +958,58 @@ fn http_a_silent_connection_is_closed_at_the_preauth_deadline_and_sessions_are_c
     assert!(answer.contains("--max-sessions-per-source"), "{answer}");
     drop(first);
 }
+
+/// `--archive`: each file transfer (a PUT, a GET, a ranged GET) is a run
+/// of the archive with its bytes and peer; a HEAD or a listing is not.
+#[test]
+fn http_archive_records_each_file_transfer_with_its_bytes_and_peer() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    let dir = setup();
+    let export = crate::util::mkdir(&dir.path().join("pub"));
+    let spec = format!("pub={}:public", export.display());
+    let db = dir.path().join("a.sqlite");
+    let archive = format!("--archive={}", db.display());
+    let s = server(&dir, &["--export", &spec, &archive]);
+    let base = format!("http://{}/pub", s.addr);
+    let src = dir.path().join("src.bin");
+    random_file(&src, 1_000_003, 11);
+    let (code, _) = curl(&["-T", src.to_str().unwrap(), &format!("{base}/f.bin")]);
+    assert_eq!(code, 201);
+    let (code, body) = curl(&[&format!("{base}/f.bin")]);
+    assert_eq!((code, body.len()), (200, 1_000_003));
+    let (code, body) = curl(&["-r", "10-109", &format!("{base}/f.bin")]);
+    assert_eq!((code, body.len()), (206, 100));
+    let (code, _) = curl(&["-I", &format!("{base}/f.bin")]);
+    assert_eq!(code, 200);
+    let (code, _) = curl(&[&format!("{base}/")]);
+    assert_eq!(code, 200);
+    let list = || {
+        let out = run(dir.cmd().args(["archive", "list", "--json"]).arg(&archive));
+        assert_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    // The server stores them on a thread of its own: wait for the three.
+    wait_for(Duration::from_secs(20), "three runs in the archive", || {
+        list().len() >= 3
+    });
+    let runs = list();
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    let bytes: Vec<u64> = runs
+        .iter()
+        .map(|r| r["metrics"]["bytes"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(bytes, [1_000_003, 1_000_003, 100], "{runs:?}");
+    for r in &runs {
+        assert_eq!(r["kind"], "copy", "{r}");
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(
+            r["peer"].as_str().unwrap_or("").starts_with("127.0.0.1:"),
+            "{r}"
+        );
+    }
+}

@@ -198,6 +198,22 @@ fn http_client_pulls_in_parallel_ranges_and_pushes_plain_and_https() {
     for f in ["a/b/x.bin", "c d/é.txt", "t.txt"] {
         same(&tree.join(f), &export.join("in/tree").join(f));
     }
+    // A rerun sends only what the server lacks (same path and size).
+    std::fs::remove_file(export.join("in/tree/c d/é.txt")).unwrap();
+    let out = run(dir
+        .cmd()
+        .args(["copy", "--json", "-r"])
+        .arg(&tree)
+        .arg(format!("http://{addr}/pub/in/")));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(
+        (j["files_skipped"].as_u64(), j["files_verified"].as_u64()),
+        (Some(2), Some(1)),
+        "{j}"
+    );
+    assert_eq!(j["bytes_transferred"], 3, "{j}");
+    same(&tree.join("c d/é.txt"), &export.join("in/tree/c d/é.txt"));
     let out = run(dir
         .cmd()
         .arg("copy")
@@ -546,4 +562,116 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
         .arg(format!("https://localhost:{http}/pushed-tls.bin")));
     assert_exit(&out, 0);
     same(&src, &data.join("pushed-tls.bin"));
+
+    // A tree up (MKCOL, PUT) and down again (PROPFIND walks, GETs).
+    let tree = mkdir(&root.join("tree"));
+    let sub = mkdir(&tree.join("sub dir"));
+    random_file(&tree.join("t1.bin"), 3_000_001, 9);
+    random_file(&sub.join("t2 é.bin"), 100_003, 10);
+    let out = run(Command::new(crate::util::bin())
+        .current_dir(root)
+        .args(["copy", "-q", "-r"])
+        .arg(&tree)
+        .arg(format!("http://127.0.0.1:{http}/")));
+    assert_exit(&out, 0);
+    same(&sub.join("t2 é.bin"), &data.join("tree/sub dir/t2 é.bin"));
+    let back = root.join("back");
+    let out = run(Command::new(crate::util::bin())
+        .current_dir(root)
+        .args(["copy", "--json", "-r"])
+        .arg(format!("http://127.0.0.1:{http}/tree/"))
+        .arg(&back));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["files_total"], 2, "{j}");
+    same(&tree.join("t1.bin"), &back.join("t1.bin"));
+    same(&sub.join("t2 é.bin"), &back.join("sub dir/t2 é.bin"));
+}
+
+/// `copy -r URL DIR`: a tree (nested collections, an empty one, an empty
+/// file, names with spaces, UTF-8 and `%`) pulled with PROPFIND walks,
+/// every file verified; the collection itself without a trailing `/`,
+/// its contents with one; a rerun fetches nothing that is already here.
+#[test]
+fn http_client_pulls_a_tree_and_a_rerun_fetches_only_what_is_missing() {
+    let dir = setup();
+    let export = mkdir(&dir.path().join("pub"));
+    let top = mkdir(&export.join("top"));
+    let sub = mkdir(&top.join("sub dir"));
+    let deep = mkdir(&sub.join("ünï %41"));
+    mkdir(&top.join("empty"));
+    random_file(&top.join("big.bin"), 20_000_003, 5);
+    random_file(&deep.join("z.bin"), 70_001, 6);
+    std::fs::write(top.join("zero"), b"").unwrap();
+    std::fs::write(sub.join("a b%c.txt"), b"text\n").unwrap();
+    let spec = format!("pub={}:public", export.display());
+    let (_g, addr, _log) = server(&dir, &["--export", &spec]);
+    let files = [
+        PathBuf::from("big.bin"),
+        PathBuf::from("zero"),
+        PathBuf::from("sub dir/a b%c.txt"),
+        PathBuf::from("sub dir/ünï %41/z.bin"),
+    ];
+
+    // Without a trailing /: the collection itself, under its name.
+    let out_dir = mkdir(&dir.path().join("out"));
+    let out = run(dir
+        .cmd()
+        .args(["copy", "--json", "-r"])
+        .arg(format!("http://{addr}/pub/top"))
+        .arg(&out_dir));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["direction"], "pull");
+    assert_eq!(
+        (j["files_total"].as_u64(), j["files_verified"].as_u64()),
+        (Some(4), Some(4)),
+        "{j}"
+    );
+    assert_eq!(j["bytes_transferred"], 20_000_003 + 70_001 + 5);
+    for f in &files {
+        same(&top.join(f), &out_dir.join("top").join(f));
+    }
+    assert!(out_dir.join("top/empty").is_dir());
+
+    // A rerun after a file went missing fetches that file only.
+    std::fs::remove_file(out_dir.join("top/sub dir/ünï %41/z.bin")).unwrap();
+    let out = run(dir
+        .cmd()
+        .args(["copy", "--json", "-r"])
+        .arg(format!("http://{addr}/pub/top"))
+        .arg(&out_dir));
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(
+        (j["files_skipped"].as_u64(), j["files_verified"].as_u64()),
+        (Some(3), Some(1)),
+        "{j}"
+    );
+    assert_eq!(j["bytes_transferred"], 70_001);
+    same(
+        &deep.join("z.bin"),
+        &out_dir.join("top/sub dir/ünï %41/z.bin"),
+    );
+
+    // With a trailing /: the contents, into DEST (created).
+    let into = dir.path().join("flat");
+    let out = run(dir
+        .cmd()
+        .args(["copy", "-q", "-r"])
+        .arg(format!("dav://{addr}/pub/top/"))
+        .arg(&into));
+    assert_exit(&out, 0);
+    for f in &files {
+        same(&top.join(f), &into.join(f));
+    }
+
+    // A collection that is not there: one line, exit 1.
+    let out = run(dir
+        .cmd()
+        .args(["copy", "-r"])
+        .arg(format!("http://{addr}/pub/nothing/"))
+        .arg(dir.path().join("none")));
+    assert_exit(&out, 1);
+    assert!(stderr(&out).contains("404"), "{}", stderr(&out));
 }

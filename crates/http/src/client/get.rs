@@ -1,6 +1,7 @@
-//! Download: `HEAD`, then ranged `GET`s of [`BLOCK`] bytes over several
-//! connections into a hidden partial file, a journal of the blocks written
-//! beside it, the server's checksum compared, flushed, renamed.
+//! Download: `HEAD`, then ranged `GET`s of runs of [`BLOCK`]-byte blocks
+//! over several connections into a hidden partial file, a journal of the
+//! blocks written beside it, the file hashed as its blocks come in
+//! ([`follow`]) and the server's checksum compared, flushed, renamed.
 //!
 //! The partial file and the journal are named from a hash of the final
 //! name (`.fatpipe-http-<hash>.part`, `.journal`) in the destination's
@@ -27,7 +28,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use fatpipe_transfer::Progress;
@@ -126,6 +127,11 @@ struct Shared {
     max: u32,
     sockets: Mutex<Vec<std::net::TcpStream>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Blocks on disk (journaled, or resumed), for the verifier.
+    done: Mutex<Vec<bool>>,
+    done_cv: Condvar,
+    /// The connections have all ended.
+    ended: AtomicBool,
 }
 
 /// A download ready to run: the HEAD answered, the partial file and the
@@ -303,6 +309,9 @@ impl Download {
             max,
             sockets: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
+            done: Mutex::new(if ranged { done } else { Vec::new() }),
+            done_cv: Condvar::new(),
+            ended: AtomicBool::new(false),
         });
         Ok(Download {
             shared,
@@ -358,6 +367,13 @@ impl Download {
                 spawn(s, None);
             }
         }
+        let verifier = match self.stat.digests.first() {
+            Some(&(algo, _)) if s.ranged => {
+                let shared = Arc::clone(s);
+                Some(std::thread::spawn(move || follow(&shared, algo)))
+            }
+            _ => None,
+        };
         let t0 = Instant::now();
         let added = Mutex::new(Vec::new());
         std::thread::scope(|scope| {
@@ -383,6 +399,9 @@ impl Download {
                 None => break,
             }
         }
+        s.ended.store(true, Ordering::SeqCst);
+        s.done_cv.notify_all();
+        let hashed = verifier.and_then(|v| v.join().ok()).flatten();
         if let Some(e) = lock(&s.fatal).take() {
             return Err(e);
         }
@@ -395,10 +414,14 @@ impl Download {
                 s.size.div_ceil(s.block.max(1)).max(1),
             )));
         }
-        self.finish(added.into_inner().unwrap_or_default())
+        self.finish(added.into_inner().unwrap_or_default(), hashed)
     }
 
-    fn finish(self, added: Vec<(f64, u32)>) -> Result<Report, ClientError> {
+    fn finish(
+        self,
+        added: Vec<(f64, u32)>,
+        hashed: Option<digest::Sums>,
+    ) -> Result<Report, ClientError> {
         let s = &self.shared;
         let size_now = s
             .file
@@ -414,8 +437,11 @@ impl Download {
         }
         let verified = match self.stat.digests.first() {
             Some((algo, want)) => {
-                let got =
-                    digest::compute(&s.file, &[*algo]).map_err(|e| local(&self.part, "read", e))?;
+                let got = match hashed {
+                    Some(sums) => sums,
+                    None => digest::compute(&s.file, &[*algo])
+                        .map_err(|e| local(&self.part, "read", e))?,
+                };
                 let got = got.get(*algo).unwrap_or_default().to_vec();
                 if got != *want {
                     let _ = std::fs::remove_file(&self.part);
@@ -517,7 +543,7 @@ fn worker(s: &Arc<Shared>, conn: Option<Connection>) {
         }
         let mut failures = 0;
         while !s.stop.load(Ordering::SeqCst) {
-            let Some(b) = lock(&s.queue).pop_front() else {
+            let Some((b, k)) = take_run(s) else {
                 break;
             };
             let c = match conn.as_mut() {
@@ -530,7 +556,7 @@ fn worker(s: &Arc<Shared>, conn: Option<Connection>) {
                         conn.insert(c)
                     }
                     Err(e) => {
-                        lock(&s.queue).push_front(b);
+                        give_back(s, b, k);
                         if give_up(s, &mut failures, e) {
                             return;
                         }
@@ -539,11 +565,11 @@ fn worker(s: &Arc<Shared>, conn: Option<Connection>) {
                     }
                 },
             };
-            match fetch(s, c, b).await {
+            match fetch(s, c, b, k).await {
                 Ok(()) => failures = 0,
-                Err(e) => {
+                Err((e, fetched)) => {
                     conn = None;
-                    lock(&s.queue).push_front(b);
+                    give_back(s, b + fetched, k - fetched);
                     if give_up(s, &mut failures, e) {
                         return;
                     }
@@ -552,6 +578,118 @@ fn worker(s: &Arc<Shared>, conn: Option<Connection>) {
             }
         }
     });
+}
+
+/// Blocks the verifier hashes between two `fdatasync`s of the partial
+/// file (256 MiB).
+const SYNC_EVERY: u64 = 32;
+
+/// The verifier: hashes the partial file's blocks in order as they come
+/// in (resumed ones first), so the checksum is ready when the last block
+/// is, instead of being a second pass over the file after it; and flushes
+/// what it has read every [`SYNC_EVERY`] blocks, so the final `fsync` has
+/// little left to write. `None` if the download ended without every block
+/// (or a read failed: the check after the download then reads the file).
+fn follow(s: &Shared, algo: Algo) -> Option<digest::Sums> {
+    let n = s.size.div_ceil(s.block.max(1));
+    let mut h = digest::Hasher::new(&[algo]);
+    let mut buf = vec![0u8; 1 << 20];
+    for b in 0..n {
+        {
+            let mut d = lock(&s.done);
+            loop {
+                if d.get(usize::try_from(b).ok()?).copied().unwrap_or(false) {
+                    break;
+                }
+                if s.ended.load(Ordering::SeqCst) || s.stop.load(Ordering::SeqCst) {
+                    return None;
+                }
+                d = s
+                    .done_cv
+                    .wait_timeout(d, Duration::from_millis(200))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+        }
+        let start = b * s.block;
+        let end = (start + s.block).min(s.size);
+        let mut at = start;
+        while at < end {
+            let want = usize::try_from(end - at)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            match s.file.read_at(&mut buf[..want], at) {
+                Ok(0) => return None,
+                Ok(got) => {
+                    h.update(&buf[..got]);
+                    at += got as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        if (b + 1) % SYNC_EVERY == 0 {
+            let _ = s.file.sync_data();
+        }
+    }
+    Some(h.finish())
+}
+
+/// The most blocks one ranged `GET` asks for.
+const MAX_RUN: u64 = 8;
+
+/// The next blocks to fetch in one request: a run of consecutive missing
+/// blocks from the front of the queue. Each request costs its connection
+/// a round trip without data (the next `GET` goes out only when the last
+/// byte of the answer is in), so while many blocks are left a request
+/// asks for several (at most [`MAX_RUN`], and no more than a half share
+/// of what is left per open connection, so that the last requests of a
+/// download stay one block and end together).
+fn take_run(s: &Shared) -> Option<(u64, u64)> {
+    let mut q = lock(&s.queue);
+    if !s.ranged {
+        return q.pop_front().map(|b| (b, 1));
+    }
+    run_of(&mut q, s.live.load(Ordering::SeqCst))
+}
+
+/// [`take_run`]'s choice from the queue `q` with `live` connections open.
+fn run_of(q: &mut VecDeque<u64>, live: u32) -> Option<(u64, u64)> {
+    let b = q.pop_front()?;
+    let live = u64::from(live.max(1));
+    let want = ((q.len() as u64 + 1) / (2 * live)).clamp(1, MAX_RUN);
+    let mut k = 1;
+    while k < want && q.front() == Some(&(b + k)) {
+        q.pop_front();
+        k += 1;
+    }
+    Some((b, k))
+}
+
+/// Puts blocks `b..b + k` back at the front of the queue, in order.
+fn give_back(s: &Shared, b: u64, k: u64) {
+    let mut q = lock(&s.queue);
+    for i in (b..b + k).rev() {
+        q.push_front(i);
+    }
+}
+
+/// Records block `b` as on disk: the journal's line, and the verifier is
+/// told.
+fn block_done(s: &Shared, b: u64) -> Result<(), ClientError> {
+    if let Some(j) = &s.journal {
+        let line = format!("{b}\n");
+        lock(j)
+            .write_all(line.as_bytes())
+            .map_err(|e| fatal(s, failed(format!("journal: {e}"))))?;
+    }
+    let mut d = lock(&s.done);
+    if let Some(slot) = usize::try_from(b).ok().and_then(|i| d.get_mut(i)) {
+        *slot = true;
+    }
+    drop(d);
+    s.done_cv.notify_all();
+    Ok(())
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -583,12 +721,30 @@ fn fatal(s: &Shared, e: ClientError) -> ClientError {
     ClientError::Failed(line)
 }
 
-async fn fetch(s: &Shared, c: &mut Connection, b: u64) -> Result<(), ClientError> {
+/// Fetches blocks `b..b + k` with one `GET`; on failure, how many of them
+/// (from `b`) were fetched and journaled before it.
+async fn fetch(s: &Shared, c: &mut Connection, b: u64, k: u64) -> Result<(), (ClientError, u64)> {
+    let mut fetched = 0;
+    fetch_run(s, c, b, k, &mut fetched)
+        .await
+        .map_err(|e| (e, fetched))
+}
+
+async fn fetch_run(
+    s: &Shared,
+    c: &mut Connection,
+    b: u64,
+    k: u64,
+    fetched: &mut u64,
+) -> Result<(), ClientError> {
     let (first, len) = if s.ranged {
-        (b * s.block, (s.size - b * s.block).min(s.block))
+        let end = ((b + k) * s.block).min(s.size);
+        (b * s.block, end - b * s.block)
     } else {
         (0, s.size)
     };
+    // Where (from `first`) each block of the run ends.
+    let block_end = |i: u64| ((b + i + 1) * s.block).min(s.size) - first;
     let mut rb = c.request(Method::GET, &s.url.path, &s.opts);
     if s.ranged {
         rb = rb.header(
@@ -671,6 +827,12 @@ async fn fetch(s: &Shared, c: &mut Connection, b: u64) -> Result<(), ClientError
             got += data.len() as u64;
             s.progress.moved(data.len() as u64);
             s.throttle.take(data.len() as u64);
+            // Blocks of a run are journaled as each is complete, so a
+            // failure later in the run loses only the block it cut.
+            while s.ranged && *fetched < k && got >= block_end(*fetched) {
+                block_done(s, b + *fetched)?;
+                *fetched += 1;
+            }
         }
         if s.ranged && got != len {
             return Err(failed(format!(
@@ -682,16 +844,17 @@ async fn fetch(s: &Shared, c: &mut Connection, b: u64) -> Result<(), ClientError
     }
     .await;
     if let Err(e) = result {
-        s.progress.bytes.fetch_sub(got, Ordering::Relaxed);
+        let kept = match *fetched {
+            0 => 0,
+            n => block_end(n - 1),
+        };
+        s.progress
+            .bytes
+            .fetch_sub(got.saturating_sub(kept), Ordering::Relaxed);
         return Err(e);
     }
     match &s.journal {
-        Some(j) => {
-            let line = format!("{b}\n");
-            lock(j)
-                .write_all(line.as_bytes())
-                .map_err(|e| fatal(s, failed(format!("journal: {e}"))))?;
-        }
+        Some(_) => {}
         None => {
             // One whole-file GET: its length is the size.
             if s.file.metadata().map(|m| m.len()).unwrap_or(0) > got {
@@ -834,6 +997,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(load_journal(&p, &h2), None, "a block beyond the file");
+    }
+
+    #[test]
+    fn a_request_asks_for_a_run_of_consecutive_blocks_while_many_are_left() {
+        let mut q: VecDeque<u64> = (0..100).collect();
+        // 100 left, 4 connections: a run of the most.
+        assert_eq!(run_of(&mut q, 4), Some((0, MAX_RUN)));
+        // A gap ends a run.
+        let mut q: VecDeque<u64> = [3, 4, 5, 9, 10].into_iter().chain(20..60).collect();
+        assert_eq!(run_of(&mut q, 1), Some((3, 3)));
+        assert_eq!(q.front(), Some(&9));
+        // Few left per connection: one block at a time.
+        let mut q: VecDeque<u64> = (0..10).collect();
+        assert_eq!(run_of(&mut q, 8), Some((0, 1)));
+        // 10 left, 2 connections: at most a half share (2 blocks).
+        let mut q: VecDeque<u64> = (0..10).collect();
+        assert_eq!(run_of(&mut q, 2), Some((0, 2)));
+        assert_eq!(run_of(&mut VecDeque::new(), 2), None);
     }
 
     #[test]

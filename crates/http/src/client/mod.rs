@@ -4,13 +4,14 @@
 //!
 //! - **Download** ([`get`]): a `HEAD` (size, `Accept-Ranges`, `ETag`,
 //!   `Last-Modified`, and `Want-Digest: adler32` for the server's
-//!   checksum), then ranged `GET`s of [`get::BLOCK`] bytes over several
-//!   connections at once into a hidden partial file beside the
-//!   destination; a journal beside it records each block once written, so
-//!   rerunning the command after an interruption fetches only the blocks
-//!   it lacks (checked against the size, `ETag` and `Last-Modified`). When
-//!   every block is in, the file is checked against the server's `Digest`
-//!   (adler32, crc32c, md5 or sha-256), flushed and renamed.
+//!   checksum), then ranged `GET`s of runs of [`get::BLOCK`]-byte blocks
+//!   over several connections at once into a hidden partial file beside
+//!   the destination; a journal beside it records each block once
+//!   written, so rerunning the command after an interruption fetches only
+//!   the blocks it lacks (checked against the size, `ETag` and
+//!   `Last-Modified`). The file is hashed in order as its blocks come in
+//!   and checked against the server's `Digest` (adler32, crc32c, md5 or
+//!   sha-256) when the last is in, then flushed and renamed.
 //! - **Upload** ([`put`]): one `PUT` with `Content-Length` and `Expect:
 //!   100-continue`, its adler32 computed while it is read, then a `HEAD`
 //!   with `Want-Digest: adler32` to compare with the server's, when it
@@ -45,6 +46,7 @@ use hyper_util::rt::TokioIo;
 use crate::digest::{self, Algo};
 
 pub mod get;
+pub mod list;
 pub mod put;
 
 /// The longest error body read from a server (the rest is dropped).
@@ -265,6 +267,13 @@ pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error
 /// An empty body.
 pub fn empty() -> Body {
     http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A body of bytes in memory.
+pub fn full(data: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(data.into())
         .map_err(|never| match never {})
         .boxed_unsync()
 }

@@ -239,6 +239,11 @@ pub struct TreeReport {
     pub skipped: Vec<String>,
     /// The server's `Server` header.
     pub server: Option<String>,
+    /// Files not sent because the server has them already (same path and
+    /// size: a rerun resumes), and their bytes.
+    pub present: u64,
+    /// Bytes of the files in [`TreeReport::present`].
+    pub present_bytes: u64,
 }
 
 /// Creates a collection; one that exists already (405) is fine.
@@ -321,12 +326,35 @@ pub fn upload_tree(
         }
         u
     };
+    // What the server has already (a rerun): files by path below the
+    // tree's collection, with their sizes. A server that cannot list
+    // (no PROPFIND, or no collection yet) has nothing.
+    let there: std::collections::HashMap<Vec<Vec<u8>>, u64> =
+        super::list::walk(&at(&start, true), opts)
+            .map(|entries| {
+                entries
+                    .into_iter()
+                    .filter(|e| !e.dir)
+                    .filter_map(|e| e.size.map(|s| (e.rel, s)))
+                    .collect()
+            })
+            .unwrap_or_default();
     for d in &dirs {
         if mkcol(&at(d, true), opts)? {
             out.created += 1;
         }
     }
     for (path, rel) in &files {
+        let size = std::fs::metadata(path).map(|m| m.len()).ok();
+        let below = rel.get(start.len()..).unwrap_or_default();
+        if size.is_some() && there.get(below).copied() == size {
+            let n = size.unwrap_or(0);
+            out.present += 1;
+            out.present_bytes += n;
+            progress.bytes.fetch_add(n, Ordering::Relaxed);
+            progress.files.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let r = upload(
             &Request {
                 source: path.clone(),
