@@ -170,11 +170,38 @@ pub struct Queue {
     ready: Condvar,
 }
 
-#[derive(Debug, Default)]
+/// Called when a queue that was found empty gets work or closes.
+pub type QueueWaiter = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
 struct QState {
     units: VecDeque<Unit>,
     closed: bool,
     handed_out: bool,
+    /// Streams on the runner that found it empty, to wake.
+    waiters: Vec<QueueWaiter>,
+}
+
+impl std::fmt::Debug for QState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QState")
+            .field("units", &self.units)
+            .field("closed", &self.closed)
+            .field("handed_out", &self.handed_out)
+            .field("waiters", &self.waiters.len())
+            .finish()
+    }
+}
+
+/// What [`Queue::try_pop`] found.
+#[derive(Debug)]
+pub enum Popped {
+    /// The next unit.
+    Unit(Unit),
+    /// Nothing now; the waiter given is called when that changes.
+    Empty,
+    /// The queue is closed: no more work.
+    Closed,
 }
 
 impl Queue {
@@ -185,6 +212,7 @@ impl Queue {
                 units: units.into(),
                 closed: false,
                 handed_out: false,
+                waiters: Vec::new(),
             }),
             ready: Condvar::new(),
         }
@@ -194,7 +222,37 @@ impl Queue {
     pub fn push_front(&self, unit: Unit) {
         let mut s = lock(&self.state);
         s.units.push_front(unit);
+        let waiters = std::mem::take(&mut s.waiters);
         self.ready.notify_one();
+        drop(s);
+        waiters.into_iter().for_each(|w| w());
+    }
+
+    /// The next unit without waiting (for a stream on the runner, which
+    /// must not block): [`Popped::Empty`] registers `waiter`, called once
+    /// when work comes or the queue closes. `idle` as in
+    /// [`Queue::pop_or_idle`].
+    /// `waiter` may give none (the caller has one registered already).
+    pub fn try_pop(
+        &self,
+        idle: impl FnOnce(),
+        waiter: impl FnOnce() -> Option<QueueWaiter>,
+    ) -> Popped {
+        let mut s = lock(&self.state);
+        if s.closed {
+            return Popped::Closed;
+        }
+        if let Some(u) = s.units.pop_front() {
+            s.handed_out = true;
+            return Popped::Unit(u);
+        }
+        if s.handed_out {
+            idle();
+        }
+        if let Some(w) = waiter() {
+            s.waiters.push(w);
+        }
+        Popped::Empty
     }
 
     /// The next unit; waits while the queue is empty but open. `None` once
@@ -228,8 +286,12 @@ impl Queue {
 
     /// Ends the queue: every waiting and later `pop` returns `None`.
     pub fn close(&self) {
-        lock(&self.state).closed = true;
+        let mut s = lock(&self.state);
+        s.closed = true;
+        let waiters = std::mem::take(&mut s.waiters);
         self.ready.notify_all();
+        drop(s);
+        waiters.into_iter().for_each(|w| w());
     }
 }
 
