@@ -6,14 +6,14 @@ use super::*;
 
 pub(super) fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: Stream) -> StreamTask {
     keepalive(s.tcp());
-    let (sk, pool) = (Arc::clone(sink), Arc::clone(pool));
+    let (sk, pool2) = (Arc::clone(sink), Arc::clone(pool));
     StreamTask::start(
-        |end| crate::sink::task::spawn(Arc::clone(sink), s, end),
+        |end| crate::sink::task::spawn(Arc::clone(sink), s, usize::from(pool.streams()), end),
         move |r| {
             if let Err(e) = r {
                 if !sk.finished() {
                     sk.abort(format!("data connection: {e}"));
-                    pool.all();
+                    pool2.all();
                 }
             }
         },

@@ -4,7 +4,7 @@
 //! A [`RecvTask`] reads headers and digests through a small buffer and a
 //! chunk's data straight into the aligned write buffer (as the threaded
 //! receiver did, no extra copy), without ever blocking. Each full write
-//! unit ([`WRITE_UNIT`]), and each chunk's end with its digest, goes to
+//! unit (up to [`WRITE_UNIT`]), and each chunk's end with its digest, goes to
 //! the blocking pool as one job ([`Sink::absorb`]: hash, gathered write,
 //! digest check, journal, rename); the task stops reading until it is
 //! back, so a connection holds one buffer whatever the pool's queue, and
@@ -16,8 +16,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
-use fatpipe_engine::dataplane::blocking;
 use fatpipe_engine::dataplane::runner::{self, Step, Task, TaskWaker, Wants, QUANTUM_BYTES};
+use fatpipe_engine::dataplane::{blocking, budget};
 use fatpipe_secure::Stream;
 
 use super::{Sink, HEADER_BUFFER, WRITE_UNIT};
@@ -162,6 +162,11 @@ pub(crate) type End = Box<dyn FnOnce(io::Result<()>) + Send>;
 /// One receiving data connection on the runner.
 pub(crate) struct RecvTask {
     sink: Arc<Sink>,
+    /// The write unit's bytes, held from the data plane's budget.
+    _grant: budget::Grant,
+    /// Bytes gathered into one write: [`WRITE_UNIT`], less when many
+    /// streams share the budget, never below a piece.
+    unit: usize,
     stream: Stream,
     fd: RawFd,
     hold: Option<fatpipe_sys::WindowHold>,
@@ -177,8 +182,21 @@ pub(crate) struct RecvTask {
 }
 
 /// Starts receiving chunks of `sink` from `stream` on the runner until
-/// its `End` (the stream is made non-blocking); `end` gets how it ended.
-pub(crate) fn spawn(sink: Arc<Sink>, stream: Stream, end: End) -> io::Result<runner::TaskHandle> {
+/// its `End` (the stream is made non-blocking), one of `streams` of its
+/// session; `end` gets how it ended.
+///
+/// Its write buffer comes from the data plane's budget: the session's
+/// share for one of `streams` ([`budget::share`]), at most [`WRITE_UNIT`]
+/// and at least a piece, so 256 streams hold 256 pieces (64 MiB), not 256
+/// write units.
+pub(crate) fn spawn(
+    sink: Arc<Sink>,
+    stream: Stream,
+    streams: usize,
+    end: End,
+) -> io::Result<runner::TaskHandle> {
+    let grant = budget::reserve(budget::share(WRITE_UNIT, PIECE, streams), PIECE);
+    let unit = (grant.bytes() / PIECE).clamp(1, WRITE_UNIT / PIECE) * PIECE;
     let hold = sink
         .opts
         .window
@@ -189,6 +207,8 @@ pub(crate) fn spawn(sink: Arc<Sink>, stream: Stream, end: End) -> io::Result<run
     runner::spawn_with_waker(move |waker| {
         Box::new(RecvTask {
             sink,
+            _grant: grant,
+            unit,
             stream,
             fd,
             hold,
@@ -197,7 +217,7 @@ pub(crate) fn spawn(sink: Arc<Sink>, stream: Stream, end: End) -> io::Result<run
             hi: 0,
             phase: Phase::Header,
             work: Some(Box::new(Work {
-                buf: AlignedBuf::new(WRITE_UNIT),
+                buf: AlignedBuf::new(unit),
                 held: 0,
                 chunk: None,
                 digest: [0; 32],
@@ -347,7 +367,7 @@ impl RecvTask {
                         return Err(io::Error::other("no chunk"));
                     };
                     let len = c.h.len as usize;
-                    let want = (len - c.got).min(WRITE_UNIT - w.held);
+                    let want = (len - c.got).min(self.unit - w.held);
                     if want == 0 {
                         if c.got == len {
                             self.phase = Phase::Digest;

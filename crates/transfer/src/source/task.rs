@@ -31,6 +31,9 @@ use crate::manifest::open_origin;
 use crate::plan::{chunk_range, lock, ChunkRef, Popped};
 use crate::wire::{ChunkHeader, ChunkKind, EntryKind};
 
+/// Bytes a sendfile piece is read in for its hash.
+const SCRATCH: usize = 64 * 1024;
+
 /// What a sending connection puts on the wire next, filled on the
 /// blocking pool and written by the runner.
 #[derive(Default)]
@@ -99,13 +102,30 @@ impl Source {
                     }
                     continue;
                 }
-                let p = (len - cur.pos).min(PIECE as u64) as usize;
+                // At most a piece in `out` (plus a header and a digest):
+                // what a connection holds stays a piece whatever it sends.
+                let room = if cur.sendfile {
+                    PIECE
+                } else {
+                    PIECE.saturating_sub(f.out.len()).max(4096)
+                };
+                let p = (len - cur.pos).min(room as u64) as usize;
                 let at = cur.off + cur.pos;
                 let read = if cur.sendfile {
-                    f.scratch.resize(p, 0);
-                    let r = pread_exact(&cur.file, &mut f.scratch[..p], at);
+                    // Read for the hash in small steps: the bytes go to
+                    // the socket from the page cache, not from here.
+                    f.scratch.resize(SCRATCH, 0);
+                    let mut r = Ok(());
+                    let mut done = 0usize;
+                    while done < p && r.is_ok() {
+                        let n = (p - done).min(SCRATCH);
+                        r = pread_exact(&cur.file, &mut f.scratch[..n], at + done as u64);
+                        if r.is_ok() {
+                            cur.hasher.update(&f.scratch[..n]);
+                        }
+                        done += n;
+                    }
                     if r.is_ok() {
-                        cur.hasher.update(&f.scratch[..p]);
                         f.seg = Some((Arc::clone(&cur.file), at, p as u64));
                     }
                     r
