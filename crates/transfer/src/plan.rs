@@ -444,6 +444,39 @@ mod tests {
     }
 
     #[test]
+    fn try_pop_never_waits_and_wakes_its_waiter_once_on_work_or_close() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let u = |f| Unit {
+            chunks: vec![ChunkRef { file: f, chunk: 0 }],
+        };
+        let woken = Arc::new(AtomicU32::new(0));
+        let waiter = || {
+            let w = Arc::clone(&woken);
+            Some(Box::new(move || {
+                w.fetch_add(1, Ordering::SeqCst);
+            }) as QueueWaiter)
+        };
+        let q = Queue::new(vec![u(1)]);
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Unit(x) if x == u(1)));
+        // Empty: registers the waiter, which work wakes once.
+        let mut idle = 0;
+        assert!(matches!(q.try_pop(|| idle += 1, waiter), Popped::Empty));
+        assert_eq!((idle, woken.load(Ordering::SeqCst)), (1, 0));
+        q.push_front(u(2));
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+        q.push_front(u(3));
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "a waiter is woken once");
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Unit(x) if x == u(3)));
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Unit(x) if x == u(2)));
+        // A caller with a waiter registered already gives none.
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Empty));
+        assert!(matches!(q.try_pop(|| {}, || None), Popped::Empty));
+        q.close();
+        assert_eq!(woken.load(Ordering::SeqCst), 2);
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Closed));
+    }
+
+    #[test]
     fn a_stream_is_idle_only_once_the_queue_has_handed_out_work() {
         use std::sync::atomic::{AtomicU32, Ordering};
         let u = |f| Unit {

@@ -7,10 +7,11 @@
 //! journal from an interrupted run, re-verifying the chunks it lists against
 //! the bytes on disk. What is left becomes the `Need` list sent to the sender.
 //!
-//! Data threads ([`Sink::receive`], one per connection) read each chunk in
-//! 256 KiB pieces into an aligned buffer, hash each piece and write it into
-//! the file's temporary while it is still in cache, then compare the chunk's
-//! digest. Only a chunk that matches is journaled and counted; one that does
+//! Each data connection is a task on the engine's data plane
+//! ([`task::RecvTask`]) that reads each chunk into an aligned buffer; the
+//! blocking pool ([`Sink::absorb`](task)) hashes it piece by piece (256
+//! KiB) and writes it into the file's temporary while it is still in
+//! cache, then compares the chunk's digest. Only a chunk that matches is journaled and counted; one that does
 //! not is asked for again (a bounded number of times) and its resend
 //! overwrites the same bytes of the temporary file. With `--sync` the
 //! journal records wait for a grouped `fdatasync` (see [`crate::journal`]
@@ -75,7 +76,7 @@ pub struct SinkOptions {
     pub start: Option<(u64, std::time::Duration)>,
 }
 
-/// The receiver's shared state; data threads hold it in an `Arc`.
+/// The receiver's shared state; data connections' tasks hold it in an `Arc`.
 pub struct Sink {
     base: Dir,
     opts: SinkOptions,

@@ -1,13 +1,15 @@
 //! The sending half of a session: stream the chunks the receiver needs.
 //!
-//! One thread per data connection pops [`Unit`]s from the shared queue and
-//! sends each chunk as header, payload, digest. The digest is computed while
-//! sending, piece by piece (256 KiB, so the piece is still in cache when it
-//! is hashed and written): with `sendfile` the piece is read once with
-//! `pread` for the hash and handed to the socket from the page cache without
+//! Each data connection is a task on the engine's data plane
+//! ([`task::SendTask`]) that pops [`Unit`](crate::plan::Unit)s from the
+//! shared queue and sends each chunk as header, payload, digest. The
+//! digest is computed while sending, piece by piece (256 KiB, so the piece
+//! is still in cache when it is hashed and written), on the blocking pool
+//! ([`Source::fill`](task)): with `sendfile` the piece is read with `pread`
+//! for the hash and handed to the socket from the page cache without
 //! another user-space copy; without it, the same buffer is hashed and
-//! written. Small writes (headers, digests, small files) go through a
-//! buffered writer so a run of small files costs few system calls.
+//! written. Headers, digests and small files are batched into one fill, so
+//! a run of small files costs few system calls.
 //!
 //! Holes in sparse files are found with `SEEK_DATA` and sent as `Hole`
 //! chunks with no payload. A file that vanishes, shrinks or changes while
