@@ -43,6 +43,9 @@ pub(crate) struct Work {
     broken: Option<io::Error>,
 }
 
+/// A part file to write into and its O_DIRECT handle.
+type Target = (Arc<File>, Option<Arc<File>>);
+
 /// A chunk being received.
 struct Chunk {
     h: ChunkHeader,
@@ -50,7 +53,7 @@ struct Chunk {
     small: bool,
     /// The temporary file and its direct handle, once looked up (`None`
     /// inside: the chunk is not wanted).
-    target: Option<Option<(Arc<File>, Option<Arc<File>>)>>,
+    target: Option<Option<Target>>,
     hasher: Option<ChunkHasher>,
     write_err: Option<io::Error>,
     /// Data bytes read from the connection.
