@@ -13,8 +13,9 @@
 #
 # Then a copy (COPY_STREAMS=256, push of a COPY_MB file into the server's
 # export) against one of COPY_BASE=64 streams: threads of each process
-# while data flows (from the moment every data connection is
-# established), each connection's acknowledged bytes from ss (every one
+# while data flows (from the moment the server attached every data
+# connection: each received its acknowledgement, past the set-up's
+# dialing and attach threads), each connection's acknowledged bytes from ss (every one
 # should move >= 0.25 x the mean), and the rate over that of -P 64.
 #
 # On loopback always; also over a veth pair between two network
@@ -131,7 +132,7 @@ setup_net() {
 # run_copy NET P: one push of $work/copy.bin with P streams; prints
 # "client_threads server_threads rate_bps conns min_over_mean
 # client_peak server_peak": threads the most seen once every data
-# connection was established (ss), each connection's most acknowledged
+# connection was attached (ss: it received bytes), each connection's most acknowledged
 # bytes (the P largest: the copy-control connection moves little).
 run_copy() {
     local net=$1 p=$2 ns=() ip=127.0.0.1
@@ -144,22 +145,33 @@ run_copy() {
     : >"$acked"
     "${ns[@]}" "$FATPIPE" copy --port "$PORT" --json -P "$p" --chunk-size 256K \
         "$work/copy.bin" "$ip:data/" >"$out" 2>"$out.err" &
-    local cpid=$! spid=${SERVER_PID[$net]} cmax=0 smax=0 cpeak=0 speak=0 c s flowing=0
+    local cpid=$! spid=${SERVER_PID[$net]} cmax=0 smax=0 cpeak=0 speak=0 c s snap flowing=0
     while kill -0 "$cpid" 2>/dev/null; do
         c=$(threads "$cpid")
         s=$(threads "$spid")
         c=${c:-0} s=${s:-0}
         [ "$c" -gt "$cpeak" ] && cpeak=$c
         [ "$s" -gt "$speak" ] && speak=$s
-        "${ns[@]}" ss -Htin state established "( dport = :$PORT )" |
-            awk '/bytes_acked:/ { for (i = 1; i <= NF; i++) if ($i ~ /^bytes_acked:/) { split($i, a, ":"); print l, a[2] } next }
-                 { for (i = 1; i <= NF; i++) if ($i ~ /:[0-9]+$/ && $i !~ /:'"$PORT"'$/) l = $i }' >>"$acked"
-        if [ $flowing -eq 0 ] && [ "$(tail -n 400 "$acked" | awk '{ print $1 }' | sort -u | wc -l)" -gt "$p" ]; then
-            flowing=1
-        fi
+        # "local acked received" per connection.
+        snap=$("${ns[@]}" ss -Htin state established "( dport = :$PORT )" |
+            awk '/bytes_acked:/ { a = 0; r = 0
+                     for (i = 1; i <= NF; i++) {
+                         if ($i ~ /^bytes_acked:/) { split($i, x, ":"); a = x[2] }
+                         if ($i ~ /^bytes_received:/) { split($i, x, ":"); r = x[2] }
+                     }
+                     print l, a, r; next }
+                 { for (i = 1; i <= NF; i++) if ($i ~ /:[0-9]+$/ && $i !~ /:'"$PORT"'$/) l = $i }')
+        printf '%s\n' "$snap" >>"$acked"
         if [ $flowing -eq 1 ]; then
             [ "$c" -gt "$cmax" ] && cmax=$c
             [ "$s" -gt "$smax" ] && smax=$s
+        fi
+        # Flowing once the server attached every data connection: each
+        # has received its DataAck (the only bytes a data connection of a
+        # push receives), so the set-up's attach threads are ending;
+        # counted from the next sample on.
+        if [ $flowing -eq 0 ] && [ "$(printf '%s\n' "$snap" | awk '$3 > 0' | wc -l)" -gt "$p" ]; then
+            flowing=1
         fi
         sleep 0.1
     done

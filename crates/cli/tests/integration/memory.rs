@@ -283,20 +283,24 @@ fn copy_256(encrypt: bool) {
     let client_pid = client.0.id();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let bound = 4 * cores + 16;
-    // Data flows on every connection once each has had 256 KiB
-    // acknowledged (more than a fresh socket's receive buffer: the
-    // server has attached it and reads it, so the set-up's dialing,
-    // handshake and attach threads are gone): from that moment on each
-    // end's threads are read. Each connection's acknowledged bytes (from
-    // ss, by the client's port) are kept throughout.
+    // Data flows on every connection once the server attached each: it
+    // received its acknowledgement, the only bytes a pushing data
+    // connection receives (so the set-up's dialing, handshake and attach
+    // threads are ending), and had 256 KiB acknowledged. From then on
+    // each end's threads are read. Each connection's acknowledged bytes
+    // (from ss, by the client's port) are kept throughout.
     let until = std::time::Instant::now() + DEADLINE;
     let mut acked: std::collections::HashMap<String, u64> = Default::default();
     let (mut most, mut samples) = ((0, 0), 0);
     while status(client_pid, "Threads:") > 0 {
         assert!(std::time::Instant::now() < until, "the copy did not end");
         let conns = ss_acked(port);
-        let flowing = conns.iter().filter(|c| c.1 >= 256 * 1024).count() >= 256;
-        for (local, n) in &conns {
+        let flowing = conns
+            .iter()
+            .filter(|c| c.1 >= 256 * 1024 && c.2 > 0)
+            .count()
+            >= 256;
+        for (local, n, _) in &conns {
             let e = acked.entry(local.clone()).or_default();
             *e = (*e).max(*n);
         }
@@ -381,9 +385,9 @@ fn client_exited(g: &Guard) -> bool {
     stat.is_empty() || stat.contains(") Z ")
 }
 
-/// Established connections to `port` (seen from the client's side) and
-/// the bytes each had acknowledged, from `ss -tin`.
-fn ss_acked(port: u16) -> Vec<(String, u64)> {
+/// Established connections to `port` (seen from the client's side), the
+/// bytes each had acknowledged and received, from `ss -tin`.
+fn ss_acked(port: u16) -> Vec<(String, u64, u64)> {
     let out = Command::new("ss")
         .args(["-Htin", "state", "established"])
         .arg(format!("( dport = :{port} )"))
@@ -393,14 +397,15 @@ fn ss_acked(port: u16) -> Vec<(String, u64)> {
     let mut conns = Vec::new();
     let mut local = None;
     for line in text.lines() {
-        if let Some(rest) = line.split("bytes_acked:").nth(1) {
+        if line.contains("bytes_acked:") {
+            let field = |name: &str| -> u64 {
+                line.split(name)
+                    .nth(1)
+                    .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                    .unwrap_or(0)
+            };
             if let Some(l) = local.take() {
-                let n = rest
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                conns.push((l, n));
+                conns.push((l, field("bytes_acked:"), field("bytes_received:")));
             }
         } else if let Some(addr) = line
             .split_whitespace()
