@@ -284,6 +284,11 @@ impl Queue {
         }
     }
 
+    /// True once [`Queue::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+
     /// Ends the queue: every waiting and later `pop` returns `None`.
     pub fn close(&self) {
         let mut s = lock(&self.state);

@@ -244,6 +244,62 @@ fn issue_34_an_encrypted_256_stream_copy_runs_on_the_same_few_threads() {
     copy_256(true);
 }
 
+#[test]
+fn issue_34_a_pull_at_a_tiny_rate_cap_does_not_hold_the_servers_disk_threads() {
+    // A pulling client's --bwlimit is the server's sender's rate cap. The
+    // server's streams share one blocking pool for their disk work: a cap
+    // that slept there would hold its few threads and stall every other
+    // session. A capped stream sleeps on the runner's timer instead.
+    let dir = setup();
+    let exp = mkdir(&dir.path().join("export"));
+    random_file(&exp.join("slow.bin"), 32 << 20, 1);
+    random_file(&exp.join("fast.bin"), 64 << 20, 2);
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .arg("--export")
+        .arg(format!("data={}:public", exp.display()));
+    let (_srv, port) = spawn_server(cmd);
+    let pull = |name: &str, to: &std::path::Path, extra: &[&str]| {
+        let mut c = dir.cmd();
+        c.args(["copy", "--port", &port.to_string(), "--json", "--no-auto"])
+            .args(extra)
+            .arg(format!("127.0.0.1:data/{name}"))
+            .arg(to);
+        c
+    };
+    let slow_to = mkdir(&dir.path().join("slow"));
+    let mut slow = pull(
+        "slow.bin",
+        &slow_to,
+        &["-P", "64", "--chunk-size", "64K", "--bwlimit", "2m"],
+    );
+    slow.stdout(Stdio::null()).stderr(Stdio::null());
+    let _slow = Guard(slow.spawn().expect("spawn the capped pull"));
+    // It is under way once its part file exists.
+    crate::util::wait_for(DEADLINE, "the capped pull's first chunk", || {
+        std::fs::read_dir(&slow_to).is_ok_and(|mut d| d.next().is_some())
+    });
+    let fast_to = mkdir(&dir.path().join("fast"));
+    let started = std::time::Instant::now();
+    let out = crate::util::run_within(
+        &mut pull("fast.bin", &fast_to, &["-P", "4"]),
+        Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    assert_exit(&out, 0);
+    assert_eq!(
+        std::fs::read(exp.join("fast.bin")).ok(),
+        std::fs::read(fast_to.join("fast.bin")).ok()
+    );
+    eprintln!("64 MiB pulled beside a 2 Mbit/s pull in {took:?}");
+    // 32 MiB at 2 Mbit/s takes over two minutes: the other pull must not
+    // wait for it.
+    assert!(
+        took < Duration::from_secs(20),
+        "a pull beside a capped one took {took:?}"
+    );
+}
+
 /// `copy -P 256` of 256 MiB into a server's export, with `--encrypt` or
 /// not: both ends' threads while data flows within 4 x cores + 16, every
 /// data connection moving at least a chunk, the copy whole.

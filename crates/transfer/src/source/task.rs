@@ -58,6 +58,8 @@ pub(crate) struct Fill {
     files: u64,
     /// The connection cannot go on: bytes on the wire no longer add up.
     broken: Option<io::Error>,
+    /// The rate cap's time before which this fill may not go out.
+    not_before: Option<std::time::Instant>,
 }
 
 /// A chunk being sent.
@@ -153,7 +155,10 @@ impl Source {
                     return;
                 }
                 if let Some(l) = &self.limiter {
-                    l.take(p as u64);
+                    // The runner holds the fill until then: a pool thread
+                    // never sleeps for a peer's `--bwlimit`.
+                    let due = l.reserve(p as u64);
+                    f.not_before = Some(f.not_before.map_or(due, |d| d.max(due)));
                 }
                 cur.pos += p as u64;
                 f.moved += p as u64;
@@ -371,6 +376,16 @@ impl SendTask {
                     }
                 }
                 Phase::Writing | Phase::Ending => {
+                    if let Some(at) = self.fill.as_mut().and_then(|f| f.not_before) {
+                        // A session that is over (or stopping) waits for
+                        // no rate cap: what is left goes or fails now.
+                        if at > std::time::Instant::now() && !self.src.queue.is_closed() {
+                            return Ok(Some(Step::Sleep(at)));
+                        }
+                        if let Some(f) = self.fill.as_mut() {
+                            f.not_before = None;
+                        }
+                    }
                     if let Some(step) = self.write_fill(&mut moved)? {
                         return Ok(Some(step));
                     }
