@@ -619,6 +619,9 @@ impl Sink {
         let mut c = lock(&self.ctrl);
         let Some(stream) = c.as_mut() else { return };
         if let Err(e) = write_msg(stream, msg) {
+            // No later report waits on it again (a peer that stopped
+            // reading holds a writer for the write time-out once).
+            *c = None;
             drop(c);
             self.abort(format!("control connection: {e}"));
         }

@@ -241,8 +241,13 @@ impl Source {
             path,
             message: message.clone(),
         });
-        if let Some(c) = lock(&self.ctrl).as_mut() {
-            let _ = write_msg(c, &Msg::FileFailed { file, message });
+        let mut c = lock(&self.ctrl);
+        if let Some(stream) = c.as_mut() {
+            if write_msg(stream, &Msg::FileFailed { file, message }).is_err() {
+                // No later report waits on it again; the session's own
+                // reads and writes on it fail too.
+                *c = None;
+            }
         }
     }
 }

@@ -74,6 +74,13 @@ pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// not used for the request (the server may be about to give up on it):
 /// the client connects again.
 pub const PREPARE_REUSE: Duration = Duration::from_secs(15);
+/// How long a write on a session's control connection may make no
+/// progress once data flows: the reports written there (a resend, a
+/// failed file) are written from the data plane's shared blocking pool,
+/// whose threads a peer that stops reading must not hold. Past it the
+/// session ends.
+pub const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often a sending server reports its TCP counters ([`Msg::Stats`]).
 pub const STATS_INTERVAL: Duration = Duration::from_secs(1);
 

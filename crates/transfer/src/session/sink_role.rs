@@ -138,6 +138,8 @@ pub fn run_sink(
         .map_err(|e| CopyError::Failed(e.to_string()))?;
     let sink = Arc::new(sink);
     // Failures found while planning go to the sender before the needs.
+    ctrl.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))
+        .map_err(net)?;
     sink.set_control(ctrl.try_clone().map_err(net)?);
     {
         let mut w = io::BufWriter::with_capacity(1 << 20, &mut ctrl);

@@ -30,6 +30,8 @@ pub fn run_source(
     let first = data.first()?;
     src.plan(&needs);
     src.account_done_before(&needs);
+    ctrl.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))
+        .map_err(net)?;
     src.set_control(ctrl.try_clone().map_err(net)?);
     let pool = Arc::new(Pool::new(&ctrl, std::slice::from_ref(&first), data.count).map_err(net)?);
     if let Grow::Client { live, .. } = grow {
