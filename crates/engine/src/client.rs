@@ -247,13 +247,21 @@ impl ClientSession {
     pub fn open_data_early(&self, tag: u32) -> Result<Stream> {
         let stream = self.hello_data(self.connect_racing()?, tag)?;
         let _ = stream.set_write_timeout(None);
-        let mut reader = stream
+        let reader = stream
             .try_clone()
             .map_err(|e| EngineError::io("clone data socket", e))?;
+        let deadline = std::time::Instant::now() + self.options.handshake_timeout;
         let watch = std::thread::Builder::new()
             .name(format!("data {tag} attach"))
             .spawn(move || {
-                if read_data_ack(&mut reader).is_err() {
+                // The caller may make the socket non-blocking meanwhile
+                // (the data plane's runner does): wait for readability
+                // here rather than count on a blocking read.
+                let mut patient = Patient {
+                    stream: &reader,
+                    deadline,
+                };
+                if read_data_ack(&mut patient).is_err() {
                     let _ = reader.shutdown(std::net::Shutdown::Both);
                 } else {
                     let _ = reader.set_read_timeout(None);
@@ -410,7 +418,34 @@ fn redial_after(rtt: Duration) -> Duration {
 /// Reads the server's one-frame answer to a data hello: `DataAck`, or the
 /// reason it refused. Reads exactly that frame: what follows belongs to the
 /// service.
-fn read_data_ack(stream: &mut Stream) -> Result<()> {
+/// Reads `stream` whether or not its socket is non-blocking: a read that
+/// would block waits for the socket to be readable, until `deadline`
+/// (then a time-out, as a blocking read's time-out would be).
+struct Patient<'a> {
+    stream: &'a Stream,
+    deadline: std::time::Instant,
+}
+
+impl Read for Patient<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match (&*self.stream).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = self
+                        .deadline
+                        .saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    fatpipe_sys::poll::wait_readable(&[self.stream.tcp()], left)?;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+fn read_data_ack(stream: &mut impl Read) -> Result<()> {
     let mut header = [0u8; 4];
     read_exact(stream, &mut header)?;
     let len = u32::from_be_bytes(header) as usize;
@@ -434,7 +469,7 @@ fn read_data_ack(stream: &mut Stream) -> Result<()> {
     }
 }
 
-fn read_exact(stream: &mut Stream, buf: &mut [u8]) -> Result<()> {
+fn read_exact(stream: &mut impl Read, buf: &mut [u8]) -> Result<()> {
     stream.read_exact(buf).map_err(|e| {
         if is_timeout(&e) {
             EngineError::Timeout("waiting for the data connection to be attached".into())

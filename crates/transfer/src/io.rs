@@ -122,15 +122,20 @@ impl Limiter {
 
     /// Accounts `n` bytes, sleeping as needed.
     pub fn take(&self, n: u64) {
-        let wait = {
-            let mut s = crate::plan::lock(&self.state);
-            s.1 += n;
-            let due = s.0 + Duration::from_secs_f64(s.1 as f64 / self.bytes_per_sec);
-            due.saturating_duration_since(Instant::now())
-        };
+        let wait = self.reserve(n).saturating_duration_since(Instant::now());
         if !wait.is_zero() {
             std::thread::sleep(wait);
         }
+    }
+
+    /// Accounts `n` bytes without waiting: the time before which they
+    /// may not be sent (a stream on the runner sleeps until then; a
+    /// thread of the shared blocking pool must never sleep for a peer's
+    /// rate cap).
+    pub fn reserve(&self, n: u64) -> Instant {
+        let mut s = crate::plan::lock(&self.state);
+        s.1 += n;
+        s.0 + Duration::from_secs_f64(s.1 as f64 / self.bytes_per_sec)
     }
 }
 

@@ -170,11 +170,38 @@ pub struct Queue {
     ready: Condvar,
 }
 
-#[derive(Debug, Default)]
+/// Called when a queue that was found empty gets work or closes.
+pub type QueueWaiter = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
 struct QState {
     units: VecDeque<Unit>,
     closed: bool,
     handed_out: bool,
+    /// Streams on the runner that found it empty, to wake.
+    waiters: Vec<QueueWaiter>,
+}
+
+impl std::fmt::Debug for QState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QState")
+            .field("units", &self.units)
+            .field("closed", &self.closed)
+            .field("handed_out", &self.handed_out)
+            .field("waiters", &self.waiters.len())
+            .finish()
+    }
+}
+
+/// What [`Queue::try_pop`] found.
+#[derive(Debug)]
+pub enum Popped {
+    /// The next unit.
+    Unit(Unit),
+    /// Nothing now; the waiter given is called when that changes.
+    Empty,
+    /// The queue is closed: no more work.
+    Closed,
 }
 
 impl Queue {
@@ -185,6 +212,7 @@ impl Queue {
                 units: units.into(),
                 closed: false,
                 handed_out: false,
+                waiters: Vec::new(),
             }),
             ready: Condvar::new(),
         }
@@ -194,7 +222,37 @@ impl Queue {
     pub fn push_front(&self, unit: Unit) {
         let mut s = lock(&self.state);
         s.units.push_front(unit);
+        let waiters = std::mem::take(&mut s.waiters);
         self.ready.notify_one();
+        drop(s);
+        waiters.into_iter().for_each(|w| w());
+    }
+
+    /// The next unit without waiting (for a stream on the runner, which
+    /// must not block): [`Popped::Empty`] registers `waiter`, called once
+    /// when work comes or the queue closes. `idle` as in
+    /// [`Queue::pop_or_idle`].
+    /// `waiter` may give none (the caller has one registered already).
+    pub fn try_pop(
+        &self,
+        idle: impl FnOnce(),
+        waiter: impl FnOnce() -> Option<QueueWaiter>,
+    ) -> Popped {
+        let mut s = lock(&self.state);
+        if s.closed {
+            return Popped::Closed;
+        }
+        if let Some(u) = s.units.pop_front() {
+            s.handed_out = true;
+            return Popped::Unit(u);
+        }
+        if s.handed_out {
+            idle();
+        }
+        if let Some(w) = waiter() {
+            s.waiters.push(w);
+        }
+        Popped::Empty
     }
 
     /// The next unit; waits while the queue is empty but open. `None` once
@@ -226,10 +284,19 @@ impl Queue {
         }
     }
 
+    /// True once [`Queue::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+
     /// Ends the queue: every waiting and later `pop` returns `None`.
     pub fn close(&self) {
-        lock(&self.state).closed = true;
+        let mut s = lock(&self.state);
+        s.closed = true;
+        let waiters = std::mem::take(&mut s.waiters);
         self.ready.notify_all();
+        drop(s);
+        waiters.into_iter().for_each(|w| w());
     }
 }
 
@@ -379,6 +446,39 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         q.close();
         assert_eq!(waiter.join().unwrap(), None);
+    }
+
+    #[test]
+    fn try_pop_never_waits_and_wakes_its_waiter_once_on_work_or_close() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let u = |f| Unit {
+            chunks: vec![ChunkRef { file: f, chunk: 0 }],
+        };
+        let woken = Arc::new(AtomicU32::new(0));
+        let waiter = || {
+            let w = Arc::clone(&woken);
+            Some(Box::new(move || {
+                w.fetch_add(1, Ordering::SeqCst);
+            }) as QueueWaiter)
+        };
+        let q = Queue::new(vec![u(1)]);
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Unit(x) if x == u(1)));
+        // Empty: registers the waiter, which work wakes once.
+        let mut idle = 0;
+        assert!(matches!(q.try_pop(|| idle += 1, waiter), Popped::Empty));
+        assert_eq!((idle, woken.load(Ordering::SeqCst)), (1, 0));
+        q.push_front(u(2));
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+        q.push_front(u(3));
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "a waiter is woken once");
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Unit(x) if x == u(3)));
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Unit(x) if x == u(2)));
+        // A caller with a waiter registered already gives none.
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Empty));
+        assert!(matches!(q.try_pop(|| {}, || None), Popped::Empty));
+        q.close();
+        assert_eq!(woken.load(Ordering::SeqCst), 2);
+        assert!(matches!(q.try_pop(|| {}, waiter), Popped::Closed));
     }
 
     #[test]

@@ -7,10 +7,11 @@
 //! journal from an interrupted run, re-verifying the chunks it lists against
 //! the bytes on disk. What is left becomes the `Need` list sent to the sender.
 //!
-//! Data threads ([`Sink::receive`], one per connection) read each chunk in
-//! 256 KiB pieces into an aligned buffer, hash each piece and write it into
-//! the file's temporary while it is still in cache, then compare the chunk's
-//! digest. Only a chunk that matches is journaled and counted; one that does
+//! Each data connection is a task on the engine's data plane
+//! ([`task::RecvTask`]) that reads each chunk into an aligned buffer; the
+//! blocking pool ([`Sink::absorb`](task)) hashes it piece by piece (256
+//! KiB) and writes it into the file's temporary while it is still in
+//! cache, then compares the chunk's digest. Only a chunk that matches is journaled and counted; one that does
 //! not is asked for again (a bounded number of times) and its resend
 //! overwrites the same bytes of the temporary file. With `--sync` the
 //! journal records wait for a grouped `fdatasync` (see [`crate::journal`]
@@ -31,7 +32,7 @@
 use fatpipe_secure::Stream;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, BufRead, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -41,16 +42,17 @@ use fatpipe_sys::OFlags;
 
 use crate::beneath::{self, Dir, Kind, ResolveError};
 use crate::hash::{Algo, Digest};
-use crate::io::{datasync, punch_hole, AlignedBuf, ALIGN};
+use crate::io::{datasync, AlignedBuf, ALIGN};
 use crate::journal::{journal_name, part_name, sync_group, Batch, Identity, Journal, SyncGroup};
 use crate::plan::{chunk_count, chunk_range, lock, to_ranges};
 use crate::relpath::RelPath;
 use crate::source::PIECE;
 use crate::wire::{
-    invalid, write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Need, Summary, WireError,
-    HEADER_LEN,
+    invalid, write_msg, ChunkHeader, Entry, EntryKind, Msg, Need, Summary, WireError,
 };
 use crate::{Failure, FailureKind, Progress, Reason};
+
+pub(crate) mod task;
 
 /// How the receiver stores data.
 #[derive(Debug, Clone, Copy)]
@@ -74,7 +76,7 @@ pub struct SinkOptions {
     pub start: Option<(u64, std::time::Duration)>,
 }
 
-/// The receiver's shared state; data threads hold it in an `Arc`.
+/// The receiver's shared state; data connections' tasks hold it in an `Arc`.
 pub struct Sink {
     base: Dir,
     opts: SinkOptions,
@@ -246,106 +248,6 @@ impl Sink {
     /// True when no file is waiting for data.
     pub fn is_complete(&self) -> bool {
         lock(&self.state).pending == 0
-    }
-
-    /// Receives chunks from one data connection until its `End`.
-    ///
-    /// Headers and digests come through a small buffer, which also batches
-    /// the reads of many small files; a chunk's data is read from the socket
-    /// straight into the aligned piece that is hashed and written
-    /// ([`read_direct`]). Read through a piece-sized buffer, every byte was
-    /// copied once more in user space (13 % of a pushing server's CPU at
-    /// 1.6 GB/s into O_DIRECT, where the server was the bottleneck).
-    pub fn receive(&self, stream: Stream) -> io::Result<()> {
-        let mut hold = self
-            .opts
-            .window
-            .and_then(|w| fatpipe_sys::WindowHold::new(stream.tcp(), w))
-            .map(|h| h.starting_at(self.opts.start));
-        let mut stream = io::BufReader::with_capacity(HEADER_BUFFER, stream);
-        let mut buf = AlignedBuf::new(WRITE_UNIT);
-        let mut hdr = [0u8; HEADER_LEN];
-        let mut digest = [0u8; 32];
-        let dl = self.opts.algo.digest_len();
-        loop {
-            stream.read_exact(&mut hdr)?;
-            let h = ChunkHeader::decode(&hdr).map_err(invalid)?;
-            if h.kind == ChunkKind::End {
-                return Ok(());
-            }
-            let (slot, chunk) = self.check_header(&h)?;
-            if h.kind == ChunkKind::Data && slot.chunks == 1 && h.len as usize <= PIECE {
-                // A whole small file in one piece: verify it in memory first.
-                let len = h.len as usize;
-                read_direct(&mut stream, &mut buf.bytes_mut()[..len])?;
-                stream.read_exact(&mut digest[..dl])?;
-                let data = &buf.bytes_mut()[..len];
-                let got = self.opts.algo.digest(h.offset, data);
-                if Digest::from_slice(&digest[..dl]) != Some(got) {
-                    self.bad_chunk(h.file, slot, chunk);
-                } else if !self.store_small(h.file, slot, data) {
-                    if let Some((file, _)) = self.open_for_write(h.file, slot, chunk) {
-                        match file.write_all_at(data, 0) {
-                            Ok(()) => self.commit(h.file, slot, chunk, &file, Some(got)),
-                            Err(e) => self.fail(h.file, slot, self.describe(h.file, e), true),
-                        }
-                    }
-                }
-                continue;
-            }
-            let target = self.open_for_write(h.file, slot, chunk);
-            if h.kind == ChunkKind::Hole {
-                if let Some((file, _)) = target {
-                    match punch_hole(&file, h.offset, u64::from(h.len)) {
-                        Ok(()) => self.commit(h.file, slot, chunk, &file, None),
-                        Err(e) => self.fail(h.file, slot, self.describe(h.file, e), true),
-                    }
-                }
-                continue;
-            }
-            // Piece by piece: each piece is hashed while it is still in
-            // cache, and gathered into writes of up to WRITE_UNIT (fewer,
-            // larger requests: see WRITE_UNIT). A chunk that then fails its
-            // check has written bytes only into the temporary file, at its
-            // own offsets, which the resend overwrites; it is never
-            // journaled.
-            let mut hasher = self.opts.algo.start(h.offset, u64::from(h.len));
-            let mut write_err = None;
-            let (mut pos, mut held) = (0usize, 0usize);
-            let len = h.len as usize;
-            while pos < len {
-                let p = (len - pos).min(PIECE).min(WRITE_UNIT - held);
-                let piece = &mut buf.bytes_mut()[held..held + p];
-                read_direct(&mut stream, piece)?;
-                if let Some(h) = hold.as_mut() {
-                    h.tick(stream.get_ref().tcp());
-                }
-                hasher.update(piece);
-                held += p;
-                pos += p;
-                if held < WRITE_UNIT && pos < len {
-                    continue;
-                }
-                if let (Some((file, direct)), None) = (&target, &write_err) {
-                    let off = h.offset + (pos - held) as u64;
-                    let data = &buf.bytes_mut()[..held];
-                    write_err = self.write_gathered(file, direct.as_ref(), data, off).err();
-                }
-                held = 0;
-            }
-            stream.read_exact(&mut digest[..dl])?;
-            let Some((file, _)) = target else { continue };
-            if let Some(e) = write_err {
-                self.fail(h.file, slot, self.describe(h.file, e), true);
-                continue;
-            }
-            let got = hasher.finish();
-            if Digest::from_slice(&digest[..dl]) != Some(got) {
-                self.bad_chunk(h.file, slot, chunk);
-                continue;
-            }
-            self.commit(h.file, slot, chunk, &file, Some(got));
-        }
     }
 
     /// Writes `data` at `off`: the aligned part through O_DIRECT when the
@@ -718,6 +620,9 @@ impl Sink {
         let mut c = lock(&self.ctrl);
         let Some(stream) = c.as_mut() else { return };
         if let Err(e) = write_msg(stream, msg) {
+            // No later report waits on it again (a peer that stopped
+            // reading holds a writer for the write time-out once).
+            *c = None;
             drop(c);
             self.abort(format!("control connection: {e}"));
         }
@@ -1113,21 +1018,9 @@ fn lock_part(file: &File) -> io::Result<()> {
 const WRITE_UNIT: usize = 4 * PIECE;
 
 /// Bytes a data connection's reader buffers: a chunk header and digest,
-/// or a few small files, per read; big chunks bypass it ([`read_direct`]).
+/// or a few small files, per read; big chunks bypass it (read straight
+/// into the write buffer: see [`task`]).
 const HEADER_BUFFER: usize = 64 * 1024;
-
-/// Fills `dst` from `r`: whatever `r` has buffered first, the rest read
-/// from the socket straight into `dst` (once the buffer is drained, reading
-/// past it keeps the byte order).
-fn read_direct<R: Read>(r: &mut io::BufReader<R>, dst: &mut [u8]) -> io::Result<()> {
-    let n = r.buffer().len().min(dst.len());
-    dst[..n].copy_from_slice(&r.buffer()[..n]);
-    r.consume(n);
-    if n < dst.len() {
-        r.get_mut().read_exact(&mut dst[n..])?;
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests;

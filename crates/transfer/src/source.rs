@@ -1,13 +1,15 @@
 //! The sending half of a session: stream the chunks the receiver needs.
 //!
-//! One thread per data connection pops [`Unit`]s from the shared queue and
-//! sends each chunk as header, payload, digest. The digest is computed while
-//! sending, piece by piece (256 KiB, so the piece is still in cache when it
-//! is hashed and written): with `sendfile` the piece is read once with
-//! `pread` for the hash and handed to the socket from the page cache without
+//! Each data connection is a task on the engine's data plane
+//! ([`task::SendTask`]) that pops [`Unit`](crate::plan::Unit)s from the
+//! shared queue and sends each chunk as header, payload, digest. The
+//! digest is computed while sending, piece by piece (256 KiB, so the piece
+//! is still in cache when it is hashed and written), on the blocking pool
+//! ([`Source::fill`](task)): with `sendfile` the piece is read with `pread`
+//! for the hash and handed to the socket from the page cache without
 //! another user-space copy; without it, the same buffer is hashed and
-//! written. Small writes (headers, digests, small files) go through a
-//! buffered writer so a run of small files costs few system calls.
+//! written. Headers, digests and small files are batched into one fill, so
+//! a run of small files costs few system calls.
 //!
 //! Holes in sparse files are found with `SEEK_DATA` and sent as `Hole`
 //! chunks with no payload. A file that vanishes, shrinks or changes while
@@ -21,17 +23,19 @@
 
 use fatpipe_secure::Stream;
 use std::collections::HashSet;
-use std::io::{self, BufWriter, Write};
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::beneath;
 use crate::hash::Algo;
-use crate::io::{pread_exact, AlignedBuf, Limiter};
-use crate::manifest::{open_origin, Origin};
+use crate::io::Limiter;
+use crate::manifest::Origin;
 use crate::plan::{chunk_range, lock, ChunkRef, Queue};
-use crate::wire::{write_msg, ChunkHeader, ChunkKind, Entry, EntryKind, Msg, Summary};
+use crate::wire::{write_msg, Entry, EntryKind, Msg, Summary};
 use crate::{Failure, Progress, Reason};
+
+pub(crate) mod task;
 
 /// The size of one read-hash-send step.
 pub const PIECE: usize = 256 * 1024;
@@ -78,8 +82,6 @@ pub struct Source {
 enum SendError {
     /// The file could not be read: fail this file only.
     File(String),
-    /// The connection broke: fail the session.
-    Net(io::Error),
 }
 
 impl Source {
@@ -223,29 +225,6 @@ impl Source {
         }
     }
 
-    /// Sends queued units on `stream` until the queue closes, then `End`.
-    pub fn send(&self, stream: Stream) -> io::Result<()> {
-        let mut w = BufWriter::with_capacity(PIECE, stream);
-        let mut buf = AlignedBuf::new(PIECE);
-        while let Some(unit) = self.queue.pop_or_idle(|| self.progress.ran_dry()) {
-            self.stall
-                .check("bytes", self.progress.bytes.load(Ordering::Relaxed));
-            for c in unit.chunks {
-                if lock(&self.failed).contains(&c.file) {
-                    continue;
-                }
-                match self.send_chunk(&mut w, c, &mut buf) {
-                    Ok(()) => {}
-                    Err(SendError::Net(e)) => return Err(e),
-                    Err(SendError::File(message)) => self.fail_local(c.file, message),
-                }
-            }
-            w.flush()?;
-        }
-        w.write_all(&ChunkHeader::end().encode())?;
-        w.flush()
-    }
-
     fn size_of(&self, file: u32) -> u64 {
         match self.entries.get(file as usize).map(|e| &e.kind) {
             Some(EntryKind::File { size, .. }) => *size,
@@ -260,126 +239,13 @@ impl Source {
         let path = self.entries[file as usize].path.display();
         let message = Reason::from(message);
         lock(&self.failures).push(Failure::new(path, message.clone()));
-        if let Some(c) = lock(&self.ctrl).as_mut() {
-            let _ = write_msg(c, &Msg::FileFailed { file, message });
-        }
-    }
-
-    fn send_chunk(
-        &self,
-        w: &mut BufWriter<Stream>,
-        c: ChunkRef,
-        buf: &mut AlignedBuf,
-    ) -> Result<(), SendError> {
-        let fi = c.file as usize;
-        let (Some(entry), Some(Some(origin))) = (self.entries.get(fi), self.origins.get(fi)) else {
-            return Err(SendError::File("not a regular file".into()));
-        };
-        let EntryKind::File { size, sparse } = entry.kind else {
-            return Err(SendError::File("not a regular file".into()));
-        };
-        let Some((off, len)) = chunk_range(size, self.opts.chunk_size, c.chunk) else {
-            return Err(SendError::File(format!("no chunk {}", c.chunk)));
-        };
-        let file = open_origin(origin).map_err(|e| SendError::File(describe_open(e)))?;
-        let now = beneath::fstat(&file).map_err(|e| SendError::File(e.to_string()))?;
-        if now.size != size || now.mtime_s != entry.mtime_s || now.mtime_ns != entry.mtime_ns {
-            return Err(SendError::File(
-                "changed while being copied (re-run to copy the new version)".into(),
-            ));
-        }
-        let net = SendError::Net;
-        if sparse {
-            let next =
-                beneath::next_data(&file, off).map_err(|e| SendError::File(e.to_string()))?;
-            if next.is_none_or(|d| d >= off + u64::from(len)) {
-                let h = ChunkHeader {
-                    kind: ChunkKind::Hole,
-                    file: c.file,
-                    offset: off,
-                    len,
-                };
-                w.write_all(&h.encode()).map_err(net)?;
-                self.progress
-                    .bytes
-                    .fetch_add(u64::from(len), Ordering::Relaxed);
-                self.count_file(size, off, len);
-                return Ok(());
+        let mut c = lock(&self.ctrl);
+        if let Some(stream) = c.as_mut() {
+            if write_msg(stream, &Msg::FileFailed { file, message }).is_err() {
+                // No later report waits on it again; the session's own
+                // reads and writes on it fail too.
+                *c = None;
             }
-        }
-        if len as usize > PIECE {
-            // Start reading the whole chunk now (cold cache, disk arrays):
-            // the pieces below then find it in memory. Advice only.
-            let _ = fatpipe_sys::fadvise(&file, off, u64::from(len), fatpipe_sys::Advice::WillNeed);
-        }
-        let n = self.chunks_sent.fetch_add(1, Ordering::Relaxed) + 1;
-        let corrupt = self.opts.corrupt_chunk == Some(n);
-        let use_sendfile = self.opts.sendfile
-            && !corrupt
-            && len as usize >= PIECE
-            && w.get_ref().plain().is_some();
-        let h = ChunkHeader {
-            kind: ChunkKind::Data,
-            file: c.file,
-            offset: off,
-            len,
-        };
-        self.progress.started();
-        w.write_all(&h.encode()).map_err(net)?;
-        if use_sendfile {
-            w.flush().map_err(net)?;
-        }
-        let mut hasher = self.opts.algo.start(off, u64::from(len));
-        let mut pos = 0u64;
-        let mut first = true;
-        while pos < u64::from(len) {
-            let p = (u64::from(len) - pos).min(PIECE as u64) as usize;
-            let piece = &mut buf.bytes_mut()[..p];
-            pread_exact(&file, piece, off + pos).map_err(|e| SendError::File(e.to_string()))?;
-            hasher.update(piece);
-            if let Some(l) = &self.limiter {
-                l.take(p as u64);
-            }
-            if use_sendfile {
-                // `use_sendfile` holds only for plain streams: sendfile
-                // would put the file's bytes on the wire past TLS.
-                let Some(tcp) = w.get_ref().plain() else {
-                    return Err(SendError::Net(io::Error::other(
-                        "sendfile on an encrypted stream",
-                    )));
-                };
-                match fatpipe_sys::sendfile_all(tcp, &file, off + pos, p as u64) {
-                    Ok(t) => {
-                        if t.path == fatpipe_sys::IoPath::Sendfile {
-                            self.used_sendfile.store(true, Ordering::Relaxed);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                        // The file shrank after the first check: the bytes
-                        // already on the wire no longer add up; the session
-                        // cannot resynchronise this connection.
-                        return Err(SendError::Net(e));
-                    }
-                    Err(e) => return Err(SendError::Net(e)),
-                }
-            } else {
-                if corrupt && first {
-                    piece[0] ^= 0x01;
-                }
-                w.write_all(piece).map_err(net)?;
-            }
-            first = false;
-            pos += p as u64;
-            self.progress.moved(p as u64);
-        }
-        w.write_all(hasher.finish().as_bytes()).map_err(net)?;
-        self.count_file(size, off, len);
-        Ok(())
-    }
-
-    fn count_file(&self, size: u64, off: u64, len: u32) {
-        if off + u64::from(len) >= size {
-            self.progress.files.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

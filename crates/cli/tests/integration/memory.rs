@@ -14,6 +14,7 @@ use std::time::Duration;
 use fatpipe_schema::test::{TestEnd, TestReport, TestStreamLine};
 
 use crate::util::{assert_exit, run, setup, spawn_server, Dir, Guard};
+use crate::util::{have, json, mkdir, random_file, skip};
 
 /// Streams of the big test: the issue's 1,024 (the session's cap).
 const STREAMS: u32 = 1024;
@@ -244,6 +245,251 @@ fn issue_34_stock_iperf3_streams_run_on_the_servers_few_threads() {
         most <= bound,
         "the server ran {most} threads (bound 4 x {cores} cores + 16 = {bound})"
     );
+}
+
+#[test]
+fn issue_34_a_256_stream_copy_runs_on_a_few_threads_each_end_and_every_stream_moves_data() {
+    // A thread per data connection (2 MiB stacks reserved) ran about 200
+    // client and 280 server threads for `copy -P 256`. On the runner each
+    // end has its few I/O threads and the blocking pool, whatever the
+    // stream count, and every connection moves data.
+    copy_256(false);
+}
+
+#[test]
+fn issue_34_an_encrypted_256_stream_copy_runs_on_the_same_few_threads() {
+    // TLS streams are the same tasks: the record layer works on a
+    // non-blocking socket (a write that would block keeps what it sealed).
+    copy_256(true);
+}
+
+#[test]
+fn issue_34_a_pull_at_a_tiny_rate_cap_does_not_hold_the_servers_disk_threads() {
+    // A pulling client's --bwlimit is the server's sender's rate cap. The
+    // server's streams share one blocking pool for their disk work: a cap
+    // that slept there would hold its few threads and stall every other
+    // session. A capped stream sleeps on the runner's timer instead.
+    let dir = setup();
+    let exp = mkdir(&dir.path().join("export"));
+    random_file(&exp.join("slow.bin"), 32 << 20, 1);
+    random_file(&exp.join("fast.bin"), 64 << 20, 2);
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .arg("--export")
+        .arg(format!("data={}:public", exp.display()));
+    let (_srv, port) = spawn_server(cmd);
+    let pull = |name: &str, to: &std::path::Path, extra: &[&str]| {
+        let mut c = dir.cmd();
+        c.args(["copy", "--port", &port.to_string(), "--json", "--no-auto"])
+            .args(extra)
+            .arg(format!("127.0.0.1:data/{name}"))
+            .arg(to);
+        c
+    };
+    let slow_to = mkdir(&dir.path().join("slow"));
+    let mut slow = pull(
+        "slow.bin",
+        &slow_to,
+        &["-P", "64", "--chunk-size", "64K", "--bwlimit", "2m"],
+    );
+    slow.stdout(Stdio::null()).stderr(Stdio::null());
+    let _slow = Guard(slow.spawn().expect("spawn the capped pull"));
+    // It is under way once its part file exists.
+    crate::util::wait_for(DEADLINE, "the capped pull's first chunk", || {
+        std::fs::read_dir(&slow_to).is_ok_and(|mut d| d.next().is_some())
+    });
+    let fast_to = mkdir(&dir.path().join("fast"));
+    let started = std::time::Instant::now();
+    let out = crate::util::run_within(
+        &mut pull("fast.bin", &fast_to, &["-P", "4"]),
+        Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    assert_exit(&out, 0);
+    assert_eq!(
+        std::fs::read(exp.join("fast.bin")).ok(),
+        std::fs::read(fast_to.join("fast.bin")).ok()
+    );
+    eprintln!("64 MiB pulled beside a 2 Mbit/s pull in {took:?}");
+    // 32 MiB at 2 Mbit/s takes over two minutes: the other pull must not
+    // wait for it.
+    assert!(
+        took < Duration::from_secs(20),
+        "a pull beside a capped one took {took:?}"
+    );
+}
+
+/// `copy -P 256` of 256 MiB into a server's export, with `--encrypt` or
+/// not: both ends' threads while data flows within 4 x cores + 16, every
+/// data connection moving at least a chunk, the copy whole.
+fn copy_256(encrypt: bool) {
+    if !have("ss") {
+        skip("ss (iproute2) is not installed: test.sh installs it");
+        return;
+    }
+    let dir = setup();
+    let src = mkdir(&dir.path().join("src"));
+    let exp = mkdir(&dir.path().join("export"));
+    let size: u64 = 256 << 20;
+    random_file(&src.join("f.bin"), size, 34);
+    let key = dir.path().join("key");
+    crate::util::write_key(&key, "copy-256-test-key-0123456789\n");
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--export")
+        .arg(format!("data={}", exp.display()));
+    let (srv, port) = spawn_server(cmd);
+    let server_pid = srv.0.id();
+    // 64 KiB chunks (4,096 of them) so that every stream has work at
+    // once; capped at 500 Mbit/s so that the copy lasts a few seconds.
+    let mut copy = dir.cmd();
+    copy.args(["copy", "--port", &port.to_string(), "--json", "-P", "256"])
+        .args(["--chunk-size", "64K", "--bwlimit", "500m"])
+        .arg("--key-file")
+        .arg(&key)
+        .args(encrypt.then_some("--encrypt"))
+        .arg(src.join("f.bin"))
+        .arg("127.0.0.1:data/")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let client = Guard(copy.spawn().expect("spawn fatpipe copy"));
+    let client_pid = client.0.id();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let bound = 4 * cores + 16;
+    // Data flows on every connection once the server attached each: it
+    // received its acknowledgement, the only bytes a pushing data
+    // connection receives (so the set-up's dialing, handshake and attach
+    // threads are ending), and had 256 KiB acknowledged. From then on
+    // each end's threads are read. Each connection's acknowledged bytes
+    // (from ss, by the client's port) are kept throughout.
+    let until = std::time::Instant::now() + DEADLINE;
+    let mut acked: std::collections::HashMap<String, u64> = Default::default();
+    let (mut most, mut samples) = ((0, 0), 0);
+    while status(client_pid, "Threads:") > 0 {
+        assert!(std::time::Instant::now() < until, "the copy did not end");
+        let conns = ss_acked(port);
+        let flowing = conns
+            .iter()
+            .filter(|c| c.1 >= 256 * 1024 && c.2 > 0)
+            .count()
+            >= 256;
+        for (local, n, _) in &conns {
+            let e = acked.entry(local.clone()).or_default();
+            *e = (*e).max(*n);
+        }
+        if flowing || samples > 0 {
+            let (c, s) = (
+                status(client_pid, "Threads:"),
+                status(server_pid, "Threads:"),
+            );
+            if c > 0 {
+                most = (most.0.max(c), most.1.max(s));
+                samples += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if client_exited(&client) {
+            break;
+        }
+    }
+    let out = client.wait();
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["files_verified"], 1, "{j}");
+    assert_eq!(j["streams"], 256, "{j}");
+    assert_eq!(j["encryption"].is_object(), encrypt, "{j}");
+    assert_eq!(
+        std::fs::read(src.join("f.bin")).ok(),
+        std::fs::read(exp.join("f.bin")).ok(),
+        "the copy differs from its source"
+    );
+    eprintln!(
+        "threads while data flowed ({samples} samples): client {}, server {} (bound {bound})",
+        most.0, most.1
+    );
+    assert!(samples > 0, "never saw every connection moving data");
+    assert!(
+        most.0 <= bound && most.1 <= bound,
+        "threads: client {}, server {} (bound 4 x {cores} cores + 16 = {bound})",
+        most.0,
+        most.1
+    );
+    // The copy-control connection moves a few messages; each data
+    // connection at least one 64 KiB chunk.
+    let mut moved: Vec<u64> = acked.values().copied().collect();
+    moved.sort_unstable();
+    let data = &moved[moved.len().saturating_sub(256)..];
+    let mean = data.iter().sum::<u64>() / data.len().max(1) as u64;
+    eprintln!(
+        "connections seen: {}; the 256 largest moved min {} B, mean {mean} B",
+        moved.len(),
+        data.first().copied().unwrap_or(0)
+    );
+    assert_eq!(data.len(), 256, "saw {} connections", moved.len());
+    assert!(
+        data[0] >= 64 * 1024,
+        "a data connection moved only {} bytes (mean {mean})",
+        data[0]
+    );
+}
+
+/// A copy client beside the test.
+impl Guard {
+    fn wait(mut self) -> std::process::Output {
+        let mut out = std::process::Output {
+            status: self.0.wait().expect("wait for the copy"),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        use std::io::Read;
+        if let Some(mut o) = self.0.stdout.take() {
+            let _ = o.read_to_end(&mut out.stdout);
+        }
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_end(&mut out.stderr);
+        }
+        out
+    }
+}
+
+fn client_exited(g: &Guard) -> bool {
+    // Zombie or gone: /proc says so without reaping it.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", g.0.id())).unwrap_or_default();
+    stat.is_empty() || stat.contains(") Z ")
+}
+
+/// Established connections to `port` (seen from the client's side), the
+/// bytes each had acknowledged and received, from `ss -tin`.
+fn ss_acked(port: u16) -> Vec<(String, u64, u64)> {
+    let out = Command::new("ss")
+        .args(["-Htin", "state", "established"])
+        .arg(format!("( dport = :{port} )"))
+        .output()
+        .expect("run ss");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut conns = Vec::new();
+    let mut local = None;
+    for line in text.lines() {
+        if line.contains("bytes_acked:") {
+            let field = |name: &str| -> u64 {
+                line.split(name)
+                    .nth(1)
+                    .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                    .unwrap_or(0)
+            };
+            if let Some(l) = local.take() {
+                conns.push((l, field("bytes_acked:"), field("bytes_received:")));
+            }
+        } else if let Some(addr) = line
+            .split_whitespace()
+            .find(|t| t.starts_with("127.0.0.1:") && !t.ends_with(&format!(":{port}")))
+        {
+            local = Some(addr.to_string());
+        }
+    }
+    conns
 }
 
 /// Starts `fatpipe server --port 0` (no key: anyone may test).

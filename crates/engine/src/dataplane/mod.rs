@@ -20,7 +20,12 @@
 //!   (`runner::MAX_THREADS`), each an epoll loop over many streams'
 //!   non-blocking sockets, serving ready streams round robin a quantum
 //!   at a time, whatever the stream count.
+//! - [`blocking`]: the few threads (2 × cores, at most 16) that do a
+//!   stream's disk work (reads, writes, hashing, flushes) so that the
+//!   runner's threads never block; a task hands a job there and is woken
+//!   ([`runner::TaskWaker`]) when it is done.
 
+pub mod blocking;
 pub mod budget;
 pub mod pacer;
 pub mod payload;

@@ -142,15 +142,60 @@ pub fn threads() -> usize {
 /// Hands `task` to the least loaded I/O thread (starting the threads on
 /// first use). Fails only if no thread could be started.
 pub fn spawn(task: Box<dyn Task>) -> io::Result<TaskHandle> {
+    spawn_with_waker(|_| task)
+}
+
+/// Wakes one task: gives it a turn soon, whatever its socket's readiness
+/// (work it handed to the [`super::blocking`] pool is done). Waking a
+/// task that has ended does nothing.
+#[derive(Clone)]
+pub struct TaskWaker {
+    worker: Arc<Worker>,
+    /// The task's slot on its thread; [`UNPLACED`] until the thread took
+    /// it (its first turn comes then anyway) and once it ended.
+    slot: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for TaskWaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskWaker")
+            .field("slot", &self.slot.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+const UNPLACED: usize = usize::MAX;
+
+impl TaskWaker {
+    /// Gives the task a turn soon.
+    pub fn wake(&self) {
+        let i = self.slot.load(Ordering::Acquire);
+        if i == UNPLACED {
+            return;
+        }
+        lock(&self.worker.woken).push(i);
+        let _ = self.worker.waker.wake();
+    }
+}
+
+/// [`spawn`], for a task that hands work to other threads and must be
+/// woken when it is done: `make` gets the task's [`TaskWaker`] and builds
+/// the task.
+pub fn spawn_with_waker(make: impl FnOnce(TaskWaker) -> Box<dyn Task>) -> io::Result<TaskHandle> {
     let pool = pool()?;
     let worker = pool
         .workers
         .iter()
         .min_by_key(|w| w.load.load(Ordering::Relaxed))
         .ok_or_else(|| io::Error::other("no runner thread"))?;
+    let slot = Arc::new(AtomicUsize::new(UNPLACED));
+    let task = make(TaskWaker {
+        worker: Arc::clone(worker),
+        slot: Arc::clone(&slot),
+    });
     worker.load.fetch_add(1, Ordering::Relaxed);
     let done = Arc::new(Done::default());
-    lock(&worker.inbox).push((task, Arc::clone(&done)));
+    lock(&worker.inbox).push((task, Arc::clone(&done), slot));
     worker.waker.wake()?;
     Ok(TaskHandle { done })
 }
@@ -183,12 +228,15 @@ struct Pool {
     workers: Vec<Arc<Worker>>,
 }
 
-/// A task handed over, with the flag its handle waits on.
-type Handed = (Box<dyn Task>, Arc<Done>);
+/// A task handed over, with the flag its handle waits on and the slot
+/// its waker reads.
+type Handed = (Box<dyn Task>, Arc<Done>, Arc<AtomicUsize>);
 
 /// What other threads share with one I/O thread.
 struct Worker {
     inbox: Mutex<Vec<Handed>>,
+    /// Slots whose [`TaskWaker`] was called.
+    woken: Mutex<Vec<usize>>,
     waker: Waker,
     load: AtomicUsize,
     wake_all: AtomicBool,
@@ -211,6 +259,7 @@ fn start(n: usize) -> io::Result<Pool> {
         let waker = Waker::new(poll.registry(), WAKER)?;
         let worker = Arc::new(Worker {
             inbox: Mutex::new(Vec::new()),
+            woken: Mutex::new(Vec::new()),
             waker,
             load: AtomicUsize::new(0),
             wake_all: AtomicBool::new(false),
@@ -229,6 +278,8 @@ struct Slot {
     task: Box<dyn Task>,
     fd: RawFd,
     done: Arc<Done>,
+    /// What its waker reads: set back to [`UNPLACED`] when it ends.
+    place: Arc<AtomicUsize>,
     queued: bool,
     /// When it wants a turn without readiness (a retry, a pacer, a
     /// receiver's tick); `None`: only on readiness.
@@ -291,6 +342,10 @@ impl Loop {
             }
             if woke {
                 self.take_inbox();
+                let woken = std::mem::take(&mut *lock(&self.worker.woken));
+                for i in woken {
+                    self.enqueue(i);
+                }
                 if self.worker.wake_all.swap(false, Ordering::AcqRel) {
                     for i in 0..self.slots.len() {
                         self.enqueue(i);
@@ -350,7 +405,7 @@ impl Loop {
 
     fn take_inbox(&mut self) {
         let new = std::mem::take(&mut *lock(&self.worker.inbox));
-        for (task, done) in new {
+        for (task, done, place) in new {
             let fd = task.fd();
             let i = match self.free.pop() {
                 Some(i) => i,
@@ -372,10 +427,12 @@ impl Loop {
                 // Not pollable (closed already): the task still gets its
                 // turns, by timer, so it sees its error and ends.
             }
+            place.store(i, Ordering::Release);
             self.slots[i] = Some(Slot {
                 task,
                 fd,
                 done,
+                place,
                 queued: false,
                 due: None,
                 armed: None,
@@ -411,7 +468,10 @@ impl Loop {
             Step::Done => {
                 if let Some(slot) = self.slots[i].take() {
                     let _ = self.poll.registry().deregister(&mut SourceFd(&slot.fd));
-                    let Slot { task, done, .. } = slot;
+                    let Slot {
+                        task, done, place, ..
+                    } = slot;
+                    place.store(UNPLACED, Ordering::Release);
                     drop(task);
                     self.worker.load.fetch_sub(1, Ordering::Relaxed);
                     done.set();
@@ -691,5 +751,56 @@ mod tests {
         stop.store(true, Ordering::Release);
         wake_all();
         h.join();
+    }
+
+    /// A task that waits for no readiness, only its waker: counts its
+    /// turns, ends at the third.
+    struct Parked {
+        sock: TcpStream,
+        turns: Arc<AtomicUsize>,
+    }
+
+    impl Task for Parked {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn wants(&self) -> Wants {
+            Wants::Read
+        }
+        fn turn(&mut self) -> Step {
+            if self.turns.fetch_add(1, Ordering::SeqCst) + 1 >= 3 {
+                Step::Done
+            } else {
+                Step::Blocked(None)
+            }
+        }
+    }
+
+    #[test]
+    fn a_waker_gives_a_parked_task_its_turns() {
+        let (a, _b) = pair();
+        let turns = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = Arc::clone(&turns);
+        let h = spawn_with_waker(|w| {
+            let _ = tx.send(w);
+            Box::new(Parked { sock: a, turns: t })
+        })
+        .unwrap();
+        let waker = rx.recv().unwrap();
+        // Its first turn comes on its own; each wake gives one more.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !h.is_done() {
+            assert!(Instant::now() < deadline, "turns: {turns:?}");
+            let before = turns.load(Ordering::SeqCst);
+            waker.wake();
+            while turns.load(Ordering::SeqCst) == before && !h.is_done() {
+                assert!(Instant::now() < deadline, "a wake gave no turn");
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(turns.load(Ordering::SeqCst), 3);
+        // Waking an ended task does nothing.
+        waker.wake();
     }
 }

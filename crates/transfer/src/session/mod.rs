@@ -74,6 +74,13 @@ pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// not used for the request (the server may be about to give up on it):
 /// the client connects again.
 pub const PREPARE_REUSE: Duration = Duration::from_secs(15);
+/// How long a write on a session's control connection may make no
+/// progress once data flows: the reports written there (a resend, a
+/// failed file) are written from the data plane's shared blocking pool,
+/// whose threads a peer that stops reading must not hold. Past it the
+/// session ends.
+pub const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often a sending server reports its TCP counters ([`Msg::Stats`]).
 pub const STATS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -370,6 +377,61 @@ fn merge_failures(into: &mut Vec<Failure>, new: Vec<Failure>) {
     // A retry reports the same failures again; keep the latest per path.
     into.retain(|f| !new.iter().any(|n| n.path == f.path));
     into.extend(new);
+}
+
+/// A data connection's stream on the engine's runner, and how it ended.
+pub(super) struct StreamTask {
+    handle: Option<fatpipe_engine::dataplane::runner::TaskHandle>,
+    result: Arc<Mutex<Option<io::Result<()>>>>,
+}
+
+impl StreamTask {
+    /// Hands `stream` to the runner through `spawn` (a role's task), with
+    /// `ended` called on the runner's thread with how it ended, before
+    /// [`StreamTask::join`] returns. A stream the runner could not take
+    /// has ended with that error.
+    fn start(
+        spawn: impl FnOnce(
+            Box<dyn FnOnce(io::Result<()>) + Send>,
+        ) -> io::Result<fatpipe_engine::dataplane::runner::TaskHandle>,
+        ended: impl Fn(&io::Result<()>) + Send + Sync + 'static,
+    ) -> StreamTask {
+        let ended = Arc::new(ended);
+        let result = Arc::new(Mutex::new(None));
+        let (r, e) = (Arc::clone(&result), Arc::clone(&ended));
+        match spawn(Box::new(move |out| {
+            e(&out);
+            *lock(&r) = Some(out);
+        })) {
+            Ok(h) => StreamTask {
+                handle: Some(h),
+                result,
+            },
+            Err(err) => {
+                let out = Err(err);
+                ended(&out);
+                *lock(&result) = Some(out);
+                StreamTask {
+                    handle: None,
+                    result,
+                }
+            }
+        }
+    }
+
+    /// Waits until the stream ended; how it did.
+    fn join(self) -> io::Result<()> {
+        if let Some(h) = &self.handle {
+            h.join();
+        }
+        let out = lock(&self.result).take();
+        out.unwrap_or(Ok(()))
+    }
+
+    /// True once the stream ended.
+    fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_done())
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -4,17 +4,20 @@
 
 use super::*;
 
-pub(super) fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: Stream) -> JoinHandle<()> {
+pub(super) fn spawn_receiver(sink: &Arc<Sink>, pool: &Arc<Pool>, s: Stream) -> StreamTask {
     keepalive(s.tcp());
-    let (sk, pool) = (Arc::clone(sink), Arc::clone(pool));
-    std::thread::spawn(move || {
-        if let Err(e) = sk.receive(s) {
-            if !sk.finished() {
-                sk.abort(format!("data connection: {e}"));
-                pool.all();
+    let (sk, pool2) = (Arc::clone(sink), Arc::clone(pool));
+    StreamTask::start(
+        |end| crate::sink::task::spawn(Arc::clone(sink), s, usize::from(pool.streams()), end),
+        move |r| {
+            if let Err(e) = r {
+                if !sk.finished() {
+                    sk.abort(format!("data connection: {e}"));
+                    pool2.all();
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 pub(super) enum SinkEvent {
@@ -135,6 +138,8 @@ pub fn run_sink(
         .map_err(|e| CopyError::Failed(e.to_string()))?;
     let sink = Arc::new(sink);
     // Failures found while planning go to the sender before the needs.
+    ctrl.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))
+        .map_err(net)?;
     sink.set_control(ctrl.try_clone().map_err(net)?);
     {
         let mut w = io::BufWriter::with_capacity(1 << 20, &mut ctrl);
@@ -218,7 +223,7 @@ pub fn run_sink(
 
 /// Joins `threads`, calling `give_up` (which must make them return) if any
 /// is still running after `grace`.
-pub(super) fn join_within(threads: Vec<JoinHandle<()>>, grace: Duration, give_up: impl FnOnce()) {
+pub(super) fn join_within<T: Joinable>(threads: Vec<T>, grace: Duration, give_up: impl FnOnce()) {
     let until = Instant::now() + grace;
     while !threads.iter().all(|t| t.is_finished()) {
         if Instant::now() >= until {
@@ -228,7 +233,31 @@ pub(super) fn join_within(threads: Vec<JoinHandle<()>>, grace: Duration, give_up
         std::thread::sleep(Duration::from_millis(5));
     }
     for t in threads {
-        let _ = t.join();
+        t.join_quietly();
+    }
+}
+
+/// Something that ends on its own, to be waited for ([`join_within`]).
+pub(super) trait Joinable {
+    fn is_finished(&self) -> bool;
+    fn join_quietly(self);
+}
+
+impl Joinable for StreamTask {
+    fn is_finished(&self) -> bool {
+        StreamTask::is_finished(self)
+    }
+    fn join_quietly(self) {
+        let _ = self.join();
+    }
+}
+
+impl Joinable for JoinHandle<()> {
+    fn is_finished(&self) -> bool {
+        JoinHandle::is_finished(self)
+    }
+    fn join_quietly(self) {
+        let _ = self.join();
     }
 }
 
@@ -242,7 +271,7 @@ pub(super) fn sink_loop(
     pool: &Arc<Pool>,
     ctrl: &Stream,
     grow: &Grow<'_>,
-    threads: &Mutex<Vec<JoinHandle<()>>>,
+    threads: &Mutex<Vec<StreamTask>>,
 ) -> Result<(Result<Summary, String>, JoinHandle<()>), CopyError> {
     let live = match grow {
         Grow::Client { live, .. } => Some(Arc::clone(live)),

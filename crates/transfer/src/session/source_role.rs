@@ -30,6 +30,8 @@ pub fn run_source(
     let first = data.first()?;
     src.plan(&needs);
     src.account_done_before(&needs);
+    ctrl.set_write_timeout(Some(CONTROL_WRITE_TIMEOUT))
+        .map_err(net)?;
     src.set_control(ctrl.try_clone().map_err(net)?);
     let pool = Arc::new(Pool::new(&ctrl, std::slice::from_ref(&first), data.count).map_err(net)?);
     if let Grow::Client { live, .. } = grow {
@@ -67,7 +69,7 @@ pub fn run_source(
     }
     let mut send_err = None;
     for t in threads.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        if let Ok(Err(e)) = t.join() {
+        if let Err(e) = t.join() {
             send_err.get_or_insert(e);
         }
     }
@@ -86,7 +88,7 @@ pub(super) fn source_loop(
     pool: &Arc<Pool>,
     ctrl: &mut Stream,
     grow: &Grow<'_>,
-    threads: &Mutex<Vec<JoinHandle<io::Result<()>>>>,
+    threads: &Mutex<Vec<StreamTask>>,
 ) -> Result<(), CopyError> {
     keepalive(ctrl.tcp());
     // A sending server reports its counters so the client can tune.
@@ -192,19 +194,16 @@ pub(super) fn send_manifest(
     w.flush().map_err(net)
 }
 
-pub(super) fn spawn_sender(
-    src: &Arc<Source>,
-    pool: &Arc<Pool>,
-    s: Stream,
-) -> JoinHandle<io::Result<()>> {
+pub(super) fn spawn_sender(src: &Arc<Source>, pool: &Arc<Pool>, s: Stream) -> StreamTask {
     keepalive(s.tcp());
-    let (src, pool) = (Arc::clone(src), Arc::clone(pool));
-    std::thread::spawn(move || {
-        let r = src.send(s);
-        if r.is_err() && src.done().is_none() {
-            src.stop();
-            pool.all();
-        }
-        r
-    })
+    let (src2, pool) = (Arc::clone(src), Arc::clone(pool));
+    StreamTask::start(
+        |end| crate::source::task::spawn(Arc::clone(src), s, end),
+        move |r| {
+            if r.is_err() && src2.done().is_none() {
+                src2.stop();
+                pool.all();
+            }
+        },
+    )
 }

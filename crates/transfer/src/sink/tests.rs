@@ -3,55 +3,6 @@
 use super::*;
 use crate::journal::Journal;
 
-/// A reader that hands out at most `step` bytes per read and counts
-/// the reads, like a socket with little waiting.
-struct Trickle {
-    data: Vec<u8>,
-    at: usize,
-    step: usize,
-    reads: usize,
-}
-
-impl Read for Trickle {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        self.reads += 1;
-        let n = out.len().min(self.step).min(self.data.len() - self.at);
-        out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-#[test]
-fn read_direct_keeps_the_byte_order_across_the_buffer_and_the_socket() {
-    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
-    let src = Trickle {
-        data: data.clone(),
-        at: 0,
-        step: 100_000,
-        reads: 0,
-    };
-    let mut r = io::BufReader::with_capacity(HEADER_BUFFER, src);
-    // A header through the buffer (which reads ahead into the data),
-    // then a big piece, a small one, and a piece bigger than the rest.
-    let mut hdr = [0u8; 32];
-    r.read_exact(&mut hdr).unwrap();
-    let mut big = vec![0u8; 300_000];
-    read_direct(&mut r, &mut big).unwrap();
-    // The buffer's one fill, then the rest of the big piece straight
-    // from the socket at 100 kB a read, not 64 KiB at a time.
-    assert_eq!(r.get_ref().reads, 1 + 3);
-    let mut small = vec![0u8; 10];
-    read_direct(&mut r, &mut small).unwrap();
-    let mut got = hdr.to_vec();
-    got.extend_from_slice(&big);
-    got.extend_from_slice(&small);
-    assert_eq!(got, data[..got.len()]);
-    let mut rest = vec![0u8; data.len() - got.len() + 1];
-    let err = read_direct(&mut r, &mut rest).unwrap_err();
-    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
-}
-
 fn entry(path: &str, kind: EntryKind, mtime_s: i64) -> Entry {
     Entry {
         path: RelPath::new(path.as_bytes()).unwrap(),
