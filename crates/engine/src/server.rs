@@ -546,6 +546,10 @@ impl FrontEnd for Protocol {
         handle_conn(self, conn, tcp);
     }
 
+    fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
+        attach_inline(self, tcp, conn)
+    }
+
     fn tick(&self, now: Instant) {
         end_overdue(self, now);
     }
@@ -650,6 +654,54 @@ impl Server {
         Ok(())
     }
 }
+
+/// A plain data connection whose whole `DataHello` has already arrived
+/// (its client sends it right after connecting, and the server says
+/// nothing first): attached on the accept thread, so a thousand streams
+/// connecting together need no thread each and hold no handshake slot
+/// while they wait for one. Anything else (a session's control connection,
+/// TLS, a hello still on its way, garbage) goes back unread, to be served
+/// on a thread from its first byte.
+fn attach_inline(shared: &Protocol, tcp: TcpStream, ticket: Conn) -> Option<(TcpStream, Conn)> {
+    let mut peeked = [0u8; INLINE_PEEK];
+    let n = match tcp.peek(&mut peeked) {
+        Ok(n) if n > 0 && !fatpipe_secure::is_tls_start(peeked[0]) => n,
+        _ => return Some((tcp, ticket)),
+    };
+    let mut conn = ServerConn::new(&shared.config, ticket.accepted(), random_bytes());
+    let mut used = 0;
+    let hello = loop {
+        // Never past the hello's frame: what follows is the service's.
+        let room = conn.read_limit().min(n - used);
+        if room == 0 {
+            break None;
+        }
+        conn.handle_input(Instant::now(), &peeked[used..used + room]);
+        used += room;
+        match conn.poll_event() {
+            Some(ServerEvent::DataHello { cookie, tag }) => break Some((cookie, tag)),
+            Some(_) => break None,
+            None => {}
+        }
+    };
+    let Some((cookie, tag)) = hello else {
+        return Some((tcp, ticket));
+    };
+    // Peeked whole, so this read takes exactly the hello without waiting.
+    let mut tcp = tcp;
+    if tcp.read_exact(&mut peeked[..used]).is_err() || tcp.set_nonblocking(false).is_err() {
+        return None;
+    }
+    let stream = Stream::plain_tcp(tcp);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
+    attach_data(shared, ticket, conn, stream, cookie, tag);
+    None
+}
+
+/// Bytes peeked at accept for a data hello (a `DataHello` frame is far
+/// smaller).
+const INLINE_PEEK: usize = 512;
 
 /// Runs one connection from its first byte to its end.
 fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
