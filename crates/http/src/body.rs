@@ -1,6 +1,7 @@
-//! Response bodies: nothing, a short text, or pieces of a file (a whole
+//! Response bodies: nothing, a short text, pieces of a file (a whole
 //! file, a range, or the parts of a `multipart/byteranges` answer with
-//! their part headers between them).
+//! their part headers between them), or a stream produced as it goes (a
+//! third-party copy's performance markers, sent chunked).
 //!
 //! File pieces are read with `pread` as hyper asks for the next frame, on
 //! the connection's own thread (blocking is fine there: nobody else runs
@@ -40,7 +41,11 @@ pub struct Body {
     file: Option<File>,
     report: Option<Report>,
     left: u64,
+    stream: Option<Stream>,
 }
+
+/// A body produced as it goes (its length unknown: sent chunked).
+pub type Stream = Pin<Box<dyn hyper::body::Body<Data = Bytes, Error = io::Error>>>;
 
 impl Body {
     /// No body.
@@ -50,6 +55,7 @@ impl Body {
             file: None,
             report: None,
             left: 0,
+            stream: None,
         }
     }
 
@@ -62,6 +68,7 @@ impl Body {
             file: None,
             report: None,
             left,
+            stream: None,
         }
     }
 
@@ -79,6 +86,15 @@ impl Body {
             file: Some(file),
             report,
             left,
+            stream: None,
+        }
+    }
+
+    /// A body produced as it goes.
+    pub fn stream(stream: Stream) -> Body {
+        Body {
+            stream: Some(stream),
+            ..Body::empty()
         }
     }
 
@@ -94,9 +110,12 @@ impl hyper::body::Body for Body {
 
     fn poll_frame(
         self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
+        if let Some(s) = &mut this.stream {
+            return s.as_mut().poll_frame(cx);
+        }
         loop {
             let Some(seg) = this.segs.front_mut() else {
                 return Poll::Ready(None);
@@ -150,10 +169,16 @@ impl hyper::body::Body for Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.segs.is_empty()
+        match &self.stream {
+            Some(s) => s.is_end_stream(),
+            None => self.segs.is_empty(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.left)
+        match &self.stream {
+            Some(s) => s.size_hint(),
+            None => SizeHint::with_exact(self.left),
+        }
     }
 }

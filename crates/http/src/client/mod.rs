@@ -219,6 +219,9 @@ pub struct Options {
     pub token: Option<String>,
     /// `User-Agent`.
     pub agent: String,
+    /// Headers added to every request (a third-party copy's forwarded
+    /// `TransferHeader<X>` fields), after the token's `Authorization`.
+    pub headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
 }
 
 impl Options {
@@ -255,6 +258,7 @@ impl Options {
             tls: Arc::new(cfg),
             token,
             agent: format!("fatpipe/{}", env!("CARGO_PKG_VERSION")),
+            headers: Vec::new(),
         })
     }
 }
@@ -405,6 +409,9 @@ impl Connection {
             .header(hyper::header::USER_AGENT, &opts.agent);
         if let Some(t) = &opts.token {
             b = b.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        for (k, v) in &opts.headers {
+            b = b.header(k, v);
         }
         b
     }

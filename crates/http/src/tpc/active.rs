@@ -1,0 +1,1085 @@
+//! A `COPY` running: the local end prepared on the connection's thread
+//! (the destination's temporary file for a pull, the source file for a
+//! push; every refusal a plain HTTP status), then the transfer on a
+//! thread of its own, reported to the client by [`Markers`], the answer's
+//! body.
+//!
+//! - **Pull**: a `HEAD` of the source (`Want-Digest: adler32`, redirects
+//!   followed within the address policy), then one `GET` of the whole
+//!   file, or ranged `GET`s of [`BLOCK`] bytes over several connections
+//!   (each a thread with its own runtime, as the client's downloads) into
+//!   a file that has no name yet (`O_TMPFILE`, or a hidden
+//!   `.fatpipe-put.*` name). Its checksums are computed while it is
+//!   written, in file order: a block completing the contiguous prefix has
+//!   that prefix hashed at once (from the page cache), so the digest is
+//!   ready with the last byte, never a second pass. When the source's
+//!   checksum matches (`RequireChecksumVerification`), the file is
+//!   fsynced, its checksums kept with it, and only then named.
+//! - **Push**: the client's upload (`client::put::upload`: `PUT` with
+//!   `Content-Length` and `Expect: 100-continue`, adler32 computed while
+//!   it is read, a `HEAD` comparing the destination's).
+//!
+//! The client gone (the answer's body dropped), or a stall (no first byte
+//! in `first_byte_timeout`, no progress in `progress_timeout`), cancels
+//! the copy: its connections are shut, and the file is never named (the
+//! naming and the cancellation take the same lock).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use fatpipe_sys::OFlags;
+use fatpipe_transfer::beneath::{fstat, Dir, Kind};
+use fatpipe_transfer::Progress;
+use hyper::body::{Bytes, Frame, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Response, StatusCode};
+
+use super::{markers, resolve_allowed, Copy, Mode, Policy, MAX_STREAMS};
+use crate::body::Body;
+use crate::client::{self, Connection, Options, Stat, Url};
+use crate::conn::Shared;
+use crate::digest::{self, Algo, Hasher, Sums};
+use crate::handler::{
+    authorize, export_of, hidden, insert, io_resp, object, parent_of, text, Resp, Upload,
+};
+use crate::path::Target;
+use crate::token::Perm;
+
+/// Bytes one ranged `GET` of a pull fetches.
+pub const BLOCK: u64 = client::get::BLOCK;
+/// Attempts at one block before the pull fails.
+const ATTEMPTS: u32 = 3;
+/// Bytes hashed per read when the contiguous prefix grows.
+const HASH_CHUNK: usize = 1 << 20;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a copy is.
+#[derive(Debug, Clone)]
+enum Phase {
+    Running,
+    /// Ended by its thread: a summary for the log, or why it failed.
+    Done(Result<String, String>),
+    /// Ended from outside (client gone, stall): why.
+    Cancelled(String),
+}
+
+/// What the copy's thread and the answer's body share.
+pub(crate) struct State {
+    t0: Instant,
+    progress: Arc<Progress>,
+    phase: Mutex<Phase>,
+    waker: Mutex<Option<Waker>>,
+    remote: Mutex<Vec<SocketAddr>>,
+    sockets: Mutex<Vec<std::net::TcpStream>>,
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            t0: Instant::now(),
+            progress: Arc::new(Progress::default()),
+            phase: Mutex::new(Phase::Running),
+            waker: Mutex::new(None),
+            remote: Mutex::new(Vec::new()),
+            sockets: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.progress.bytes.load(Ordering::Relaxed)
+    }
+
+    fn wake(&self) {
+        if let Some(w) = lock(&self.waker).take() {
+            w.wake();
+        }
+    }
+
+    /// Notes a connection to the other end (for `RemoteConnections`, and
+    /// to shut it on cancellation).
+    fn connected(&self, c: &Connection) {
+        if let Ok(peer) = c.socket.peer_addr() {
+            let mut r = lock(&self.remote);
+            if !r.contains(&peer) && r.len() < markers::MAX_REMOTE {
+                r.push(peer);
+            }
+        }
+        if let Ok(dup) = c.socket.try_clone() {
+            if self.cancelled() {
+                let _ = dup.shutdown(std::net::Shutdown::Both);
+            }
+            lock(&self.sockets).push(dup);
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        matches!(*lock(&self.phase), Phase::Cancelled(_))
+    }
+
+    /// Cancels a running copy (its connections shut); false if it had
+    /// already ended.
+    fn cancel(&self, why: &str) -> bool {
+        {
+            let mut p = lock(&self.phase);
+            if !matches!(*p, Phase::Running) {
+                return false;
+            }
+            *p = Phase::Cancelled(why.to_string());
+        }
+        for s in lock(&self.sockets).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.wake();
+        true
+    }
+
+    fn end(&self, r: Result<String, String>) {
+        {
+            let mut p = lock(&self.phase);
+            if matches!(*p, Phase::Running) {
+                *p = Phase::Done(r);
+            }
+        }
+        self.wake();
+    }
+
+    /// Runs `name_it` (giving the file its name) unless the copy was
+    /// cancelled: the two never cross.
+    fn commit(&self, name_it: impl FnOnce() -> std::io::Result<()>) -> Result<(), String> {
+        let p = lock(&self.phase);
+        if let Phase::Cancelled(why) = &*p {
+            return Err(why.clone());
+        }
+        name_it().map_err(|e| format!("naming the file: {e}"))
+    }
+}
+
+/// A slot among the server's running copies, released when dropped.
+struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Slot> {
+        let n = active.fetch_add(1, Ordering::SeqCst);
+        if n >= max {
+            active.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Slot(Arc::clone(active)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The local end of a copy, prepared.
+enum Local {
+    Pull {
+        parent: Dir,
+        name: Vec<u8>,
+        tmp: Upload,
+        existed: bool,
+    },
+    Push {
+        file: File,
+        size: u64,
+    },
+}
+
+/// Everything the copy's thread needs.
+struct Job {
+    remote: Url,
+    opts: Options,
+    policy: Policy,
+    verify: bool,
+    overwrite: bool,
+    streams: u32,
+    inline: Vec<Algo>,
+    state: Arc<State>,
+}
+
+type Started = tokio::sync::oneshot::Sender<Result<(), (StatusCode, String)>>;
+
+/// Prepares the local end, starts the copy and answers `202` with the
+/// marker stream (or the refusal).
+pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: Copy) -> Resp {
+    let set = &sh.cfg.tpc;
+    let (remote, local) = match &c.mode {
+        Mode::Pull(u) => (u.clone(), prepare_pull(sh, t, headers, c.overwrite)),
+        Mode::Push(u) => (u.clone(), prepare_push(sh, t, headers)),
+    };
+    let local = match local {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    if let Err(why) = resolve_allowed(&remote, &set.policy) {
+        return failure_resp(StatusCode::FORBIDDEN, &why);
+    }
+    let Some(slot) = Slot::take(&set.active, set.max_active) else {
+        return failure_resp(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "the server runs {} copies already (--http-tpc-max); retry later",
+                set.max_active
+            ),
+        );
+    };
+    let mut opts = match Options::new(set.ca.as_deref(), None) {
+        Ok(o) => o,
+        Err(e) => return failure_resp(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    opts.agent = format!("fatpipe-tpc/{}", env!("CARGO_PKG_VERSION"));
+    opts.headers = c.forward.clone();
+    if !c.overwrite {
+        if let Mode::Push(_) = c.mode {
+            opts.headers
+                .push((header::IF_NONE_MATCH, HeaderValue::from_static("*")));
+        }
+    }
+    let state = Arc::new(State::new());
+    let job = Job {
+        remote: remote.clone(),
+        opts,
+        policy: set.policy.clone(),
+        verify: c.verify,
+        overwrite: c.overwrite,
+        streams: if c.streams <= 1 {
+            set.streams
+        } else {
+            c.streams
+        }
+        .clamp(1, MAX_STREAMS),
+        inline: sh.cfg.inline.clone(),
+        state: Arc::clone(&state),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("http-tpc".into())
+        .spawn(move || {
+            let _slot = slot;
+            run(job, local, tx);
+        });
+    if let Err(e) = spawned {
+        return failure_resp(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("no thread for the copy: {e}"),
+        );
+    }
+    match rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err((code, why))) => return failure_resp(code, &why),
+        Err(_) => {
+            return failure_resp(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the copy ended before it started",
+            )
+        }
+    }
+    let way = match c.mode {
+        Mode::Pull(_) => "pull from",
+        Mode::Push(_) => "push to",
+    };
+    let mut what = format!("COPY {} {way} {}", t.scope_path(), remote.display());
+    if let Some(tag) = c.scitag {
+        what.push_str(&format!(" scitag={tag}"));
+    }
+    if let Some(ci) = &c.client_info {
+        what.push_str(&format!(" clientinfo={ci}"));
+    }
+    sh.log(&format!("{what}: started"));
+    let body = Markers {
+        sh: Rc::clone(sh),
+        state,
+        what,
+        period: set
+            .marker_period
+            .clamp(Duration::from_millis(100), Duration::from_secs(5)),
+        first_byte: set.first_byte_timeout,
+        progress: set.progress_timeout,
+        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        next_marker: None,
+        seen: (0, Instant::now()),
+        ended: false,
+    };
+    let mut r = Response::new(Body::stream(Box::pin(body)));
+    *r.status_mut() = StatusCode::ACCEPTED;
+    insert(r.headers_mut(), header::CONTENT_TYPE, "text/plain");
+    r
+}
+
+/// A refusal before the copy started: the status, and the body a
+/// `failure:` line as XRootD sends it.
+fn failure_resp(code: StatusCode, why: &str) -> Resp {
+    let line = markers::failure(why);
+    text(code, line.trim_end())
+}
+
+fn prepare_pull(
+    sh: &Shared,
+    t: &Target,
+    headers: &HeaderMap,
+    overwrite: bool,
+) -> Result<Local, Resp> {
+    let f = export_of(sh, t)?;
+    let Some(rel) = &t.rel else {
+        return Err(text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "cannot COPY onto an export itself",
+        ));
+    };
+    if t.slash {
+        return Err(text(
+            StatusCode::BAD_REQUEST,
+            "a COPY names a file, not a directory (trailing '/')",
+        ));
+    }
+    let name = rel.split_last().1.to_vec();
+    if hidden(&name) {
+        return Err(text(
+            StatusCode::FORBIDDEN,
+            "names starting '.fatpipe-' are the server's own",
+        ));
+    }
+    if f.export.read_only {
+        return Err(text(
+            StatusCode::FORBIDDEN,
+            &format!("export '{}' is read-only", f.export.name),
+        ));
+    }
+    let parent = match parent_of(&f.root, rel) {
+        Ok(p) => p,
+        Err(r) => {
+            authorize(sh, headers, f.export, t, Perm::Create)?;
+            return Err(r);
+        }
+    };
+    let existing = parent.stat_at(&name).map_err(|e| io_resp(&e))?;
+    let perm = if existing.is_some() {
+        Perm::Modify
+    } else {
+        Perm::Create
+    };
+    authorize(sh, headers, f.export, t, perm)?;
+    if matches!(existing, Some(m) if m.kind != Kind::File) {
+        return Err(text(
+            StatusCode::CONFLICT,
+            "the name exists and is not a regular file",
+        ));
+    }
+    if existing.is_some() && !overwrite {
+        return Err(text(
+            StatusCode::PRECONDITION_FAILED,
+            "the destination exists and Overwrite is F",
+        ));
+    }
+    let tmp = Upload::start(&parent, &name).map_err(|e| io_resp(&e))?;
+    Ok(Local::Pull {
+        parent,
+        name,
+        tmp,
+        existed: existing.is_some(),
+    })
+}
+
+fn prepare_push(sh: &Shared, t: &Target, headers: &HeaderMap) -> Result<Local, Resp> {
+    let f = export_of(sh, t)?;
+    authorize(sh, headers, f.export, t, Perm::Read)?;
+    let o = object(&f, t)?;
+    let (Some(parent), Some(meta)) = (&o.parent, o.meta) else {
+        return Err(text(StatusCode::NOT_FOUND, "no such file"));
+    };
+    if hidden(&o.name) {
+        return Err(text(StatusCode::NOT_FOUND, "no such file"));
+    }
+    if meta.kind != Kind::File {
+        return Err(text(
+            StatusCode::CONFLICT,
+            "a COPY pushes one regular file (not a directory or a symlink)",
+        ));
+    }
+    let file = parent
+        .open_at(&o.name, OFlags::RDONLY, 0)
+        .map_err(|e| io_resp(&e))?;
+    let meta = fstat(&file).map_err(|e| io_resp(&e))?;
+    if meta.kind != Kind::File {
+        return Err(text(StatusCode::CONFLICT, "not a regular file"));
+    }
+    Ok(Local::Push {
+        file,
+        size: meta.size,
+    })
+}
+
+/// The copy's thread.
+fn run(job: Job, local: Local, started: Started) {
+    let state = Arc::clone(&job.state);
+    let result = match local {
+        Local::Pull {
+            parent,
+            name,
+            mut tmp,
+            existed,
+        } => {
+            let r = pull(&job, &parent, &name, &mut tmp, existed, started);
+            if r.is_err() {
+                tmp.abandon(&parent);
+            }
+            r
+        }
+        Local::Push { file, size } => {
+            if let Ok(addrs) = resolve_allowed(&job.remote, &job.policy) {
+                lock(&job.state.remote).extend(addrs.into_iter().take(1));
+            }
+            let _ = started.send(Ok(()));
+            push(&job, &file, size)
+        }
+    };
+    state.end(result);
+}
+
+fn pull(
+    job: &Job,
+    parent: &Dir,
+    name: &[u8],
+    tmp: &mut Upload,
+    existed: bool,
+    started: Started,
+) -> Result<String, String> {
+    let rt = client::runtime().map_err(|e| e.to_string())?;
+    let head = rt.block_on(async {
+        let mut conn = client::connect(&job.remote, &job.opts)
+            .await
+            .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+        let (url, stat) = head(&mut conn, job).await?;
+        Ok::<_, (StatusCode, String)>((conn, url, stat))
+    });
+    let (conn, url, stat) = match head {
+        Ok(h) => h,
+        Err(e) => {
+            let why = e.1.clone();
+            let _ = started.send(Err(e));
+            return Err(why);
+        }
+    };
+    if let Some(n) = stat.size.filter(|&n| n > client::get::MAX_SIZE) {
+        let why = format!("the source has {n} bytes, more than a copy takes");
+        let _ = started.send(Err((StatusCode::INSUFFICIENT_STORAGE, why.clone())));
+        return Err(why);
+    }
+    if let Some(n) = stat.size {
+        if let Ok(s) = parent.space() {
+            if s.free < n {
+                let why = format!("{n} bytes do not fit: {} bytes free", s.free);
+                let _ = started.send(Err((StatusCode::INSUFFICIENT_STORAGE, why.clone())));
+                return Err(why);
+            }
+        }
+    }
+    job.state.connected(&conn);
+    let _ = started.send(Ok(()));
+    let mut algos = job.inline.clone();
+    if let Some((a, _)) = stat.digests.first() {
+        if !algos.contains(a) {
+            algos.push(*a);
+        }
+    }
+    let size = stat.size;
+    let streams = match size {
+        Some(n) if stat.ranges && n > BLOCK => job.streams.min(n.div_ceil(BLOCK) as u32),
+        _ => 1,
+    };
+    let (sums, got) = if streams > 1 {
+        let n = size.unwrap_or(0);
+        let sums = ranged(job, &rt, conn, &url, &stat, n, &tmp.file, &algos, streams)?;
+        (sums, n)
+    } else {
+        whole(job, &rt, conn, &url, size, &tmp.file, &algos)?
+    };
+    drop(rt);
+    if job.state.cancelled() {
+        return Err("cancelled".into());
+    }
+    let verified = match stat.digests.iter().find(|(a, _)| sums.get(*a).is_some()) {
+        Some((a, want)) => {
+            let have = sums.get(*a).unwrap_or_default();
+            if have != want.as_slice() {
+                return Err(format!(
+                    "checksum mismatch: the source says {}, the file written has {}; nothing was kept",
+                    client::show_digest(*a, want),
+                    client::show_digest(*a, have)
+                ));
+            }
+            Some(client::show_digest(*a, have))
+        }
+        None if job.verify => {
+            return Err(
+                "the source offers no checksum (no Digest for adler32 on HEAD) and \
+                 RequireChecksumVerification is true; nothing was kept"
+                    .into(),
+            )
+        }
+        None => None,
+    };
+    tmp.file
+        .sync_all()
+        .map_err(|e| format!("writing the file: {e}"))?;
+    let _ = digest::store(parent, name, &tmp.file, &sums);
+    let replace = job.overwrite;
+    job.state.commit(|| name_file(tmp, parent, name, replace))?;
+    parent
+        .sync()
+        .map_err(|e| format!("syncing the directory: {e}"))?;
+    Ok(format!(
+        "{got} bytes over {streams} connection(s){}{}",
+        if existed { ", replaced" } else { "" },
+        verified
+            .map(|v| format!(", {v} verified"))
+            .unwrap_or_default()
+    ))
+}
+
+/// Names the complete file: replacing what is there, or (`Overwrite: F`)
+/// only if the name is still free.
+fn name_file(tmp: &mut Upload, parent: &Dir, name: &[u8], replace: bool) -> std::io::Result<()> {
+    if replace {
+        return tmp.finish(parent, name);
+    }
+    match tmp.tmp_name.take() {
+        None => parent.link_fd_at(&tmp.file, name),
+        Some(t) => match parent.rename_to(&t, parent, name, false) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tmp.tmp_name = Some(t);
+                Err(e)
+            }
+        },
+    }
+}
+
+/// `HEAD` of the source with `Want-Digest`, redirects followed within the
+/// policy: the final URL and what it said.
+async fn head(conn: &mut Connection, job: &Job) -> Result<(Url, Stat), (StatusCode, String)> {
+    let bad = |m: String| (StatusCode::BAD_GATEWAY, m);
+    let mut url = job.remote.clone();
+    for _ in 0..=client::MAX_REDIRECTS {
+        if url.host != conn.url.host || url.port != conn.url.port || url.tls != conn.url.tls {
+            resolve_allowed(&url, &job.policy).map_err(|w| (StatusCode::FORBIDDEN, w))?;
+            *conn = client::connect(&url, &job.opts)
+                .await
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        let req = conn
+            .request(Method::HEAD, &url.path, &job.opts)
+            .header("want-digest", client::WANT_DIGEST)
+            .body(client::empty())
+            .map_err(|e| bad(e.to_string()))?;
+        let res = conn.send(req).await.map_err(|e| bad(e.to_string()))?;
+        let status = res.status();
+        if status.is_redirection() {
+            let loc = res
+                .headers()
+                .get(header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| bad(format!("HEAD {}: {status} without Location", url.display())))?;
+            url = if loc.starts_with('/') {
+                Url {
+                    path: loc.to_string(),
+                    ..url.clone()
+                }
+            } else {
+                let u = Url::parse(loc).map_err(|e| bad(format!("redirect to {e}")))?;
+                if url.tls && !u.tls {
+                    return Err(bad(format!(
+                        "{}: redirected from https to plain http: refused",
+                        url.display()
+                    )));
+                }
+                u
+            };
+            continue;
+        }
+        if !status.is_success() {
+            let code = match status {
+                StatusCode::NOT_FOUND | StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => status,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            return Err((
+                code,
+                format!("the source answered HEAD {}: {status}", url.display()),
+            ));
+        }
+        return Ok((url, client::stat(res.headers())));
+    }
+    Err(bad(format!(
+        "{}: more than {} redirects",
+        job.remote.display(),
+        client::MAX_REDIRECTS
+    )))
+}
+
+/// One `GET` of the whole file, written and hashed in order.
+fn whole(
+    job: &Job,
+    rt: &tokio::runtime::Runtime,
+    mut conn: Connection,
+    url: &Url,
+    size: Option<u64>,
+    file: &File,
+    algos: &[Algo],
+) -> Result<(Sums, u64), String> {
+    let state = &job.state;
+    rt.block_on(async {
+        let req = conn
+            .request(Method::GET, &url.path, &job.opts)
+            .body(client::empty())
+            .map_err(|e| e.to_string())?;
+        let res = conn.send(req).await.map_err(|e| e.to_string())?;
+        let status = res.status();
+        if !status.is_success() {
+            let why = client::error_text(res.into_body()).await;
+            return Err(format!("GET {}: {status}: {why}", url.display()));
+        }
+        let mut body = res.into_body();
+        let mut hasher = Hasher::new(algos);
+        let mut got = 0u64;
+        while let Some(frame) = client::next_frame(&mut body, url)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if state.cancelled() {
+                return Err("cancelled".into());
+            }
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if size.is_some_and(|n| got + data.len() as u64 > n) {
+                return Err(format!(
+                    "{}: the source sent more than its Content-Length",
+                    url.display()
+                ));
+            }
+            file.write_all_at(&data, got)
+                .map_err(|e| format!("writing the file: {e}"))?;
+            hasher.update(&data);
+            got += data.len() as u64;
+            state.progress.moved(data.len() as u64);
+        }
+        if let Some(n) = size.filter(|&n| n != got) {
+            return Err(format!(
+                "{}: the source sent {got} of {n} bytes",
+                url.display()
+            ));
+        }
+        Ok((hasher.finish(), got))
+    })
+}
+
+/// The blocks of a ranged pull: those still to fetch, and the contiguous
+/// prefix hashed so far.
+struct Blocks<'a> {
+    job: &'a Job,
+    url: &'a Url,
+    etag: Option<String>,
+    size: u64,
+    file: &'a File,
+    reader: File,
+    queue: Mutex<VecDeque<u64>>,
+    order: Mutex<Order>,
+    error: Mutex<Option<String>>,
+}
+
+struct Order {
+    next: u64,
+    done: Vec<bool>,
+    hasher: Hasher,
+    buf: Vec<u8>,
+}
+
+impl Blocks<'_> {
+    fn stopped(&self) -> bool {
+        self.job.state.cancelled() || lock(&self.error).is_some()
+    }
+
+    fn fail(&self, why: String) {
+        lock(&self.error).get_or_insert(why);
+        lock(&self.queue).clear();
+    }
+
+    /// Marks block `b` written and hashes the prefix it completes.
+    fn complete(&self, b: u64) -> Result<(), String> {
+        let mut o = lock(&self.order);
+        let Some(slot) = o.done.get_mut(b as usize) else {
+            return Err("block out of range".into());
+        };
+        *slot = true;
+        while (o.next as usize) < o.done.len() && o.done[o.next as usize] {
+            let start = o.next * BLOCK;
+            let end = (start + BLOCK).min(self.size);
+            let mut at = start;
+            let Order { hasher, buf, .. } = &mut *o;
+            while at < end {
+                let n = ((end - at) as usize).min(HASH_CHUNK);
+                buf.resize(n, 0);
+                self.reader
+                    .read_exact_at(&mut buf[..n], at)
+                    .map_err(|e| format!("reading back the file to hash it: {e}"))?;
+                hasher.update(&buf[..n]);
+                at += n as u64;
+            }
+            o.next += 1;
+        }
+        Ok(())
+    }
+
+    async fn fetch(&self, c: &mut Connection, b: u64) -> Result<(), String> {
+        let first = b * BLOCK;
+        let len = (self.size - first).min(BLOCK);
+        let last = first + len - 1;
+        let mut rb = c
+            .request(Method::GET, &self.url.path, &self.job.opts)
+            .header(header::RANGE, format!("bytes={first}-{last}"));
+        if let Some(e) = &self.etag {
+            rb = rb.header(header::IF_RANGE, e);
+        }
+        let req = rb.body(client::empty()).map_err(|e| e.to_string())?;
+        let res = c.send(req).await.map_err(|e| e.to_string())?;
+        let status = res.status();
+        if status != StatusCode::PARTIAL_CONTENT {
+            let why = client::error_text(res.into_body()).await;
+            let msg = format!(
+                "GET {} bytes {first}-{last}: {status} (not 206){}{why}",
+                self.url.display(),
+                if why.is_empty() { "" } else { ": " }
+            );
+            // A whole file or another range: the file changed; fatal.
+            self.fail(msg.clone());
+            return Err(msg);
+        }
+        let cr = res
+            .headers()
+            .get(header::CONTENT_RANGE)
+            .and_then(|v| client::parse_content_range(v.as_bytes()));
+        if cr != Some((first, last, Some(self.size))) && cr != Some((first, last, None)) {
+            let msg = format!(
+                "GET {}: asked for bytes {first}-{last} of {}, the source sent another range",
+                self.url.display(),
+                self.size
+            );
+            self.fail(msg.clone());
+            return Err(msg);
+        }
+        let mut body = res.into_body();
+        let mut got = 0u64;
+        let r = async {
+            while let Some(frame) = client::next_frame(&mut body, self.url)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                if self.stopped() {
+                    return Err("stopped".to_string());
+                }
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if got + data.len() as u64 > len {
+                    return Err(format!("{}: more than asked for", self.url.display()));
+                }
+                self.file
+                    .write_all_at(&data, first + got)
+                    .map_err(|e| format!("writing the file: {e}"))?;
+                got += data.len() as u64;
+                self.job.state.progress.moved(data.len() as u64);
+            }
+            if got != len {
+                return Err(format!(
+                    "{}: a range ended after {got} of {len} bytes",
+                    self.url.display()
+                ));
+            }
+            Ok(())
+        }
+        .await;
+        if r.is_err() {
+            self.job
+                .state
+                .progress
+                .bytes
+                .fetch_sub(got, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// One connection's loop: blocks until none are left.
+    async fn work(&self, conn: Option<Connection>) {
+        let mut conn = conn;
+        let mut failures = 0;
+        while !self.stopped() {
+            let Some(b) = lock(&self.queue).pop_front() else {
+                return;
+            };
+            let c = match conn.as_mut() {
+                Some(c) => c,
+                None => match client::connect(self.url, &self.job.opts).await {
+                    Ok(c) => {
+                        self.job.state.connected(&c);
+                        conn.insert(c)
+                    }
+                    Err(e) => {
+                        lock(&self.queue).push_front(b);
+                        failures += 1;
+                        if failures >= ATTEMPTS {
+                            self.fail(e.to_string());
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
+            match self.fetch(c, b).await {
+                Ok(()) => {
+                    failures = 0;
+                    if let Err(e) = self.complete(b) {
+                        self.fail(e);
+                        return;
+                    }
+                }
+                Err(e) => {
+                    conn = None;
+                    if self.stopped() {
+                        return;
+                    }
+                    lock(&self.queue).push_front(b);
+                    failures += 1;
+                    if failures >= ATTEMPTS {
+                        self.fail(e);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Ranged `GET`s over `streams` connections.
+#[allow(clippy::too_many_arguments)]
+fn ranged(
+    job: &Job,
+    rt: &tokio::runtime::Runtime,
+    conn: Connection,
+    url: &Url,
+    stat: &Stat,
+    size: u64,
+    file: &File,
+    algos: &[Algo],
+    streams: u32,
+) -> Result<Sums, String> {
+    let reader = File::open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|e| format!("reopening the file to hash it: {e}"))?;
+    file.set_len(size)
+        .map_err(|e| format!("sizing the file: {e}"))?;
+    let n = size.div_ceil(BLOCK);
+    let blocks = Blocks {
+        job,
+        url,
+        etag: stat.etag.clone().filter(|e| !e.starts_with("W/")),
+        size,
+        file,
+        reader,
+        queue: Mutex::new((0..n).collect()),
+        order: Mutex::new(Order {
+            next: 0,
+            done: vec![false; n as usize],
+            hasher: Hasher::new(algos),
+            buf: Vec::new(),
+        }),
+        error: Mutex::new(None),
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..streams {
+            let blocks = &blocks;
+            scope.spawn(move || match client::runtime() {
+                Ok(rt) => rt.block_on(blocks.work(None)),
+                Err(e) => blocks.fail(e.to_string()),
+            });
+        }
+        rt.block_on(blocks.work(Some(conn)));
+    });
+    if let Some(e) = lock(&blocks.error).take() {
+        return Err(e);
+    }
+    if job.state.cancelled() {
+        return Err("cancelled".into());
+    }
+    let order = blocks.order.into_inner().unwrap_or_else(|e| e.into_inner());
+    if order.next != n {
+        return Err(format!(
+            "{} of {n} blocks fetched",
+            order.done.iter().filter(|d| **d).count()
+        ));
+    }
+    Ok(order.hasher.finish())
+}
+
+fn push(job: &Job, file: &File, size: u64) -> Result<String, String> {
+    let req = client::put::Request {
+        source: format!("/proc/self/fd/{}", file.as_raw_fd()).into(),
+        url: job.remote.clone(),
+        bwlimit: None,
+    };
+    let report = client::put::upload(&req, &job.opts, Arc::clone(&job.state.progress))
+        .map_err(|e| e.to_string())?;
+    if report.size != size {
+        return Err(format!("{} bytes sent, the file has {size}", report.size));
+    }
+    match report.verified {
+        Some((a, raw)) => Ok(format!(
+            "{size} bytes, {} verified",
+            client::show_digest(a, &raw)
+        )),
+        None if job.verify => Err(
+            "the destination offers no checksum after the upload (no Digest for adler32 on HEAD) \
+             and RequireChecksumVerification is true"
+                .into(),
+        ),
+        None => Ok(format!("{size} bytes")),
+    }
+}
+
+/// The answer's body: a marker at once, then every `period`, and the last
+/// line; cancels the copy when dropped before its end (the client went
+/// away) or when the copy stalls.
+struct Markers {
+    sh: Rc<Shared>,
+    state: Arc<State>,
+    what: String,
+    period: Duration,
+    first_byte: Duration,
+    progress: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    next_marker: Option<Instant>,
+    /// The bytes last seen, and when they last changed.
+    seen: (u64, Instant),
+    ended: bool,
+}
+
+impl Markers {
+    fn marker(&self) -> String {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let remote = lock(&self.state.remote).clone();
+        markers::marker(unix, self.state.bytes(), &remote)
+    }
+
+    /// When the copy counts as stalled, and the line saying so.
+    fn stall(&mut self, now: Instant) -> (Instant, String) {
+        let bytes = self.state.bytes();
+        if bytes != self.seen.0 {
+            self.seen = (bytes, now);
+        }
+        if bytes == 0 {
+            (
+                self.state.t0 + self.first_byte,
+                format!(
+                    "no bytes were transferred in {} seconds (the other end stalled)",
+                    self.first_byte.as_secs()
+                ),
+            )
+        } else {
+            (
+                self.seen.1 + self.progress,
+                format!(
+                    "no progress for {} seconds after {bytes} bytes (the other end stalled)",
+                    self.progress.as_secs()
+                ),
+            )
+        }
+    }
+}
+
+impl hyper::body::Body for Markers {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        *lock(&this.state.waker) = Some(cx.waker().clone());
+        loop {
+            let now = Instant::now();
+            let phase = lock(&this.state.phase).clone();
+            let last = match phase {
+                Phase::Running => None,
+                Phase::Done(Ok(summary)) => {
+                    this.sh.log(&format!("{}: done, {summary}", this.what));
+                    Some(markers::SUCCESS.to_string())
+                }
+                Phase::Done(Err(why)) | Phase::Cancelled(why) => {
+                    this.sh.log(&format!("{}: failed: {why}", this.what));
+                    Some(markers::failure(&why))
+                }
+            };
+            if let Some(line) = last {
+                this.ended = true;
+                let text = this.marker() + &line;
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(text)))));
+            }
+            let (stall_at, why) = this.stall(now);
+            if now >= stall_at {
+                this.state.cancel(&why);
+                continue;
+            }
+            let due = *this.next_marker.get_or_insert(now);
+            if now >= due {
+                this.next_marker = Some(now + this.period);
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(this.marker())))));
+            }
+            let wake = due.min(stall_at);
+            this.sleep
+                .as_mut()
+                .reset(tokio::time::Instant::from_std(wake));
+            if this.sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl Drop for Markers {
+    fn drop(&mut self) {
+        if !self.ended && self.state.cancel("the client closed the connection") {
+            self.sh.log(&format!(
+                "{}: cancelled: the client closed the connection; nothing was kept",
+                self.what
+            ));
+        }
+    }
+}
