@@ -479,3 +479,47 @@ fn tpc_a_source_that_fails_stalls_or_a_client_that_leaves_keeps_nothing() {
     });
     assert_eq!(std::fs::read(b.join("old")).unwrap(), b"old");
 }
+
+#[test]
+fn tpc_a_file_over_4_gib_is_pulled_exactly() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    let dir = setup();
+    let (sa, sb, a, b) = pair(&dir, &[], &[]);
+    // A sparse source with markers around the 4 GiB boundary.
+    let size: u64 = (1 << 32) + (1 << 20) + 7;
+    let f = std::fs::File::create(a.join("big")).unwrap();
+    f.set_len(size).unwrap();
+    use std::os::unix::fs::FileExt;
+    let at: u64 = (1 << 32) - 5;
+    f.write_all_at(b"across four gibibytes", at).unwrap();
+    f.write_all_at(b"END", size - 3).unwrap();
+    drop(f);
+    let (code, body) = copy_curl(
+        &format!("http://{}/b/big", sb.addr),
+        &[
+            &format!("Source: http://{}/a/big", sa.addr),
+            "X-Number-Of-Streams: 4",
+            // Not verified: the source would read 4 GiB to compute it.
+            "RequireChecksumVerification: false",
+            "SciTag: 313",
+            "ClientInfo: job-id=7;file-id=8;retry=0",
+        ],
+    );
+    assert_eq!(code, 202, "{body}");
+    check_markers(&body, size, "success: Created");
+    let g = std::fs::File::open(b.join("big")).unwrap();
+    assert_eq!(g.metadata().unwrap().len(), size);
+    let mut buf = [0u8; 21];
+    g.read_exact_at(&mut buf, at).unwrap();
+    assert_eq!(&buf, b"across four gibibytes");
+    g.read_exact_at(&mut buf[..3], size - 3).unwrap();
+    assert_eq!(&buf[..3], b"END");
+    // SciTag and ClientInfo are recorded with the copy.
+    let mut log = sb.log;
+    log.wait_for(
+        Duration::from_secs(10),
+        "scitag=313 clientinfo=job-id=7;file-id=8;retry=0: done",
+    );
+}

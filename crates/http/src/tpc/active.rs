@@ -571,8 +571,8 @@ fn name_file(tmp: &mut Upload, parent: &Dir, name: &[u8], replace: bool) -> std:
     }
 }
 
-/// `HEAD` of the source with `Want-Digest`, redirects followed within the
-/// policy: the final URL and what it said.
+/// `HEAD` of the source (with `Want-Digest` when verifying), redirects
+/// followed within the policy: the final URL and what it said.
 async fn head(conn: &mut Connection, job: &Job) -> Result<(Url, Stat), (StatusCode, String)> {
     let bad = |m: String| (StatusCode::BAD_GATEWAY, m);
     let mut url = job.remote.clone();
@@ -583,11 +583,14 @@ async fn head(conn: &mut Connection, job: &Job) -> Result<(Url, Stat), (StatusCo
                 .await
                 .map_err(|e| bad(e.to_string()))?;
         }
-        let req = conn
-            .request(Method::HEAD, &url.path, &job.opts)
-            .header("want-digest", client::WANT_DIGEST)
-            .body(client::empty())
-            .map_err(|e| bad(e.to_string()))?;
+        // The source's checksum is asked for only when it is to be
+        // verified: a source without one kept computes it with a read of
+        // the whole file.
+        let mut rb = conn.request(Method::HEAD, &url.path, &job.opts);
+        if job.verify {
+            rb = rb.header("want-digest", client::WANT_DIGEST);
+        }
+        let req = rb.body(client::empty()).map_err(|e| bad(e.to_string()))?;
         let res = conn.send(req).await.map_err(|e| bad(e.to_string()))?;
         let status = res.status();
         if status.is_redirection() {
