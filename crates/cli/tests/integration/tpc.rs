@@ -523,3 +523,132 @@ fn tpc_a_file_over_4_gib_is_pulled_exactly() {
         "scitag=313 clientinfo=job-id=7;file-id=8;retry=0: done",
     );
 }
+
+/// XRootD 5.5.3 with its HTTP port and its HTTP-TPC handler (loaded only
+/// with TLS configured: a test CA's certificate), serving `data`: its
+/// guard and HTTP port.
+fn xrootd(root: &Path, data: &Path) -> (crate::util::Guard, u16) {
+    use std::os::unix::fs::PermissionsExt;
+    let adm = crate::util::mkdir(&root.join("xrd/adm"));
+    let (ca, cert, key) = crate::http_client::test_ca(root);
+    let (http, xrd) = (crate::util::free_port(), crate::util::free_port());
+    let cfg = root.join("xrd/x.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "all.export /\noss.localroot {}\nall.adminpath {}\nall.pidpath {}\nxrd.port {xrd}\n\
+             xrd.allow host localhost\nxrd.tls {} {}\nxrd.tlsca certfile {}\n\
+             xrd.protocol XrdHttp:{http} libXrdHttp.so\nhttp.exthandler xrdtpc libXrdHttpTPC.so\n\
+             xrootd.chksum adler32\n",
+            data.display(),
+            adm.display(),
+            adm.display(),
+            cert.display(),
+            key.display(),
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new("xrootd");
+    cmd.arg("-l")
+        .arg(root.join("xrd/log"))
+        .args(["-n", "fatpipe-tpc", "-c"])
+        .arg(&cfg);
+    // XRootD refuses to run as root: as root it runs as nobody, which must
+    // reach its files.
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if is_root {
+        cmd.args(["-R", "nobody"]);
+        assert_exit(
+            &run(Command::new("chown")
+                .args(["-R", "nobody"])
+                .arg(root.join("xrd"))
+                .arg(data)
+                .arg(&key)),
+            0,
+        );
+        let mut p = root.to_path_buf();
+        loop {
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o711)).unwrap();
+            if !p.pop() || p.as_os_str().len() <= 1 {
+                break;
+            }
+        }
+    }
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = crate::util::Guard(child);
+    assert!(
+        crate::util::within(Duration::from_secs(30), || TcpStream::connect((
+            "127.0.0.1",
+            http
+        ))
+        .is_ok()),
+        "XRootD did not listen on {http}: {}",
+        std::fs::read_to_string(root.join("xrd/log")).unwrap_or_default()
+    );
+    (guard, http)
+}
+
+#[test]
+fn tpc_xrootd_in_all_four_directions_with_adler32_end_to_end() {
+    if !have("xrootd") || !have("openssl") {
+        return skip("xrootd is not installed (Debian: xrootd-server xrootd-server-plugins)");
+    }
+    let dir = setup();
+    let root = dir.path();
+    let xdata = crate::util::mkdir(&root.join("xrd/data"));
+    let (_xrootd, xport) = xrootd(root, &xdata);
+    let (sa, sb, a, b) = pair(&dir, &[], &[]);
+    random_file(&a.join("f.bin"), 20_000_003, 21);
+    let data = std::fs::read(a.join("f.bin")).unwrap();
+    let sum = format!("adler32={}", adler32(&data));
+    let x = format!("http://127.0.0.1:{xport}");
+    let copy = |args: &[&str]| {
+        let out = run(Command::new(crate::util::bin())
+            .current_dir(root)
+            .args(["copy", "--json"])
+            .args(args));
+        assert_exit(&out, 0);
+        let j = crate::util::json(&out);
+        assert_eq!(j["checksum"], sum.as_str(), "{j}");
+        j
+    };
+    // XRootD pulls from fatpipe (COPY to XRootD with Source).
+    copy(&[
+        &format!("http://{}/a/f.bin", sa.addr),
+        &format!("{x}/x-pulled.bin"),
+    ]);
+    assert_eq!(std::fs::read(xdata.join("x-pulled.bin")).unwrap(), data);
+    // XRootD pushes to fatpipe (COPY to XRootD with Destination).
+    copy(&[
+        "--tpc",
+        "push",
+        &format!("{x}/x-pulled.bin"),
+        &format!("http://{}/b/x-pushed.bin", sb.addr),
+    ]);
+    assert_eq!(std::fs::read(b.join("x-pushed.bin")).unwrap(), data);
+    // fatpipe pulls from XRootD (4 ranged connections).
+    copy(&[
+        "-P",
+        "4",
+        &format!("{x}/x-pulled.bin"),
+        &format!("http://{}/b/f-pulled.bin", sb.addr),
+    ]);
+    assert_eq!(std::fs::read(b.join("f-pulled.bin")).unwrap(), data);
+    // fatpipe pushes to XRootD.
+    copy(&[
+        "--tpc",
+        "push",
+        &format!("http://{}/a/f.bin", sa.addr),
+        &format!("{x}/f-pushed.bin"),
+    ]);
+    assert_eq!(std::fs::read(xdata.join("f-pushed.bin")).unwrap(), data);
+}
