@@ -24,6 +24,10 @@
 //! the copy: its connections are shut, and the file is never named (the
 //! naming and the cancellation take the same lock).
 
+// The helpers' error is the answer to send (a `Response`), as in
+// `handler`: built once per request.
+#![allow(clippy::result_large_err)]
+
 use std::collections::VecDeque;
 use std::fs::File;
 use std::future::Future;
