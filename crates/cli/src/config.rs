@@ -561,6 +561,8 @@ mod tests {
                 "[\"https://iam.example.org/=/etc/fatpipe/iam.jwks\"]",
             ),
             ("http-token-file", "\"/etc/fatpipe/http-tokens\""),
+            ("http-tpc-allow", "\"private,198.18.0.0/15\""),
+            ("http-tpc-ca", "\"/etc/fatpipe/ca.pem\""),
         ];
         let cli = crate::Cli::command();
         let server = cli.find_subcommand("server").expect("a server subcommand");

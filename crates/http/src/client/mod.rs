@@ -394,6 +394,12 @@ where
 }
 
 impl Connection {
+    /// Whether the server closed the connection (or it failed): not to be
+    /// reused.
+    pub fn is_closed(&self) -> bool {
+        self.send.is_closed()
+    }
+
     /// A request for `path` on this connection's server with the usual
     /// headers (Host, User-Agent, the token).
     pub fn request(

@@ -48,7 +48,7 @@ use hyper::body::{Bytes, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 
-use super::{markers, resolve_allowed, Copy, Mode, Policy, MAX_STREAMS};
+use super::{markers, pool, resolve_allowed, Copy, Mode, Policy, MAX_STREAMS};
 use crate::body::Body;
 use crate::client::{self, Connection, Options, Stat, Url};
 use crate::conn::Shared;
@@ -464,12 +464,30 @@ fn pull(
     existed: bool,
     started: Started,
 ) -> Result<String, String> {
-    let rt = client::runtime().map_err(|e| e.to_string())?;
+    let Some(rt) = pool::runtime() else {
+        let why = "no runtime for the copy's connections".to_string();
+        let _ = started.send(Err((StatusCode::SERVICE_UNAVAILABLE, why.clone())));
+        return Err(why);
+    };
     let head = rt.block_on(async {
-        let mut conn = client::connect(&job.remote, &job.opts)
-            .await
-            .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
-        let (url, stat) = head(&mut conn, job).await?;
+        let fresh = || async {
+            client::connect(&job.remote, &job.opts)
+                .await
+                .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))
+        };
+        // A warm connection from the last copy, else a new one; a warm one
+        // the peer has closed meanwhile is replaced once.
+        let (mut conn, warm) = match pool::take(&job.remote) {
+            Some(c) => (c, true),
+            None => (fresh().await?, false),
+        };
+        let (url, stat) = match head(&mut conn, job).await {
+            Err(e) if warm && e.0 == StatusCode::BAD_GATEWAY => {
+                conn = fresh().await?;
+                head(&mut conn, job).await?
+            }
+            r => r?,
+        };
         Ok::<_, (StatusCode, String)>((conn, url, stat))
     });
     let (conn, url, stat) = match head {
@@ -496,6 +514,16 @@ fn pull(
     }
     job.state.connected(&conn);
     let _ = started.send(Ok(()));
+    let mut conn = conn;
+    let mut stat = stat;
+    if !stat.ranges && stat.size.is_some_and(|n| n > BLOCK) {
+        // XRootD 5.5 serves ranges without saying `Accept-Ranges`: ask.
+        match rt.block_on(serves_ranges(&mut conn, &url, job)) {
+            Ok(r) => stat.ranges = r,
+            Err(why) => return Err(why),
+        }
+        job.state.connected(&conn);
+    }
     let mut algos = job.inline.clone();
     if let Some((a, _)) = stat.digests.first() {
         if !algos.contains(a) {
@@ -514,7 +542,6 @@ fn pull(
     } else {
         whole(job, &rt, conn, &url, size, &tmp.file, &algos)?
     };
-    drop(rt);
     if job.state.cancelled() {
         return Err("cancelled".into());
     }
@@ -639,6 +666,31 @@ async fn head(conn: &mut Connection, job: &Job) -> Result<(Url, Stat), (StatusCo
     )))
 }
 
+/// Whether a source that did not say `Accept-Ranges: bytes` serves
+/// ranges anyway: a `GET` of its first byte (a connection that answered
+/// otherwise is replaced, its body unread).
+async fn serves_ranges(conn: &mut Connection, url: &Url, job: &Job) -> Result<bool, String> {
+    let req = conn
+        .request(Method::GET, &url.path, &job.opts)
+        .header(header::RANGE, "bytes=0-0")
+        .body(client::empty())
+        .map_err(|e| e.to_string())?;
+    let res = conn.send(req).await.map_err(|e| e.to_string())?;
+    if res.status() == StatusCode::PARTIAL_CONTENT {
+        let mut body = res.into_body();
+        while let Some(_f) = client::next_frame(&mut body, url)
+            .await
+            .map_err(|e| e.to_string())?
+        {}
+        return Ok(true);
+    }
+    drop(res);
+    *conn = client::connect(url, &job.opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(false)
+}
+
 /// One `GET` of the whole file, written and hashed in order.
 fn whole(
     job: &Job,
@@ -692,6 +744,7 @@ fn whole(
                 url.display()
             ));
         }
+        pool::put(conn);
         Ok((hasher.finish(), got))
     })
 }
@@ -831,17 +884,24 @@ impl Blocks<'_> {
         r
     }
 
-    /// One connection's loop: blocks until none are left.
+    /// One connection's loop: blocks until none are left; then its
+    /// connection is kept for the next copy.
     async fn work(&self, conn: Option<Connection>) {
         let mut conn = conn;
         let mut failures = 0;
         while !self.stopped() {
             let Some(b) = lock(&self.queue).pop_front() else {
+                if let Some(c) = conn {
+                    pool::put(c);
+                }
                 return;
             };
             let c = match conn.as_mut() {
                 Some(c) => c,
-                None => match client::connect(self.url, &self.job.opts).await {
+                None => match match pool::take(self.url) {
+                    Some(c) => Ok(c),
+                    None => client::connect(self.url, &self.job.opts).await,
+                } {
                     Ok(c) => {
                         self.job.state.connected(&c);
                         conn.insert(c)
@@ -919,10 +979,7 @@ fn ranged(
     std::thread::scope(|scope| {
         for _ in 1..streams {
             let blocks = &blocks;
-            scope.spawn(move || match client::runtime() {
-                Ok(rt) => rt.block_on(blocks.work(None)),
-                Err(e) => blocks.fail(e.to_string()),
-            });
+            scope.spawn(move || rt.block_on(blocks.work(None)));
         }
         rt.block_on(blocks.work(Some(conn)));
     });

@@ -39,6 +39,7 @@ use crate::path::Target;
 
 pub mod active;
 pub mod markers;
+pub mod pool;
 pub mod request;
 
 /// The third-party copy's settings (server flags `--http-tpc-*`).
