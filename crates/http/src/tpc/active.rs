@@ -537,10 +537,10 @@ fn pull(
     };
     let (sums, got) = if streams > 1 {
         let n = size.unwrap_or(0);
-        let sums = ranged(job, &rt, conn, &url, &stat, n, &tmp.file, &algos, streams)?;
+        let sums = ranged(job, rt, conn, &url, &stat, n, &tmp.file, &algos, streams)?;
         (sums, n)
     } else {
-        whole(job, &rt, conn, &url, size, &tmp.file, &algos)?
+        whole(job, rt, conn, &url, size, &tmp.file, &algos)?
     };
     if job.state.cancelled() {
         return Err("cancelled".into());

@@ -25,12 +25,13 @@ pub const TOTAL: usize = 256;
 pub const IDLE: Duration = Duration::from_secs(30);
 
 type Key = (bool, String, u16);
+type Idle = HashMap<Key, Vec<(Connection, Instant)>>;
 
 fn key(url: &Url) -> Key {
     (url.tls, url.host.to_ascii_lowercase(), url.port)
 }
 
-static POOL: OnceLock<Mutex<HashMap<Key, Vec<(Connection, Instant)>>>> = OnceLock::new();
+static POOL: OnceLock<Mutex<Idle>> = OnceLock::new();
 static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
 
 /// The runtime every copy's connections run on (built at the first copy);
@@ -48,7 +49,7 @@ pub fn runtime() -> Option<&'static tokio::runtime::Runtime> {
         .as_ref()
 }
 
-fn pool() -> std::sync::MutexGuard<'static, HashMap<Key, Vec<(Connection, Instant)>>> {
+fn pool() -> std::sync::MutexGuard<'static, Idle> {
     POOL.get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|e| e.into_inner())
