@@ -469,6 +469,50 @@ fn pull(
         let _ = started.send(Err((StatusCode::SERVICE_UNAVAILABLE, why.clone())));
         return Err(why);
     };
+    if let Some(c) = pool::take(&job.remote) {
+        match rt.block_on(get_first(c, job)) {
+            Warm::Refused(code, why) => {
+                let _ = started.send(Err((code, why.clone())));
+                return Err(why);
+            }
+            Warm::Body(conn, res, stat) => {
+                if let Err(why) = fits(parent, &stat) {
+                    let _ = started.send(Err((StatusCode::INSUFFICIENT_STORAGE, why.clone())));
+                    return Err(why);
+                }
+                job.state.connected(&conn);
+                let _ = started.send(Ok(()));
+                let algos = algos_for(&job.inline, &stat);
+                let url = job.remote.clone();
+                let (sums, got) = rt.block_on(read_whole(
+                    job, conn, res, &url, stat.size, &tmp.file, &algos,
+                ))?;
+                let mut stat = stat;
+                if job.verify && stat.digests.is_empty() {
+                    // The source gave no checksum with the body: ask.
+                    stat.digests = rt.block_on(async {
+                        let mut c = match pool::take(&url) {
+                            Some(c) => c,
+                            None => client::connect(&url, &job.opts)
+                                .await
+                                .map_err(|e| e.to_string())?,
+                        };
+                        let (_, st) = head(&mut c, job).await.map_err(|e| e.1)?;
+                        pool::put(c);
+                        Ok::<_, String>(st.digests)
+                    })?;
+                }
+                let done = Pulled {
+                    sums,
+                    got,
+                    streams: 1,
+                    existed,
+                };
+                return finish_pull(job, parent, name, tmp, &stat, done);
+            }
+            Warm::Fallback => {}
+        }
+    }
     let head = rt.block_on(async {
         let fresh = || async {
             client::connect(&job.remote, &job.opts)
@@ -498,19 +542,9 @@ fn pull(
             return Err(why);
         }
     };
-    if let Some(n) = stat.size.filter(|&n| n > client::get::MAX_SIZE) {
-        let why = format!("the source has {n} bytes, more than a copy takes");
+    if let Err(why) = fits(parent, &stat) {
         let _ = started.send(Err((StatusCode::INSUFFICIENT_STORAGE, why.clone())));
         return Err(why);
-    }
-    if let Some(n) = stat.size {
-        if let Ok(s) = parent.space() {
-            if s.free < n {
-                let why = format!("{n} bytes do not fit: {} bytes free", s.free);
-                let _ = started.send(Err((StatusCode::INSUFFICIENT_STORAGE, why.clone())));
-                return Err(why);
-            }
-        }
     }
     job.state.connected(&conn);
     let _ = started.send(Ok(()));
@@ -524,12 +558,7 @@ fn pull(
         }
         job.state.connected(&conn);
     }
-    let mut algos = job.inline.clone();
-    if let Some((a, _)) = stat.digests.first() {
-        if !algos.contains(a) {
-            algos.push(*a);
-        }
-    }
+    let algos = algos_for(&job.inline, &stat);
     let size = stat.size;
     let streams = match size {
         Some(n) if stat.ranges && n > BLOCK => job.streams.min(n.div_ceil(BLOCK) as u32),
@@ -542,6 +571,39 @@ fn pull(
     } else {
         whole(job, rt, conn, &url, size, &tmp.file, &algos)?
     };
+    let done = Pulled {
+        sums,
+        got,
+        streams,
+        existed,
+    };
+    finish_pull(job, parent, name, tmp, &stat, done)
+}
+
+/// What a pull moved.
+struct Pulled {
+    sums: Sums,
+    got: u64,
+    streams: u32,
+    existed: bool,
+}
+
+/// The end of a pull: the source's checksum compared, the file flushed,
+/// its checksums kept, named.
+fn finish_pull(
+    job: &Job,
+    parent: &Dir,
+    name: &[u8],
+    tmp: &mut Upload,
+    stat: &Stat,
+    done: Pulled,
+) -> Result<String, String> {
+    let Pulled {
+        sums,
+        got,
+        streams,
+        existed,
+    } = done;
     if job.state.cancelled() {
         return Err("cancelled".into());
     }
@@ -691,6 +753,78 @@ async fn serves_ranges(conn: &mut Connection, url: &Url, job: &Job) -> Result<bo
     Ok(false)
 }
 
+/// Whether the file the source announces fits here.
+fn fits(parent: &Dir, stat: &Stat) -> Result<(), String> {
+    let Some(n) = stat.size else { return Ok(()) };
+    if n > client::get::MAX_SIZE {
+        return Err(format!("the source has {n} bytes, more than a copy takes"));
+    }
+    match parent.space() {
+        Ok(s) if s.free < n => Err(format!("{n} bytes do not fit: {} bytes free", s.free)),
+        _ => Ok(()),
+    }
+}
+
+/// The checksums computed while writing: the server's own, and the
+/// source's algorithm.
+fn algos_for(inline: &[Algo], stat: &Stat) -> Vec<Algo> {
+    let mut algos = inline.to_vec();
+    if let Some((a, _)) = stat.digests.first() {
+        if !algos.contains(a) {
+            algos.push(*a);
+        }
+    }
+    algos
+}
+
+/// The largest file a warm pull reads with the one `GET` it starts with;
+/// a larger one that serves ranges goes the cold way (HEAD, ranged GETs).
+pub const WARM_WHOLE: u64 = BLOCK;
+
+/// What a `GET` on a warm connection led to.
+enum Warm {
+    /// The source's refusal (404, 401, 403): the copy's answer.
+    Refused(StatusCode, String),
+    /// The whole file is coming on this connection.
+    Body(Connection, hyper::Response<hyper::body::Incoming>, Stat),
+    /// Anything else (a closed connection, a redirect, a large file with
+    /// ranges): the cold way.
+    Fallback,
+}
+
+/// A copy from a peer a connection is kept to starts with the `GET`
+/// itself (with `Want-Digest`): no `HEAD` round trip for a small file.
+async fn get_first(mut conn: Connection, job: &Job) -> Warm {
+    let mut rb = conn.request(Method::GET, &job.remote.path, &job.opts);
+    if job.verify {
+        rb = rb.header("want-digest", client::WANT_DIGEST);
+    }
+    let Ok(req) = rb.body(client::empty()) else {
+        return Warm::Fallback;
+    };
+    let Ok(res) = conn.send(req).await else {
+        return Warm::Fallback;
+    };
+    let status = res.status();
+    if matches!(
+        status,
+        StatusCode::NOT_FOUND | StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+    ) {
+        return Warm::Refused(
+            status,
+            format!("the source answered GET {}: {status}", job.remote.display()),
+        );
+    }
+    if status != StatusCode::OK {
+        return Warm::Fallback;
+    }
+    let stat = client::stat(res.headers());
+    match stat.size {
+        Some(n) if n <= WARM_WHOLE || !stat.ranges => Warm::Body(conn, res, stat),
+        _ => Warm::Fallback,
+    }
+}
+
 /// One `GET` of the whole file, written and hashed in order.
 fn whole(
     job: &Job,
@@ -701,13 +835,29 @@ fn whole(
     file: &File,
     algos: &[Algo],
 ) -> Result<(Sums, u64), String> {
-    let state = &job.state;
     rt.block_on(async {
         let req = conn
             .request(Method::GET, &url.path, &job.opts)
             .body(client::empty())
             .map_err(|e| e.to_string())?;
         let res = conn.send(req).await.map_err(|e| e.to_string())?;
+        read_whole(job, conn, res, url, size, file, algos).await
+    })
+}
+
+/// Reads a whole-file answer into `file`, hashing it; the connection is
+/// kept for the next copy when the body ended cleanly.
+async fn read_whole(
+    job: &Job,
+    conn: Connection,
+    res: hyper::Response<hyper::body::Incoming>,
+    url: &Url,
+    size: Option<u64>,
+    file: &File,
+    algos: &[Algo],
+) -> Result<(Sums, u64), String> {
+    let state = &job.state;
+    {
         let status = res.status();
         if !status.is_success() {
             let why = client::error_text(res.into_body()).await;
@@ -746,7 +896,7 @@ fn whole(
         }
         pool::put(conn);
         Ok((hasher.finish(), got))
-    })
+    }
 }
 
 /// The blocks of a ranged pull: those still to fetch, and the contiguous
