@@ -475,7 +475,8 @@ fn pull(
                 let _ = started.send(Err((code, why.clone())));
                 return Err(why);
             }
-            Warm::Body(conn, res, stat) => {
+            Warm::Body(b) => {
+                let (conn, res, stat) = *b;
                 if let Err(why) = fits(parent, &stat) {
                     let _ = started.send(Err((StatusCode::INSUFFICIENT_STORAGE, why.clone())));
                     return Err(why);
@@ -786,7 +787,7 @@ enum Warm {
     /// The source's refusal (404, 401, 403): the copy's answer.
     Refused(StatusCode, String),
     /// The whole file is coming on this connection.
-    Body(Connection, hyper::Response<hyper::body::Incoming>, Stat),
+    Body(Box<(Connection, hyper::Response<hyper::body::Incoming>, Stat)>),
     /// Anything else (a closed connection, a redirect, a large file with
     /// ranges): the cold way.
     Fallback,
@@ -820,7 +821,7 @@ async fn get_first(mut conn: Connection, job: &Job) -> Warm {
     }
     let stat = client::stat(res.headers());
     match stat.size {
-        Some(n) if n <= WARM_WHOLE || !stat.ranges => Warm::Body(conn, res, stat),
+        Some(n) if n <= WARM_WHOLE || !stat.ranges => Warm::Body(Box::new((conn, res, stat))),
         _ => Warm::Fallback,
     }
 }
