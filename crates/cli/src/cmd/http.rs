@@ -67,9 +67,9 @@ pub struct HttpArgs {
     /// Time between a COPY's performance markers (at most 5s).
     #[arg(long, requires = "http", default_value = "5s", value_name = "DURATION")]
     pub http_tpc_markers: String,
-    /// Connections a COPY pull opens when the client leaves the choice to
-    /// the server (X-Number-Of-Streams 0 or 1); a larger
-    /// X-Number-Of-Streams is the ceiling instead.
+    /// The fewest connections a ranged COPY pull opens (more on a long
+    /// path: one per 10 ms of round trip, up to 16); a client's
+    /// X-Number-Of-Streams above 1 is the ceiling.
     #[arg(long, requires = "http", default_value_t = 4, value_name = "N")]
     pub http_tpc_streams: u32,
     /// CA certificates (PEM) trusted for https:// peers of a COPY, instead

@@ -212,7 +212,10 @@ struct Job {
     policy: Policy,
     verify: bool,
     overwrite: bool,
+    /// The fewest connections a ranged pull opens (`--http-tpc-streams`).
     streams: u32,
+    /// The client's ceiling (`X-Number-Of-Streams` above 1).
+    ceiling: Option<u32>,
     inline: Vec<Algo>,
     state: Arc<State>,
 }
@@ -262,12 +265,8 @@ pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: C
         policy: set.policy.clone(),
         verify: c.verify,
         overwrite: c.overwrite,
-        streams: if c.streams <= 1 {
-            set.streams
-        } else {
-            c.streams
-        }
-        .clamp(1, MAX_STREAMS),
+        streams: set.streams.clamp(1, MAX_STREAMS),
+        ceiling: (c.streams > 1).then_some(c.streams),
         inline: sh.cfg.inline.clone(),
         state: Arc::clone(&state),
     };
@@ -562,7 +561,9 @@ fn pull(
     let algos = algos_for(&job.inline, &stat);
     let size = stat.size;
     let streams = match size {
-        Some(n) if stat.ranges && n > BLOCK => job.streams.min(n.div_ceil(BLOCK) as u32),
+        Some(n) if stat.ranges && n > BLOCK => {
+            connections(job, &conn).min(n.div_ceil(BLOCK) as u32)
+        }
         _ => 1,
     };
     let (sums, got) = if streams > 1 {
@@ -753,6 +754,25 @@ async fn serves_ranges(conn: &mut Connection, url: &Url, job: &Job) -> Result<bo
         .map_err(|e| e.to_string())?;
     Ok(false)
 }
+
+/// Connections a ranged pull opens: one per 10 ms of the round trip the
+/// first connection measured (as `fatpipe copy https://…` starts), at
+/// least `--http-tpc-streams`, at most [`START_MAX`] (a long lossy path
+/// needs many: each connection's window is what limits it), and never
+/// above the client's ceiling.
+fn connections(job: &Job, conn: &Connection) -> u32 {
+    let rtt_ms = fatpipe_sys::tcp::tcp_info(&conn.socket)
+        .ok()
+        .and_then(|i| i.rtt_us)
+        .map_or(0, |r| r / 1000);
+    let choice = (rtt_ms / 10).clamp(job.streams, START_MAX.max(job.streams));
+    job.ceiling
+        .map_or(choice, |c| c.min(choice))
+        .clamp(1, MAX_STREAMS)
+}
+
+/// The most connections a pull starts with by the round trip alone.
+pub const START_MAX: u32 = 16;
 
 /// Whether the file the source announces fits here.
 fn fits(parent: &Dir, stat: &Stat) -> Result<(), String> {

@@ -57,8 +57,9 @@ pub struct Settings {
     pub first_byte_timeout: Duration,
     /// Time between performance markers (at most 5 s).
     pub marker_period: Duration,
-    /// Connections a pull opens when the client leaves the choice to the
-    /// server (`X-Number-Of-Streams` 0 or 1).
+    /// The fewest connections a ranged pull opens (more on a long path:
+    /// one per 10 ms of round trip, up to 16, within the client's
+    /// `X-Number-Of-Streams` ceiling).
     pub streams: u32,
     /// The CA certificates (PEM) trusted for `https://` peers, instead of
     /// the Mozilla roots.
