@@ -19,7 +19,7 @@ use crate::util::{assert_exit, have, random_file, run, setup, skip, wait_for, Di
 pub(crate) struct Http {
     _guard: Guard,
     pub(crate) addr: String,
-    metrics: String,
+    pub(crate) metrics: String,
     pub(crate) log: Lines,
     pid: u32,
 }
@@ -99,7 +99,7 @@ pub(crate) fn mint(dir: &Dir, key: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn metrics_text(addr: &str) -> String {
+pub(crate) fn metrics_text(addr: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();

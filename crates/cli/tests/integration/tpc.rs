@@ -652,3 +652,41 @@ fn tpc_xrootd_in_all_four_directions_with_adler32_end_to_end() {
     ]);
     assert_eq!(std::fs::read(xdata.join("f-pushed.bin")).unwrap(), data);
 }
+
+#[test]
+fn tpc_consecutive_copies_from_one_peer_reuse_its_connections() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    let dir = setup();
+    let (sa, sb, a, b) = pair(&dir, &[], &[]);
+    for i in 0..5 {
+        random_file(&a.join(format!("s{i}")), 1_000_000 + i, 40 + i);
+    }
+    for i in 0..5 {
+        let (code, body) = copy_curl(
+            &format!("http://{}/b/s{i}", sb.addr),
+            &[&format!("Source: http://{}/a/s{i}", sa.addr)],
+        );
+        assert_eq!(
+            (code, body.lines().last()),
+            (202, Some("success: Created")),
+            "{body}"
+        );
+        assert_eq!(
+            std::fs::read(b.join(format!("s{i}"))).unwrap(),
+            std::fs::read(a.join(format!("s{i}"))).unwrap()
+        );
+    }
+    // Five copies, one connection to the source, still open: the first
+    // copy's, kept for the next.
+    let m = crate::http::metrics_text(&sa.metrics);
+    assert!(
+        m.contains("fatpipe_active_sessions{service=\"http\"} 1\n"),
+        "{m}"
+    );
+    for outcome in ["ok", "failed", "aborted"] {
+        let ended = format!("fatpipe_sessions_total{{service=\"http\",outcome=\"{outcome}\"}} 0\n");
+        assert!(m.contains(&ended), "{m}");
+    }
+}
