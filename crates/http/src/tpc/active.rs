@@ -15,9 +15,9 @@
 //!   ready with the last byte, never a second pass. When the source's
 //!   checksum matches (`RequireChecksumVerification`), the file is
 //!   fsynced, its checksums kept with it, and only then named.
-//! - **Push**: the client's upload (`client::put::upload`: `PUT` with
-//!   `Content-Length` and `Expect: 100-continue`, adler32 computed while
-//!   it is read, a `HEAD` comparing the destination's).
+//! - **Push**: one `PUT` with `Content-Length` and `Expect:
+//!   100-continue` (adler32 computed while the file is read), then a
+//!   `HEAD` comparing the destination's.
 //!
 //! The client gone (the answer's body dropped), or a stall (no first byte
 //! in `first_byte_timeout`, no progress in `progress_timeout`), cancels
@@ -449,7 +449,7 @@ fn run(job: Job, local: Local, started: Started) {
                 lock(&job.state.remote).extend(addrs.into_iter().take(1));
             }
             let _ = started.send(Ok(()));
-            push(&job, &file, size)
+            push(&job, file, size)
         }
     };
     state.end(result);
@@ -1170,28 +1170,149 @@ fn ranged(
     Ok(order.hasher.finish())
 }
 
-fn push(job: &Job, file: &File, size: u64) -> Result<String, String> {
-    let req = client::put::Request {
-        source: format!("/proc/self/fd/{}", file.as_raw_fd()).into(),
-        url: job.remote.clone(),
-        bwlimit: None,
-    };
-    let report = client::put::upload(&req, &job.opts, Arc::clone(&job.state.progress))
-        .map_err(|e| e.to_string())?;
-    if report.size != size {
-        return Err(format!("{} bytes sent, the file has {size}", report.size));
+fn push(job: &Job, file: File, size: u64) -> Result<String, String> {
+    let rt = pool::runtime().ok_or("no runtime for the copy's connections")?;
+    let url = &job.remote;
+    let state = &job.state;
+    rt.block_on(async {
+        let mut conn = match pool::take(url) {
+            Some(c) => c,
+            None => client::connect(url, &job.opts)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        state.connected(&conn);
+        let hasher = Arc::new(Mutex::new(Some(Hasher::new(&[Algo::Adler32]))));
+        // `Expect: 100-continue`: the body waits for `100 Continue` (or a
+        // second, as curl), so a refusal comes before any byte is sent.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tx = Mutex::new(Some(tx));
+        let gate: client::Waiting = Box::pin(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), rx).await;
+        });
+        let body = PushBody {
+            file,
+            off: 0,
+            left: size,
+            hasher: Arc::clone(&hasher),
+            state: Arc::clone(state),
+            gate: (size > 0).then_some(gate),
+        };
+        let mut rb = conn
+            .request(Method::PUT, &url.path, &job.opts)
+            .header(header::CONTENT_LENGTH, size)
+            .header(header::CONTENT_TYPE, "application/octet-stream");
+        if size > 0 {
+            rb = rb.header(header::EXPECT, "100-continue");
+        }
+        let mut req = rb
+            .body(http_body_util::BodyExt::boxed_unsync(body))
+            .map_err(|e| e.to_string())?;
+        hyper::ext::on_informational(&mut req, move |res| {
+            if res.status() == StatusCode::CONTINUE {
+                if let Some(tx) = lock(&tx).take() {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let res = conn.send(req).await.map_err(|e| e.to_string())?;
+        let status = res.status();
+        if !status.is_success() {
+            let why = client::error_text(res.into_body()).await;
+            return Err(format!(
+                "the destination answered PUT {}: {status}{}{why}",
+                url.display(),
+                if why.is_empty() { "" } else { ": " }
+            ));
+        }
+        let mut body = res.into_body();
+        while let Some(_f) = client::next_frame(&mut body, url)
+            .await
+            .map_err(|e| e.to_string())?
+        {}
+        let sent = lock(&hasher)
+            .take()
+            .map(Hasher::finish)
+            .and_then(|s| s.get(Algo::Adler32).map(<[u8]>::to_vec))
+            .unwrap_or_default();
+        // Verify: the size, and the destination's checksum.
+        let (_, stat) = head(&mut conn, job).await.map_err(|e| e.1)?;
+        pool::put(conn);
+        if let Some(n) = stat.size.filter(|&n| n != size) {
+            return Err(format!(
+                "{}: {n} bytes after the upload, not {size}",
+                url.display()
+            ));
+        }
+        match stat.digests.iter().find(|(a, _)| *a == Algo::Adler32) {
+            Some((a, theirs)) if *theirs != sent => Err(format!(
+                "checksum mismatch after the upload: the destination has {}, the file sent {}",
+                client::show_digest(*a, theirs),
+                client::show_digest(*a, &sent)
+            )),
+            Some((a, theirs)) => Ok(format!(
+                "{size} bytes, {} verified",
+                client::show_digest(*a, theirs)
+            )),
+            None if job.verify => Err(
+                "the destination offers no checksum after the upload (no Digest for adler32 on \
+                 HEAD) and RequireChecksumVerification is true"
+                    .into(),
+            ),
+            None => Ok(format!("{size} bytes")),
+        }
+    })
+}
+
+/// A push's request body: the file read as hyper asks (on the copy's
+/// thread), hashed, counted; a cancelled copy ends it with an error.
+struct PushBody {
+    file: File,
+    off: u64,
+    left: u64,
+    hasher: Arc<Mutex<Option<Hasher>>>,
+    state: Arc<State>,
+    gate: Option<client::Waiting>,
+}
+
+impl hyper::body::Body for PushBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = self.get_mut();
+        if client::poll_waiting(&mut this.gate, cx).is_pending() {
+            return Poll::Pending;
+        }
+        if this.left == 0 {
+            return Poll::Ready(None);
+        }
+        if this.state.cancelled() {
+            return Poll::Ready(Some(Err(std::io::Error::other("cancelled"))));
+        }
+        let n = (this.left as usize).min(HASH_CHUNK);
+        let mut buf = vec![0u8; n];
+        if let Err(e) = this.file.read_exact_at(&mut buf, this.off) {
+            return Poll::Ready(Some(Err(e)));
+        }
+        if let Some(h) = lock(&this.hasher).as_mut() {
+            h.update(&buf);
+        }
+        this.off += n as u64;
+        this.left -= n as u64;
+        this.state.progress.moved(n as u64);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(buf)))))
     }
-    match report.verified {
-        Some((a, raw)) => Ok(format!(
-            "{size} bytes, {} verified",
-            client::show_digest(a, &raw)
-        )),
-        None if job.verify => Err(
-            "the destination offers no checksum after the upload (no Digest for adler32 on HEAD) \
-             and RequireChecksumVerification is true"
-                .into(),
-        ),
-        None => Ok(format!("{size} bytes")),
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
     }
 }
 
