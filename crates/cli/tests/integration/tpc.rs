@@ -158,6 +158,21 @@ fn tpc_curl_pulls_and_pushes_between_two_fatpipe_servers_with_markers() {
     );
     assert_eq!(code, 412);
     assert_eq!(std::fs::read(b.join("keep")).unwrap(), b"old");
+    // The same for a push: the destination's 412, as a failure line.
+    let (code, body) = copy_curl(
+        &src,
+        &[
+            &format!("Destination: http://{}/b/keep", sb.addr),
+            "Overwrite: F",
+        ],
+    );
+    assert_eq!(code, 202);
+    let last = body.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("failure: ") && last.contains("412"),
+        "{body}"
+    );
+    assert_eq!(std::fs::read(b.join("keep")).unwrap(), b"old");
     // Overwrite: T (the default) replaces it.
     let (code, body) = copy_curl(
         &format!("http://{}/b/keep", sb.addr),

@@ -45,7 +45,7 @@ use fatpipe_sys::OFlags;
 use fatpipe_transfer::beneath::{fstat, Dir, Kind};
 use fatpipe_transfer::Progress;
 use hyper::body::{Bytes, Frame, SizeHint};
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap};
 use hyper::{Method, Response, StatusCode};
 
 use super::{markers, pool, resolve_allowed, Copy, Mode, Policy, MAX_STREAMS};
@@ -252,12 +252,6 @@ pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: C
     };
     opts.agent = format!("fatpipe-tpc/{}", env!("CARGO_PKG_VERSION"));
     opts.headers = c.forward.clone();
-    if !c.overwrite {
-        if let Mode::Push(_) = c.mode {
-            opts.headers
-                .push((header::IF_NONE_MATCH, HeaderValue::from_static("*")));
-        }
-    }
     let state = Arc::new(State::new());
     let job = Job {
         remote: remote.clone(),
@@ -1204,6 +1198,10 @@ fn push(job: &Job, file: File, size: u64) -> Result<String, String> {
             .header(header::CONTENT_TYPE, "application/octet-stream");
         if size > 0 {
             rb = rb.header(header::EXPECT, "100-continue");
+        }
+        if !job.overwrite {
+            // Create only (RFC 9110): the destination's 412 if it exists.
+            rb = rb.header(header::IF_NONE_MATCH, "*");
         }
         let mut req = rb
             .body(http_body_util::BodyExt::boxed_unsync(body))
