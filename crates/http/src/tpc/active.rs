@@ -196,7 +196,8 @@ enum Local {
     Pull {
         parent: Dir,
         name: Vec<u8>,
-        tmp: Upload,
+        /// Created last, once nothing can refuse the copy any more.
+        tmp: Option<Upload>,
         existed: bool,
     },
     Push {
@@ -230,7 +231,7 @@ pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: C
         Mode::Pull(u) => (u.clone(), prepare_pull(sh, t, headers, c.overwrite)),
         Mode::Push(u) => (u.clone(), prepare_push(sh, t, headers)),
     };
-    let local = match local {
+    let mut local = match local {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -264,6 +265,15 @@ pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: C
         inline: sh.cfg.inline.clone(),
         state: Arc::clone(&state),
     };
+    if let Local::Pull {
+        parent, name, tmp, ..
+    } = &mut local
+    {
+        match Upload::start(parent, name) {
+            Ok(u) => *tmp = Some(u),
+            Err(e) => return io_resp(&e),
+        }
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name("http-tpc".into())
@@ -384,11 +394,10 @@ fn prepare_pull(
             "the destination exists and Overwrite is F",
         ));
     }
-    let tmp = Upload::start(&parent, &name).map_err(|e| io_resp(&e))?;
     Ok(Local::Pull {
         parent,
         name,
-        tmp,
+        tmp: None,
         existed: existing.is_some(),
     })
 }
@@ -429,7 +438,7 @@ fn run(job: Job, local: Local, started: Started) {
         Local::Pull {
             parent,
             name,
-            mut tmp,
+            tmp: Some(mut tmp),
             existed,
         } => {
             let r = pull(&job, &parent, &name, &mut tmp, existed, started);
@@ -437,6 +446,11 @@ fn run(job: Job, local: Local, started: Started) {
                 tmp.abandon(&parent);
             }
             r
+        }
+        Local::Pull { tmp: None, .. } => {
+            let why = "no file to write into".to_string();
+            let _ = started.send(Err((StatusCode::INTERNAL_SERVER_ERROR, why.clone())));
+            Err(why)
         }
         Local::Push { file, size } => {
             if let Ok(addrs) = resolve_allowed(&job.remote, &job.policy) {
