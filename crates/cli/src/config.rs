@@ -562,6 +562,8 @@ mod tests {
             ),
             ("http-token-file", "\"/etc/fatpipe/http-tokens\""),
             ("archive", "\"/var/lib/fatpipe/archive.sqlite\""),
+            ("http-tpc-allow", "\"private,198.18.0.0/15\""),
+            ("http-tpc-ca", "\"/etc/fatpipe/ca.pem\""),
         ];
         let cli = crate::Cli::command();
         let server = cli.find_subcommand("server").expect("a server subcommand");

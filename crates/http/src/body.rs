@@ -1,6 +1,7 @@
-//! Response bodies: nothing, a short text, or pieces of a file (a whole
+//! Response bodies: nothing, a short text, pieces of a file (a whole
 //! file, a range, or the parts of a `multipart/byteranges` answer with
-//! their part headers between them).
+//! their part headers between them), or a stream produced as it goes (a
+//! third-party copy's performance markers, sent chunked).
 //!
 //! File pieces are read with `pread` as hyper asks for the next frame, on
 //! the connection's own thread (blocking is fine there: nobody else runs
@@ -158,6 +159,7 @@ pub struct Body {
     /// Called once, when the body is dropped: the file bytes handed on,
     /// and whether that was all of the body.
     on_end: Option<Box<dyn FnOnce(u64, bool)>>,
+    stream: Option<Stream>,
 }
 
 impl Drop for Body {
@@ -167,6 +169,9 @@ impl Drop for Body {
         }
     }
 }
+
+/// A body produced as it goes (its length unknown: sent chunked).
+pub type Stream = Pin<Box<dyn hyper::body::Body<Data = Bytes, Error = io::Error>>>;
 
 impl Body {
     /// No body.
@@ -179,6 +184,7 @@ impl Body {
             handoff: None,
             sent: 0,
             on_end: None,
+            stream: None,
         }
     }
 
@@ -194,6 +200,7 @@ impl Body {
             handoff: None,
             sent: 0,
             on_end: None,
+            stream: None,
         }
     }
 
@@ -214,7 +221,15 @@ impl Body {
             handoff: None,
             sent: 0,
             on_end: None,
+            stream: None,
         }
+    }
+
+    /// A body produced as it goes.
+    pub fn stream(stream: Stream) -> Body {
+        let mut body = Body::empty();
+        body.stream = Some(stream);
+        body
     }
 
     /// Whether the body is pieces of a file.
@@ -251,9 +266,12 @@ impl hyper::body::Body for Body {
 
     fn poll_frame(
         self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
+        if let Some(s) = &mut this.stream {
+            return s.as_mut().poll_frame(cx);
+        }
         loop {
             let Some(seg) = this.segs.front_mut() else {
                 return Poll::Ready(None);
@@ -325,11 +343,17 @@ impl hyper::body::Body for Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.segs.is_empty()
+        match &self.stream {
+            Some(s) => s.is_end_stream(),
+            None => self.segs.is_empty(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.left)
+        match &self.stream {
+            Some(s) => s.size_hint(),
+            None => SizeHint::with_exact(self.left),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The requests: one function per method, chosen by [`Method`] in
-//! [`handle`]. A method joins by adding a variant and an arm (issue 33's
-//! third-party `COPY` will).
+//! [`handle`]. A method joins by adding a variant and an arm (the
+//! third-party `COPY` is [`crate::tpc`]'s).
 //!
 //! Every request goes the same way: admitted as a session at the
 //! connection's first request; its path decoded and confined ([`path`]);
@@ -64,6 +64,8 @@ pub enum Method {
     Delete,
     /// RFC 4918.
     Move,
+    /// RFC 4918; HTTP third-party copy ([`crate::tpc`]).
+    Copy,
     /// Anything else.
     Other,
 }
@@ -81,6 +83,7 @@ impl Method {
             "MKCOL" => Method::Mkcol,
             "DELETE" => Method::Delete,
             "MOVE" => Method::Move,
+            "COPY" => Method::Copy,
             _ => Method::Other,
         }
     }
@@ -97,19 +100,20 @@ impl Method {
             Method::Mkcol => "MKCOL",
             Method::Delete => "DELETE",
             Method::Move => "MOVE",
+            Method::Copy => "COPY",
             Method::Other => "other",
         }
     }
 }
 
 /// The `Allow` header: every method served.
-pub const ALLOW: &str = "OPTIONS, GET, HEAD, PUT, DELETE, MKCOL, MOVE, PROPFIND";
+pub const ALLOW: &str = "OPTIONS, GET, HEAD, PUT, DELETE, MKCOL, MOVE, PROPFIND, COPY";
 
 /// Prefix of the server's own names in an export (sidecars, temporary
 /// uploads): hidden from listings, refused to clients.
 pub const OWN_PREFIX: &[u8] = b".fatpipe-";
 
-type Resp = Response<Body>;
+pub(crate) type Resp = Response<Body>;
 
 /// Serves one request.
 pub(crate) async fn handle(sh: Rc<Shared>, req: Request<Incoming>) -> Result<Resp, Infallible> {
@@ -149,7 +153,7 @@ pub(crate) async fn handle(sh: Rc<Shared>, req: Request<Incoming>) -> Result<Res
     Ok(resp)
 }
 
-async fn dispatch(sh: &Shared, method: Method, req: Request<Incoming>) -> Resp {
+async fn dispatch(sh: &Rc<Shared>, method: Method, req: Request<Incoming>) -> Resp {
     let target = match path::parse(req.uri().path()) {
         Ok(t) => t,
         Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -163,6 +167,7 @@ async fn dispatch(sh: &Shared, method: Method, req: Request<Incoming>) -> Resp {
         Method::Delete => delete(sh, &target, req.headers()),
         Method::Move => do_move(sh, &target, req.headers()),
         Method::Post => post(req.headers()),
+        Method::Copy => crate::tpc::copy(sh, &target, req).await,
         Method::Other => {
             let mut r = text(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -179,13 +184,13 @@ async fn dispatch(sh: &Shared, method: Method, req: Request<Incoming>) -> Resp {
 }
 
 /// An export and the directory it publishes, found for a target.
-struct Found<'a> {
-    export: &'a Export,
-    root: Dir,
+pub(crate) struct Found<'a> {
+    pub(crate) export: &'a Export,
+    pub(crate) root: Dir,
 }
 
 /// The export a target names, opened, or the answer to give.
-fn export_of<'a>(sh: &'a Shared, t: &Target) -> Result<Found<'a>, Resp> {
+pub(crate) fn export_of<'a>(sh: &'a Shared, t: &Target) -> Result<Found<'a>, Resp> {
     let Some(name) = &t.export else {
         return Err(text(
             StatusCode::NOT_FOUND,
@@ -205,7 +210,7 @@ fn export_of<'a>(sh: &'a Shared, t: &Target) -> Result<Found<'a>, Resp> {
 }
 
 /// Checks the request may do `perm` on `t` in `export`.
-fn authorize(
+pub(crate) fn authorize(
     sh: &Shared,
     headers: &HeaderMap,
     export: &Export,
@@ -309,7 +314,7 @@ fn post(headers: &HeaderMap) -> Resp {
 
 /// Resolves the parent directory of `rel` beneath `root`; the answer to
 /// give when it is missing (409) or leads out (403).
-fn parent_of(root: &Dir, rel: &RelPath) -> Result<Dir, Resp> {
+pub(crate) fn parent_of(root: &Dir, rel: &RelPath) -> Result<Dir, Resp> {
     let (parent, _) = rel.split_last();
     root.dir_beneath(parent.as_ref()).map_err(|e| match e {
         ResolveError::Escapes => text(StatusCode::FORBIDDEN, "the path leads outside the export"),
@@ -327,13 +332,13 @@ fn parent_of(root: &Dir, rel: &RelPath) -> Result<Dir, Resp> {
 
 /// The object `t` names: its parent directory, its name and metadata
 /// (`None` if missing); the export root has no parent.
-struct Object {
-    parent: Option<Dir>,
-    name: Vec<u8>,
-    meta: Option<Meta>,
+pub(crate) struct Object {
+    pub(crate) parent: Option<Dir>,
+    pub(crate) name: Vec<u8>,
+    pub(crate) meta: Option<Meta>,
 }
 
-fn object(f: &Found<'_>, t: &Target) -> Result<Object, Resp> {
+pub(crate) fn object(f: &Found<'_>, t: &Target) -> Result<Object, Resp> {
     let Some(rel) = &t.rel else {
         let meta = f.root.stat_self().map_err(|e| io_resp(&e))?;
         return Ok(Object {
@@ -777,13 +782,13 @@ fn add_put_digests(sums: &Sums, h: &mut HeaderMap) {
 
 /// A file being written: unnamed until complete, or under a hidden
 /// temporary name where the file system has no unnamed files.
-struct Upload {
-    file: File,
-    tmp_name: Option<Vec<u8>>,
+pub(crate) struct Upload {
+    pub(crate) file: File,
+    pub(crate) tmp_name: Option<Vec<u8>>,
 }
 
 impl Upload {
-    fn start(parent: &Dir, name: &[u8]) -> io::Result<Upload> {
+    pub(crate) fn start(parent: &Dir, name: &[u8]) -> io::Result<Upload> {
         if let Ok(file) = parent.open_unnamed(0o644) {
             return Ok(Upload {
                 file,
@@ -808,7 +813,7 @@ impl Upload {
     }
 
     /// Gives the complete file its name (replacing what was there).
-    fn finish(&mut self, parent: &Dir, name: &[u8]) -> io::Result<()> {
+    pub(crate) fn finish(&mut self, parent: &Dir, name: &[u8]) -> io::Result<()> {
         if self.tmp_name.is_none() {
             let mut rnd = [0u8; 8];
             getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
@@ -834,7 +839,7 @@ impl Upload {
 
     /// Removes what was written (an unnamed file just goes with its
     /// descriptor).
-    fn abandon(&mut self, parent: &Dir) {
+    pub(crate) fn abandon(&mut self, parent: &Dir) {
         if let Some(tmp) = self.tmp_name.take() {
             let _ = parent.unlink_at(&tmp);
         }
@@ -1220,7 +1225,7 @@ fn display_name(t: &Target) -> String {
     }
 }
 
-fn hidden(name: &[u8]) -> bool {
+pub(crate) fn hidden(name: &[u8]) -> bool {
     name.starts_with(OWN_PREFIX)
 }
 
@@ -1233,7 +1238,7 @@ fn boundary() -> String {
     )
 }
 
-fn insert(h: &mut HeaderMap, name: impl header::IntoHeaderName, value: &str) {
+pub(crate) fn insert(h: &mut HeaderMap, name: impl header::IntoHeaderName, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
         h.insert(name, v);
     }
@@ -1258,7 +1263,7 @@ fn html(s: String, head: bool) -> Resp {
 }
 
 /// An answer with one line of text saying why.
-fn text(code: StatusCode, why: &str) -> Resp {
+pub(crate) fn text(code: StatusCode, why: &str) -> Resp {
     let mut r = Response::new(Body::text(format!("{why}\n")));
     *r.status_mut() = code;
     insert(
@@ -1270,7 +1275,7 @@ fn text(code: StatusCode, why: &str) -> Resp {
 }
 
 /// The answer to a failed file-system call.
-fn io_resp(e: &io::Error) -> Resp {
+pub(crate) fn io_resp(e: &io::Error) -> Resp {
     use io::ErrorKind as K;
     let code = match e.kind() {
         K::NotFound => StatusCode::NOT_FOUND,

@@ -24,7 +24,8 @@
 //! - **Methods** ([`handler`]): GET/HEAD with ranges ([`range`]), PUT
 //!   (temporary file, fsync, rename), PROPFIND Depth 0/1, MKCOL, DELETE,
 //!   MOVE, OPTIONS; checksums ([`digest`]) on HEAD/GET, computed while a
-//!   PUT writes and kept with the file.
+//!   PUT writes and kept with the file; `COPY`, HTTP third-party copy
+//!   ([`tpc`]), pulling from or pushing to another endpoint.
 //!
 //! Its bounds are in docs/security.md ("Every port") and [`Limits`].
 
@@ -44,6 +45,7 @@ pub mod handler;
 pub mod path;
 pub mod range;
 pub mod token;
+pub mod tpc;
 
 /// The service name its sessions and bytes are reported under.
 pub const SERVICE: &str = "http";
@@ -133,6 +135,8 @@ pub struct Config {
     pub limits: Limits,
     /// Where file transfers are recorded (`--archive`), if anywhere.
     pub archive: Option<archive::Sink>,
+    /// Third-party copy (`COPY`): address policy, caps, timeouts.
+    pub tpc: tpc::Settings,
 }
 
 impl Config {
@@ -166,6 +170,7 @@ impl Config {
             inline: vec![digest::Algo::Adler32, digest::Algo::Crc32c],
             limits: Limits::default(),
             archive: None,
+            tpc: tpc::Settings::default(),
         })
     }
 

@@ -155,6 +155,11 @@ pub struct Args {
     /// curl's --cacert (default: the Mozilla roots built in).
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+    /// Two URLs: an HTTP third-party copy (WebDAV COPY, as FTS and
+    /// gfal-copy do): `pull` (default) asks the destination to fetch the
+    /// file, `push` asks the source to send it.
+    #[arg(long, value_name = "pull|push", value_parser = ["pull", "push"])]
+    pub tpc: Option<String>,
 }
 
 /// A validated copy request.

@@ -60,6 +60,35 @@ pub struct HttpArgs {
         default_missing_value = ""
     )]
     pub archive: Option<String>,
+    /// Addresses a third-party COPY may connect to besides public ones: a
+    /// comma list of `loopback`, `private` (10/8, 172.16/12, 192.168/16,
+    /// 100.64/10, link-local, fc00::/7) and networks (198.18.0.0/15).
+    #[arg(long, requires = "http", value_name = "LIST")]
+    pub http_tpc_allow: Option<String>,
+    /// The most third-party COPYs running at once (503 beyond).
+    #[arg(long, requires = "http", default_value_t = 16, value_name = "N")]
+    pub http_tpc_max: usize,
+    /// A COPY fails when no byte moved for PROGRESS, or none at all
+    /// arrived in FIRST (XRootD's tpc.timeout).
+    #[arg(
+        long,
+        requires = "http",
+        default_value = "60s,120s",
+        value_name = "PROGRESS,FIRST"
+    )]
+    pub http_tpc_timeout: String,
+    /// Time between a COPY's performance markers (at most 5s).
+    #[arg(long, requires = "http", default_value = "5s", value_name = "DURATION")]
+    pub http_tpc_markers: String,
+    /// The fewest connections a ranged COPY pull opens (more on a long
+    /// path: one per 10 ms of round trip, up to 16); a client's
+    /// X-Number-Of-Streams above 1 is the ceiling.
+    #[arg(long, requires = "http", default_value_t = 4, value_name = "N")]
+    pub http_tpc_streams: u32,
+    /// CA certificates (PEM) trusted for https:// peers of a COPY, instead
+    /// of the Mozilla roots.
+    #[arg(long, requires = "http", value_name = "FILE")]
+    pub http_tpc_ca: Option<PathBuf>,
 }
 
 /// The bound HTTP port.
@@ -128,6 +157,7 @@ pub fn bind(
     if let Some(flag) = &args.archive {
         cfg.archive = Some(archive_writer(flag)?);
     }
+    tpc_settings(args, &mut cfg.tpc)?;
     let listener = TcpListener::bind(addr)
         .map_err(|e| crate::exit::usage(format!("--http: bind {addr}: {e}")))?;
     Ok(Some(Bound {
@@ -264,6 +294,48 @@ fn transfer_run(
             e.to_string(),
         ),
     }
+}
+
+/// Reads the third-party copy's flags into its settings.
+fn tpc_settings(args: &HttpArgs, t: &mut fatpipe_http::tpc::Settings) -> anyhow::Result<()> {
+    if let Some(list) = &args.http_tpc_allow {
+        t.policy = fatpipe_http::tpc::Policy::parse(list)
+            .map_err(|e| crate::exit::usage(format!("--http-tpc-allow {e}")))?;
+    }
+    t.max_active = args.http_tpc_max.max(1);
+    let secs = |flag: &str, v: &str| {
+        units::parse_duration(v.trim())
+            .map_err(|e| crate::exit::usage(format!("--{flag} '{v}': {e}")))
+    };
+    let (progress, first) = match args.http_tpc_timeout.split_once(',') {
+        Some((p, f)) => (p, Some(f)),
+        None => (args.http_tpc_timeout.as_str(), None),
+    };
+    t.progress_timeout = secs("http-tpc-timeout", progress)?;
+    t.first_byte_timeout = match first {
+        Some(f) => secs("http-tpc-timeout", f)?,
+        None => t.progress_timeout * 2,
+    };
+    let period = secs("http-tpc-markers", &args.http_tpc_markers)?;
+    if period.is_zero() || period > std::time::Duration::from_secs(5) {
+        return Err(crate::exit::usage(
+            "--http-tpc-markers: between 0 and 5s (davix and FTS expect a marker at least every 5s)",
+        ));
+    }
+    t.marker_period = period;
+    if !(1..=fatpipe_http::tpc::MAX_STREAMS).contains(&args.http_tpc_streams) {
+        return Err(crate::exit::usage(format!(
+            "--http-tpc-streams: 1 to {}",
+            fatpipe_http::tpc::MAX_STREAMS
+        )));
+    }
+    t.streams = args.http_tpc_streams;
+    if let Some(ca) = &args.http_tpc_ca {
+        fatpipe_http::client::Options::new(Some(ca), None)
+            .map_err(|e| crate::exit::usage(format!("--http-tpc-ca: {e}")))?;
+        t.ca = Some(ca.clone());
+    }
+    Ok(())
 }
 
 /// Arguments of `fatpipe token`.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use fatpipe_archive::RunKind;
 use fatpipe_http::client::{self, get, put, ClientError, Options, Url};
+use fatpipe_http::tpc::request as tpc;
 use fatpipe_proto::escape;
 use fatpipe_schema::copy::{
     CopyDirection, CopyReport, CopyTimeline, COPY_SCHEMA, COPY_SCHEMA_VERSION,
@@ -114,6 +115,12 @@ enum Job {
         url: Url,
         dest: PathBuf,
     },
+    /// Both ends remote: a third-party copy.
+    Tpc {
+        source: Url,
+        dest: Url,
+        way: tpc::Way,
+    },
 }
 
 fn plan(args: &Args) -> anyhow::Result<Job> {
@@ -137,9 +144,26 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         Url::parse(s).map(Some).map_err(crate::exit::usage)
     };
     match (parse(src)?, parse(dst)?) {
-        (Some(_), Some(_)) => Err(u(
-            "both sides are URLs: HTTP third-party copy is not done by fatpipe copy (copy through a local file)",
-        )),
+        (Some(source), Some(dest)) => {
+            if args.recursive || source.is_dir() {
+                return Err(u(
+                    "a third-party copy is one file: name it (no -r, no trailing /)",
+                ));
+            }
+            let dest = if dest.is_dir() {
+                let name = source.file_name().ok_or_else(|| {
+                    u("the source URL has no file name to copy into a collection")
+                })?;
+                dest.join(&name)
+            } else {
+                dest
+            };
+            let way = match args.tpc.as_deref() {
+                Some("push") => tpc::Way::Push,
+                _ => tpc::Way::Pull,
+            };
+            Ok(Job::Tpc { source, dest, way })
+        }
         (Some(url), None) if args.recursive => {
             if url.path.contains('?') {
                 return Err(u("-r from a URL: name a collection without a query"));
@@ -159,7 +183,9 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         }
         (Some(url), None) => {
             if url.is_dir() {
-                return Err(u("the source URL names a collection (ends with /): name a file"));
+                return Err(u(
+                    "the source URL names a collection (ends with /): name a file",
+                ));
             }
             let dest = PathBuf::from(dst);
             let into_dir = dst.as_encoded_bytes().ends_with(b"/") || dest.is_dir();
@@ -198,6 +224,10 @@ fn plan(args: &Args) -> anyhow::Result<Job> {
         }
         (None, None) => Err(u("neither side is a URL")),
     }
+    .and_then(|j| match (&j, &args.tpc) {
+        (Job::Tpc { .. }, _) | (_, None) => Ok(j),
+        _ => Err(u("--tpc is for a copy between two URLs")),
+    })
 }
 
 use std::os::unix::ffi::OsStrExt;
@@ -210,6 +240,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         | Job::Push { url, .. }
         | Job::PushTree { url, .. }
         | Job::PullTree { url, .. } => url.authority(),
+        Job::Tpc { dest, .. } => dest.authority(),
     };
     let rec = Recorder::new(args.archive.as_deref(), RunKind::Copy, &host)?;
     let result = transfer(&args, job, rec.as_ref());
@@ -270,6 +301,18 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
             contents,
         } => put::upload_tree(root, url, *contents, bwlimit, &opts, Arc::clone(&progress))
             .map(Outcome::Tree),
+        Job::Tpc { source, dest, way } => tpc::copy(
+            &tpc::Request {
+                source: source.clone(),
+                dest: dest.clone(),
+                way: *way,
+                streams: args.parallel.map_or(0, u32::from),
+                verify: true,
+            },
+            &opts,
+            Arc::clone(&progress),
+        )
+        .map(Outcome::Tpc),
     };
     stop.store(true, Ordering::SeqCst);
     if let Some(b) = bar {
@@ -414,6 +457,7 @@ enum Outcome {
     PullTree(put::TreeReport),
     Push(put::Report),
     Tree(put::TreeReport),
+    Tpc(tpc::Report),
 }
 
 /// Connections an auto-tuned download starts with: one per 10 ms of
@@ -456,6 +500,10 @@ fn report(
     let (direction, url) = match job {
         Job::Pull { url, .. } | Job::PullTree { url, .. } => (CopyDirection::Pull, url),
         Job::Push { url, .. } | Job::PushTree { url, .. } => (CopyDirection::Push, url),
+        Job::Tpc { dest, way, source } => match way {
+            tpc::Way::Pull => (CopyDirection::Pull, dest),
+            tpc::Way::Push => (CopyDirection::Push, source),
+        },
     };
     let (streams, chunk, checksum, total, moved, skipped_bytes, remote) = match outcome {
         Outcome::Pull(r) => (
@@ -482,6 +530,15 @@ fn report(
             None,
             r.bytes,
             r.bytes - r.present_bytes.min(r.bytes),
+            0,
+            r.server.clone(),
+        ),
+        Outcome::Tpc(r) => (
+            args.parallel.map_or(0, u32::from),
+            0,
+            r.verified.as_ref(),
+            r.size,
+            r.size,
             0,
             r.server.clone(),
         ),
@@ -542,7 +599,12 @@ fn report(
         seconds: secs,
         rate: (moved as f64 * 8.0 / secs) as u64,
         files_per_sec: files_total as f64 / secs,
-        io_local: if pull { "pwrite" } else { "read" }.into(),
+        io_local: match outcome {
+            Outcome::Tpc(_) => "none (third-party copy)",
+            _ if pull => "pwrite",
+            _ => "read",
+        }
+        .into(),
         io_remote: format!(
             "http ({})",
             remote.unwrap_or_else(|| "server not named".into())
@@ -632,6 +694,22 @@ fn summary(r: &CopyReport, outcome: &Outcome) {
             t.verified,
             t.skipped.len(),
             t.created,
+            escape(&r.io_remote)
+        ),
+        Outcome::Tpc(t) => println!(
+            "{}; third-party copy (COPY -> {}, {} performance markers{}); server: {}",
+            if r.checksum == "none" {
+                "not verified: the ends offer no common checksum".to_string()
+            } else {
+                format!("verified: both ends have {}", r.checksum)
+            },
+            t.status,
+            t.markers,
+            if t.remote.is_empty() {
+                String::new()
+            } else {
+                format!(", connections {}", t.remote.join(","))
+            },
             escape(&r.io_remote)
         ),
         Outcome::Tree(t) => {

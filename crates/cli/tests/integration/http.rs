@@ -16,15 +16,15 @@ use crate::util::{assert_exit, have, random_file, run, setup, skip, wait_for, Di
 
 /// A server with `--http 127.0.0.1:0` (and `extra`): its guard, the HTTP
 /// address, the metrics address and its log lines.
-struct Http {
+pub(crate) struct Http {
     _guard: Guard,
-    addr: String,
-    metrics: String,
-    log: Lines,
+    pub(crate) addr: String,
+    pub(crate) metrics: String,
+    pub(crate) log: Lines,
     pid: u32,
 }
 
-fn server(dir: &Dir, extra: &[&str]) -> Http {
+pub(crate) fn server(dir: &Dir, extra: &[&str]) -> Http {
     let mut cmd = dir.cmd();
     cmd.args(["server", "--bind", "127.0.0.1", "--port", "0"])
         .args(["--metrics", "127.0.0.1:0", "--no-probe"])
@@ -63,7 +63,7 @@ fn server(dir: &Dir, extra: &[&str]) -> Http {
 
 /// Runs curl with `args` (silent, errors shown, a 60 s cap); returns the
 /// status code it printed last and its whole stdout.
-fn curl(args: &[&str]) -> (u16, Vec<u8>) {
+pub(crate) fn curl(args: &[&str]) -> (u16, Vec<u8>) {
     let out = run(Command::new("curl")
         .args(["-sS", "--max-time", "60", "-w", "\n%{http_code}"])
         .args(args));
@@ -77,7 +77,7 @@ fn curl(args: &[&str]) -> (u16, Vec<u8>) {
 }
 
 /// Adler-32 (RFC 1950), as the test's own reference.
-fn adler32(data: &[u8]) -> String {
+pub(crate) fn adler32(data: &[u8]) -> String {
     let (mut a, mut b) = (1u32, 0u32);
     for &x in data {
         a = (a + u32::from(x)) % 65521;
@@ -86,20 +86,20 @@ fn adler32(data: &[u8]) -> String {
     format!("{:08x}", (b << 16) | a)
 }
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
     })
 }
 
-fn mint(dir: &Dir, key: &Path, args: &[&str]) -> String {
+pub(crate) fn mint(dir: &Dir, key: &Path, args: &[&str]) -> String {
     let out = run(dir.cmd().args(["token", "--key-file"]).arg(key).args(args));
     assert_exit(&out, 0);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn metrics_text(addr: &str) -> String {
+pub(crate) fn metrics_text(addr: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -618,7 +618,7 @@ fn http_sigterm_drains_and_idle_connections_end() {
 
 /// gfal-copy runs on Debian's Python; a Python of another installation
 /// first on the PATH cannot import gfal2, so it is named.
-fn gfal(args: &[&str], token: Option<&str>) -> Output {
+pub(crate) fn gfal(args: &[&str], token: Option<&str>) -> Output {
     let mut c = Command::new("gfal-copy");
     if Path::new("/usr/bin/python3").exists() {
         c.env("GFAL_PYTHONBIN", "/usr/bin/python3");

@@ -59,7 +59,7 @@ fn same(a: &Path, b: &Path) {
 
 /// A test CA and a certificate it signed for localhost and 127.0.0.1:
 /// (ca.crt, leaf.crt, leaf.key).
-fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+pub(crate) fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let p = |n: &str| dir.join(n);
     let ok = |c: &mut Command| assert_exit(&run(c), 0);
     ok(Command::new("openssl")

@@ -29,5 +29,6 @@ mod report;
 mod rfc6349;
 mod server_test;
 mod sweep;
+mod tpc;
 mod tune;
 mod udp;

@@ -221,6 +221,9 @@ pub struct Options {
     pub token: Option<String>,
     /// `User-Agent`.
     pub agent: String,
+    /// Headers added to every request (a third-party copy's forwarded
+    /// `TransferHeader<X>` fields), after the token's `Authorization`.
+    pub headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
 }
 
 impl Options {
@@ -257,6 +260,7 @@ impl Options {
             tls: Arc::new(cfg),
             token,
             agent: format!("fatpipe/{}", env!("CARGO_PKG_VERSION")),
+            headers: Vec::new(),
         })
     }
 }
@@ -399,6 +403,12 @@ where
 }
 
 impl Connection {
+    /// Whether the server closed the connection (or it failed): not to be
+    /// reused.
+    pub fn is_closed(&self) -> bool {
+        self.send.is_closed()
+    }
+
     /// A request for `path` on this connection's server with the usual
     /// headers (Host, User-Agent, the token).
     pub fn request(
@@ -414,6 +424,9 @@ impl Connection {
             .header(hyper::header::USER_AGENT, &opts.agent);
         if let Some(t) = &opts.token {
             b = b.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        for (k, v) in &opts.headers {
+            b = b.header(k, v);
         }
         b
     }
