@@ -56,6 +56,95 @@ fn same(a: &Path, b: &Path) {
         y.len()
     );
 }
+/// XRootD 5.5.3 serving `data` (under `root/xrd`) on an HTTP port with TLS
+/// configured (a test CA's certificate), and with `tpc` its HTTP-TPC
+/// handler (which loads only with TLS): its guard, HTTP port and the test
+/// CA's certificate. Its two
+/// ports are picked free before it starts, so another process may take one
+/// first: if it exits, it is started again on two others (three tries); a
+/// failure shows its log (`xrd/NAME/log`, where `-l xrd/log -n NAME` puts it).
+pub(crate) fn xrootd(root: &Path, data: &Path, tpc: bool) -> (Guard, u16, PathBuf) {
+    const NAME: &str = "fatpipe-test";
+    let adm = mkdir(&root.join("xrd/adm"));
+    let (ca, cert, key) = test_ca(root);
+    let log =
+        || std::fs::read_to_string(root.join("xrd").join(NAME).join("log")).unwrap_or_default();
+    // XRootD refuses to run as root: as root it runs as nobody, which must
+    // reach its files.
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let mut last = String::new();
+    for _ in 0..3 {
+        let (http, xrd) = (free_port(), free_port());
+        let cfg = root.join("xrd/x.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "all.export /\noss.localroot {}\nall.adminpath {}\nall.pidpath {}\nxrd.port {xrd}\n\
+                 xrd.allow host localhost\nxrd.tls {} {}\nxrd.tlsca certfile {}\n\
+                 xrd.protocol XrdHttp:{http} libXrdHttp.so\n{}xrootd.chksum adler32\n",
+                data.display(),
+                adm.display(),
+                adm.display(),
+                cert.display(),
+                key.display(),
+                ca.display(),
+                if tpc {
+                    "http.exthandler xrdtpc libXrdHttpTPC.so\n"
+                } else {
+                    ""
+                }
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new("xrootd");
+        cmd.arg("-l")
+            .arg(root.join("xrd/log"))
+            .args(["-n", NAME, "-c"])
+            .arg(&cfg);
+        if is_root {
+            cmd.args(["-R", "nobody"]);
+            assert_exit(
+                &run(Command::new("chown")
+                    .args(["-R", "nobody"])
+                    .arg(root.join("xrd"))
+                    .arg(data)
+                    .arg(&key)),
+                0,
+            );
+            let mut p = root.to_path_buf();
+            loop {
+                let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o711))
+                    .unwrap();
+                if !p.pop() || p.as_os_str().len() <= 1 {
+                    break;
+                }
+            }
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut guard = Guard(child);
+        let mut exited = false;
+        let up = within(Duration::from_secs(30), || {
+            exited = matches!(guard.0.try_wait(), Ok(Some(_)));
+            exited || TcpStream::connect(("127.0.0.1", http)).is_ok()
+        });
+        if up && !exited {
+            return (guard, http, ca);
+        }
+        last = log();
+        if !exited {
+            break;
+        }
+    }
+    panic!("XRootD did not listen on its HTTP port: {last}");
+}
 
 /// A test CA and a certificate it signed for localhost and 127.0.0.1:
 /// (ca.crt, leaf.crt, leaf.key).
@@ -449,70 +538,7 @@ fn http_client_pulls_from_and_pushes_to_xrootd() {
     let dir = setup();
     let root = dir.path();
     let data = mkdir(&root.join("xrd/data"));
-    let adm = mkdir(&root.join("xrd/adm"));
-    let (ca, cert, key) = test_ca(root);
-    let (http, xrd) = (free_port(), free_port());
-    let cfg = root.join("xrd/x.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "all.export /\noss.localroot {}\nall.adminpath {}\nall.pidpath {}\nxrd.port {xrd}\n\
-             xrd.allow host localhost\nxrd.tls {} {}\nxrd.tlsca certfile {}\n\
-             xrd.protocol XrdHttp:{http} libXrdHttp.so\nxrootd.chksum adler32\n",
-            data.display(),
-            adm.display(),
-            adm.display(),
-            cert.display(),
-            key.display(),
-            ca.display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = Command::new("xrootd");
-    cmd.arg("-l")
-        .arg(root.join("xrd/log"))
-        .args(["-n", "fatpipe-test", "-c"])
-        .arg(&cfg);
-    // XRootD refuses to run as root: as root, it runs as nobody, which must
-    // reach its files.
-    let is_root = std::env::var("USER").as_deref() == Ok("root")
-        || Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if is_root {
-        cmd.args(["-R", "nobody"]);
-        assert_exit(
-            &run(Command::new("chown")
-                .args(["-R", "nobody"])
-                .arg(root.join("xrd"))
-                .arg(&key)),
-            0,
-        );
-        let mut p = root.to_path_buf();
-        loop {
-            let mode = std::fs::metadata(&p).unwrap().permissions().mode();
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o711)).unwrap();
-            if !p.pop() || p.as_os_str().len() <= 1 {
-                break;
-            }
-        }
-    }
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _xrootd = Guard(child);
-    assert!(
-        within(Duration::from_secs(30), || TcpStream::connect((
-            "127.0.0.1",
-            http
-        ))
-        .is_ok()),
-        "XRootD did not listen on {http}: {}",
-        std::fs::read_to_string(root.join("xrd/log")).unwrap_or_default()
-    );
+    let (_xrootd, http, ca) = xrootd(root, &data, false);
 
     let src = root.join("src.bin");
     random_file(&src, 20_000_003, 8);

@@ -539,79 +539,6 @@ fn tpc_a_file_over_4_gib_is_pulled_exactly() {
     );
 }
 
-/// XRootD 5.5.3 with its HTTP port and its HTTP-TPC handler (loaded only
-/// with TLS configured: a test CA's certificate), serving `data`: its
-/// guard and HTTP port.
-fn xrootd(root: &Path, data: &Path) -> (crate::util::Guard, u16) {
-    use std::os::unix::fs::PermissionsExt;
-    let adm = crate::util::mkdir(&root.join("xrd/adm"));
-    let (ca, cert, key) = crate::http_client::test_ca(root);
-    let (http, xrd) = (crate::util::free_port(), crate::util::free_port());
-    let cfg = root.join("xrd/x.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "all.export /\noss.localroot {}\nall.adminpath {}\nall.pidpath {}\nxrd.port {xrd}\n\
-             xrd.allow host localhost\nxrd.tls {} {}\nxrd.tlsca certfile {}\n\
-             xrd.protocol XrdHttp:{http} libXrdHttp.so\nhttp.exthandler xrdtpc libXrdHttpTPC.so\n\
-             xrootd.chksum adler32\n",
-            data.display(),
-            adm.display(),
-            adm.display(),
-            cert.display(),
-            key.display(),
-            ca.display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = Command::new("xrootd");
-    cmd.arg("-l")
-        .arg(root.join("xrd/log"))
-        .args(["-n", "fatpipe-tpc", "-c"])
-        .arg(&cfg);
-    // XRootD refuses to run as root: as root it runs as nobody, which must
-    // reach its files.
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if is_root {
-        cmd.args(["-R", "nobody"]);
-        assert_exit(
-            &run(Command::new("chown")
-                .args(["-R", "nobody"])
-                .arg(root.join("xrd"))
-                .arg(data)
-                .arg(&key)),
-            0,
-        );
-        let mut p = root.to_path_buf();
-        loop {
-            let mode = std::fs::metadata(&p).unwrap().permissions().mode();
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o711)).unwrap();
-            if !p.pop() || p.as_os_str().len() <= 1 {
-                break;
-            }
-        }
-    }
-    let child = cmd
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let guard = crate::util::Guard(child);
-    assert!(
-        crate::util::within(Duration::from_secs(30), || TcpStream::connect((
-            "127.0.0.1",
-            http
-        ))
-        .is_ok()),
-        "XRootD did not listen on {http}: {}",
-        std::fs::read_to_string(root.join("xrd/log")).unwrap_or_default()
-    );
-    (guard, http)
-}
-
 #[test]
 fn tpc_xrootd_in_all_four_directions_with_adler32_end_to_end() {
     if !have("xrootd") || !have("openssl") {
@@ -620,7 +547,7 @@ fn tpc_xrootd_in_all_four_directions_with_adler32_end_to_end() {
     let dir = setup();
     let root = dir.path();
     let xdata = crate::util::mkdir(&root.join("xrd/data"));
-    let (_xrootd, xport) = xrootd(root, &xdata);
+    let (_xrootd, xport, _) = crate::http_client::xrootd(root, &xdata, true);
     let (sa, sb, a, b) = pair(&dir, &[], &[]);
     random_file(&a.join("f.bin"), 20_000_003, 21);
     let data = std::fs::read(a.join("f.bin")).unwrap();
