@@ -28,7 +28,7 @@
 # printed at the end.
 #
 # Environment:
-#   FUZZ_SECONDS  seconds per fuzz target (default 10: 18 targets, two at a
+#   FUZZ_SECONDS  seconds per fuzz target (default 6: 18 targets, two at a
 #                 time, fit the 15-minute CI; 0 skips fuzzing)
 #   FUZZ_JOBS     fuzz targets run at once (default: the number of cores)
 #   FATPIPE_TEST_POSTGRES  postgres:// URL of a server to test the archive
@@ -115,7 +115,7 @@ command -v cargo-deb >/dev/null 2>&1 || {
   say "installing cargo-deb"
   cargo install cargo-deb --locked -q
 }
-if [ "${FUZZ_SECONDS:-10}" != 0 ] && rustup toolchain list 2>/dev/null | grep -q nightly; then
+if [ "${FUZZ_SECONDS:-6}" != 0 ] && rustup toolchain list 2>/dev/null | grep -q nightly; then
   command -v cargo-fuzz >/dev/null 2>&1 || {
     say "installing cargo-fuzz"
     cargo install cargo-fuzz --locked -q
@@ -228,7 +228,7 @@ else
 fi
 
 # --- fuzzing --------------------------------------------------------------------
-FUZZ_SECONDS=${FUZZ_SECONDS:-10}
+FUZZ_SECONDS=${FUZZ_SECONDS:-6}
 if [ -d fuzz ] && [ "$FUZZ_SECONDS" != 0 ]; then
   if ! rustup toolchain list 2>/dev/null | grep -q nightly; then
     echo "note: fuzzing skipped: no nightly toolchain (cargo fuzz needs one)"
