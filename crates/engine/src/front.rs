@@ -66,7 +66,7 @@ pub trait FrontEnd: Send + Sync + 'static {
     /// a front end may finish here, without a thread of its own, a
     /// connection whose whole first message has already arrived and needs
     /// no answer (a data stream presenting its session's cookie). It must
-    /// not block (the socket is non-blocking meanwhile). Returns the
+    /// not block: look with `fatpipe_sys::tcp::peek_now`. Returns the
     /// connection to be served on a thread of its own, as it was (nothing
     /// read from it); the default takes none.
     fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
@@ -692,14 +692,9 @@ pub(crate) fn accept_loop(gate: &Arc<Gate>, listening: &Listening) {
         // A stream whose cookie is already here is handed over at once:
         // a thousand of them connecting together cost no thread each, and
         // never wait for one while their handshake slots run out.
-        let inline = match tcp.set_nonblocking(true) {
-            Ok(()) => front.serve_inline(tcp, conn),
-            Err(_) => Some((tcp, conn)),
-        };
-        let Some((tcp, conn)) = inline else { continue };
-        if tcp.set_nonblocking(false).is_err() {
+        let Some((tcp, conn)) = front.serve_inline(tcp, conn) else {
             continue;
-        }
+        };
         let front = Arc::clone(front);
         let name = format!("{} {peer}", port.name);
         let spawned = std::thread::Builder::new()

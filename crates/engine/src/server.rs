@@ -664,7 +664,7 @@ impl Server {
 /// on a thread from its first byte.
 fn attach_inline(shared: &Protocol, tcp: TcpStream, ticket: Conn) -> Option<(TcpStream, Conn)> {
     let mut peeked = [0u8; INLINE_PEEK];
-    let n = match tcp.peek(&mut peeked) {
+    let n = match fatpipe_sys::tcp::peek_now(&tcp, &mut peeked) {
         Ok(n) if n > 0 && !fatpipe_secure::is_tls_start(peeked[0]) => n,
         _ => return Some((tcp, ticket)),
     };
@@ -689,7 +689,7 @@ fn attach_inline(shared: &Protocol, tcp: TcpStream, ticket: Conn) -> Option<(Tcp
     };
     // Peeked whole, so this read takes exactly the hello without waiting.
     let mut tcp = tcp;
-    if tcp.read_exact(&mut peeked[..used]).is_err() || tcp.set_nonblocking(false).is_err() {
+    if tcp.read_exact(&mut peeked[..used]).is_err() {
         return None;
     }
     let stream = Stream::plain_tcp(tcp);

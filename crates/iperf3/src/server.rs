@@ -183,7 +183,7 @@ impl FrontEnd for Iperf3Port {
 /// its way) goes back to be served on a thread, unread.
 fn attach_inline(mut tcp: TcpStream, mut conn: Conn, inner: &Inner) -> Option<(TcpStream, Conn)> {
     let mut cookie = [0u8; wire::COOKIE_LEN];
-    if !matches!(tcp.peek(&mut cookie), Ok(n) if n == cookie.len()) {
+    if !matches!(fatpipe_sys::tcp::peek_now(&tcp, &mut cookie), Ok(n) if n == cookie.len()) {
         return Some((tcp, conn));
     }
     let pending = lock(&inner.pending);
@@ -192,7 +192,7 @@ fn attach_inline(mut tcp: TcpStream, mut conn: Conn, inner: &Inner) -> Option<(T
         return Some((tcp, conn));
     };
     // Peeked whole, so this read takes exactly the cookie without waiting.
-    if tcp.read_exact(&mut cookie).is_err() || tcp.set_nonblocking(false).is_err() {
+    if tcp.read_exact(&mut cookie).is_err() {
         return None;
     }
     let _ = tcp.set_write_timeout(Some(inner.opts.handshake_timeout));

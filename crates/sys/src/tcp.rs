@@ -13,6 +13,18 @@ use std::os::fd::AsFd;
 
 use crate::platform;
 
+/// The bytes already received on `fd`, up to `buf.len()`, left in the
+/// socket and without waiting (`MSG_PEEK | MSG_DONTWAIT`, whatever the
+/// socket's blocking mode): 0 when none have arrived yet.
+pub fn peek_now(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    use rustix::net::RecvFlags;
+    match rustix::net::recv(fd, buf, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+        Ok((n, _)) => Ok(n),
+        Err(rustix::io::Errno::AGAIN) => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Turns Nagle's algorithm off (`true`) or on (`false`) via `TCP_NODELAY`.
 pub fn set_nodelay(fd: impl AsFd, nodelay: bool) -> io::Result<()> {
     platform::setsockopt(
