@@ -22,7 +22,7 @@ use fatpipe_secure::Stream;
 
 use super::{Sink, HEADER_BUFFER, WRITE_UNIT};
 use crate::hash::{ChunkHasher, Digest};
-use crate::io::{punch_hole, AlignedBuf};
+use crate::io::{punch_hole, AlignedBuf, End, Ending};
 use crate::plan::lock;
 use crate::source::PIECE;
 use crate::wire::{invalid, ChunkHeader, ChunkKind, HEADER_LEN};
@@ -159,9 +159,6 @@ enum Phase {
     Working,
 }
 
-/// Called once with how the connection ended, on the runner's thread.
-pub(crate) type End = Box<dyn FnOnce(io::Result<()>) + Send>;
-
 /// One receiving data connection on the runner.
 pub(crate) struct RecvTask {
     sink: Arc<Sink>,
@@ -181,7 +178,7 @@ pub(crate) struct RecvTask {
     work: Option<Box<Work>>,
     back: Arc<Mutex<Option<Box<Work>>>>,
     waker: TaskWaker,
-    ended: Option<End>,
+    ended: Ending,
 }
 
 /// Starts receiving chunks of `sink` from `stream` on the runner until
@@ -229,7 +226,7 @@ pub(crate) fn spawn(
             })),
             back: Arc::new(Mutex::new(None)),
             waker,
-            ended: Some(end),
+            ended: Ending::new(end, "the receiving stream failed"),
         })
     })
 }
@@ -446,19 +443,7 @@ impl Task for RecvTask {
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };
-        if let Some(end) = self.ended.take() {
-            end(r);
-        }
+        self.ended.finish(r);
         Step::Done
-    }
-}
-
-impl Drop for RecvTask {
-    fn drop(&mut self) {
-        // Dropped without ending (a turn panicked): the session must
-        // still hear of it.
-        if let Some(end) = self.ended.take() {
-            end(Err(io::Error::other("the receiving stream failed")));
-        }
     }
 }

@@ -26,7 +26,7 @@ use fatpipe_secure::Stream;
 use super::{describe_open, SendError, Source, PIECE};
 use crate::beneath;
 use crate::hash::ChunkHasher;
-use crate::io::pread_exact;
+use crate::io::{pread_exact, End, Ending};
 use crate::manifest::open_origin;
 use crate::plan::{chunk_range, lock, ChunkRef, Popped};
 use crate::wire::{ChunkHeader, ChunkKind, EntryKind};
@@ -277,11 +277,8 @@ pub(crate) struct SendTask {
     waker: TaskWaker,
     /// A waiter on the empty queue is registered.
     waiting: Arc<AtomicBool>,
-    ended: Option<End>,
+    ended: Ending,
 }
-
-/// Called once with how the connection ended, on the runner's thread.
-pub(crate) type End = Box<dyn FnOnce(io::Result<()>) + Send>;
 
 /// Starts sending units of `src` on `stream` on the runner (the stream is
 /// made non-blocking); `end` gets how it ended.
@@ -301,7 +298,7 @@ pub(crate) fn spawn(src: Arc<Source>, stream: Stream, end: End) -> io::Result<ru
             back: Arc::new(Mutex::new(None)),
             waker,
             waiting: Arc::new(AtomicBool::new(false)),
-            ended: Some(end),
+            ended: Ending::new(end, "the sending stream failed"),
         })
     })
 }
@@ -500,19 +497,7 @@ impl Task for SendTask {
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };
-        if let Some(end) = self.ended.take() {
-            end(r);
-        }
+        self.ended.finish(r);
         Step::Done
-    }
-}
-
-impl Drop for SendTask {
-    fn drop(&mut self) {
-        // Dropped without ending (a turn panicked): the session must
-        // still hear of it.
-        if let Some(end) = self.ended.take() {
-            end(Err(io::Error::other("the sending stream failed")));
-        }
     }
 }
