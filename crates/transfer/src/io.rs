@@ -139,6 +139,42 @@ impl Limiter {
     }
 }
 
+/// Called once with how a data connection's runner task ended, on the
+/// runner's thread.
+pub(crate) type End = Box<dyn FnOnce(std::io::Result<()>) + Send>;
+
+/// A runner task's [`End`], called exactly once: by [`Ending::finish`], or
+/// with a failure when the task is dropped without it (a turn panicked),
+/// so its session always hears of it.
+pub(crate) struct Ending {
+    end: Option<End>,
+    /// The failure said when dropped unfinished.
+    failed: &'static str,
+}
+
+impl Ending {
+    pub(crate) fn new(end: End, failed: &'static str) -> Ending {
+        Ending {
+            end: Some(end),
+            failed,
+        }
+    }
+
+    /// Says how the task ended (only the first call counts).
+    pub(crate) fn finish(&mut self, r: std::io::Result<()>) {
+        if let Some(end) = self.end.take() {
+            end(r);
+        }
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        let failed = self.failed;
+        self.finish(Err(std::io::Error::other(failed)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,41 +214,5 @@ mod tests {
         l.take(100_000);
         let el = t.elapsed();
         assert!(el >= Duration::from_millis(180), "{el:?}");
-    }
-}
-
-/// Called once with how a data connection's runner task ended, on the
-/// runner's thread.
-pub(crate) type End = Box<dyn FnOnce(std::io::Result<()>) + Send>;
-
-/// A runner task's [`End`], called exactly once: by [`Ending::finish`], or
-/// with a failure when the task is dropped without it (a turn panicked),
-/// so its session always hears of it.
-pub(crate) struct Ending {
-    end: Option<End>,
-    /// The failure said when dropped unfinished.
-    failed: &'static str,
-}
-
-impl Ending {
-    pub(crate) fn new(end: End, failed: &'static str) -> Ending {
-        Ending {
-            end: Some(end),
-            failed,
-        }
-    }
-
-    /// Says how the task ended (only the first call counts).
-    pub(crate) fn finish(&mut self, r: std::io::Result<()>) {
-        if let Some(end) = self.end.take() {
-            end(r);
-        }
-    }
-}
-
-impl Drop for Ending {
-    fn drop(&mut self) {
-        let failed = self.failed;
-        self.finish(Err(std::io::Error::other(failed)));
     }
 }
