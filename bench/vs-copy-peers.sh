@@ -41,6 +41,11 @@
 #   RUNS=3 BIG_MB=4096 SMALL_FILES=20000 SMALL_SIZE=16384 STREAMS=4 INFLIGHT=8
 #   TOOLS="cp fatpipe gridftp xrdcp rsync scp"  DATASETS="big small"  DURABLE=1
 #   FATPIPE=path/to/fatpipe (default: build with cargo --release)
+#   FATPIPE_B=path/to/other/fatpipe  a second build (e.g. the one before a
+#                             change): the durable copy also runs its push
+#                             and pull (its own server, same export),
+#                             alternating with the first, and prints the
+#                             ratios b/first
 set -euo pipefail
 
 RUNS=${RUNS:-3}
@@ -60,6 +65,7 @@ NS_C="fpcopy-c-$$"
 VETH_S="fpc$$s"
 VETH_C="fpc$$c"
 PORT_FATPIPE=5301
+PORT_FATPIPE_B=5302
 PORT_GRIDFTP=2811
 PORT_XROOTD=1094
 PORT_RSYNC=8730
@@ -150,6 +156,13 @@ start_fatpipe() {
     start fatpipe $PORT_FATPIPE "$FATPIPE" server --bind $SERVER_IP --port $PORT_FATPIPE \
         --key-file "$work/key" --export "dst=$(dest fatpipe)" --export "dstb=$(dest fatpipe-buffered)" \
         --export "dur=$(dest durable)" --export "src=$work/src" -q
+}
+
+# The second build's server (FATPIPE_B), on the same durable export.
+start_fatpipe_b() {
+    [ -f "$work/key" ] || (umask 077 && echo "fatpipe-bench-key-$$" >"$work/key")
+    start fatpipe-b $PORT_FATPIPE_B "$FATPIPE_B" server --bind $SERVER_IP --port $PORT_FATPIPE_B \
+        --key-file "$work/key" --export "dur=$(dest durable)" --export "src=$work/src" -q
 }
 
 start_servers() {
@@ -291,13 +304,17 @@ run_one() {
     tail -1 "$out.time"
 }
 
-# durable_one dd|push|pull RUN: prints the seconds dd or a `copy --sync` of
+# durable_one dd|push|pull|push-b|pull-b RUN: prints the seconds dd or a `copy --sync` of
 # the big file into $work/dst/durable took (the fatpipe server's `dur`
 # export; a pull writes there from the client side), or "FAIL ..."/"BAD".
 durable_one() {
     local what=$1 run=$2 d="$work/dst/durable" out="$work/out-durable-$1-$2" t0 t1
     local -a cmd
     local -a copy=(ip netns exec "$NS_C" "$FATPIPE" copy --port $PORT_FATPIPE --key-file "$work/key" -P "$STREAMS" -q --sync)
+    case $what in
+        *-b) copy=(ip netns exec "$NS_C" "$FATPIPE_B" copy --port $PORT_FATPIPE_B --key-file "$work/key" -P "$STREAMS" -q --sync)
+            what=${what%-b} ;;
+    esac
     case $what in
         dd) cmd=(dd if=/dev/zero of="$d/x" bs=4M count=$((BIG_MB / 4)) oflag=direct status=none) ;;
         push) cmd=("${copy[@]}" "$work/src/big.bin" "$SERVER_IP:dur/") ;;
@@ -324,12 +341,17 @@ durable_one() {
 durable() {
     local kinds=(dd push pull) run i k r load
     [ -n "${SERVER_PID[fatpipe]:-}" ] || start_fatpipe || die "fatpipe server did not start"
+    if [ -n "${FATPIPE_B:-}" ]; then
+        [ -x "$FATPIPE_B" ] || die "FATPIPE_B=$FATPIPE_B is not executable"
+        start_fatpipe_b || die "the FATPIPE_B server did not start"
+        kinds+=(push-b pull-b)
+    fi
     read -r load _ </proc/loadavg
     echo
     echo "durable copy: dd bs=4M oflag=direct vs fatpipe copy --sync -P $STREAMS, ${BIG_MB} MiB into $(df --output=source,fstype "$work" | tail -1 | tr -s ' '), load before: $load"
     for run in $(seq "$RUNS"); do
         for i in "${!kinds[@]}"; do
-            k=${kinds[$(((i + run - 1) % 3))]}
+            k=${kinds[$(((i + run - 1) % ${#kinds[@]}))]}
             r=$(durable_one "$k" "$run")
             echo "  durable run $run $k: $r"
             echo "durable|$k|$r" >>"$work/res"
@@ -340,6 +362,12 @@ durable() {
     push=$(rate big "$(col durable push 1)")
     pull=$(rate big "$(col durable pull 1)")
     echo "durable: dd $dd GB/s, push $push GB/s, pull $pull GB/s (medians of $RUNS); push/dd = $(ratio "$push" "$dd"), pull/dd = $(ratio "$pull" "$dd") (target >= 0.9)"
+    if [ -n "${FATPIPE_B:-}" ]; then
+        local pushb pullb
+        pushb=$(rate big "$(col durable push-b 1)")
+        pullb=$(rate big "$(col durable pull-b 1)")
+        echo "durable, FATPIPE_B: push $pushb GB/s, pull $pullb GB/s; push/push-b = $(ratio "$push" "$pushb"), pull/pull-b = $(ratio "$pull" "$pullb") (first build over FATPIPE_B)"
+    fi
     read -r load _ </proc/loadavg
     echo "load after: $load"
 }
