@@ -191,19 +191,18 @@ cargo nextest run --workspace --locked "${PROFILE[@]}" "${FEATURES[@]}" --profil
 stage "doc tests"
 cargo test --doc --workspace --locked --profile ci "${FEATURES[@]}"
 
-stage "a build without the test hooks ignores them"
+stage "a build without the test hooks"
 # Built without the feature, as `cargo build --release` builds it (the
-# feature, not the profile, decides what is compiled in): a copy given
-# every FATPIPE_TEST_* variable behaves as without them, and the corruption
-# hook's name is not even in the binary.
-# (nextest's default profile: its own timeouts, and it leaves the main
-# run's JUnit report, which the slowest-tests table reads, in place.)
-cargo nextest run --locked "${PROFILE[@]}" -p fatpipe --test integration \
-  -E 'test(test_hooks_are_ignored)'
+# feature, not the profile, decides what is compiled in): the corruption
+# hook's name is not even in the binary. The packages below are made of
+# this binary, and the last test stage runs it.
+cargo build --locked --profile ci -p fatpipe --bin fatpipe
 if grep -aq FATPIPE_TEST_CORRUPT_CHUNK target/ci/fatpipe; then
   echo "error: target/ci/fatpipe knows FATPIPE_TEST_CORRUPT_CHUNK: the test-hooks feature leaked into a build without it" >&2
   exit 1
 fi
+mkdir -p target/ci/hook-free
+cp target/ci/fatpipe target/ci/hook-free/fatpipe
 
 # --- packages -------------------------------------------------------------------
 # The .deb and .rpm of that hook-free build (scripts/package.sh), linted,
@@ -226,6 +225,16 @@ elif [ -n "${CI:-}" ]; then
 else
   echo "note: package check skipped: it installs the .deb, so it needs root"
 fi
+
+# --- the hook-free build ignores the hooks --------------------------------------
+stage "a build without the test hooks ignores them"
+# A copy given every FATPIPE_TEST_* variable behaves as without them. The
+# integration tests built above run the hook-free binary (FATPIPE_BIN)
+# rather than being compiled a second time without the feature. (nextest's
+# default profile: its own timeouts, and it leaves the main run's JUnit
+# report, which the slowest-tests table reads, in place.)
+FATPIPE_BIN=$(pwd)/target/ci/hook-free/fatpipe cargo nextest run --locked "${PROFILE[@]}" "${FEATURES[@]}" \
+  -p fatpipe --test integration --run-ignored only -E 'test(test_hooks_are_ignored)'
 
 # --- fuzzing --------------------------------------------------------------------
 FUZZ_SECONDS=${FUZZ_SECONDS:-6}

@@ -31,6 +31,10 @@
 #   with fatpipe --no-batch; empty: none)
 #   TOOLS="fatpipe iperf3 iperf2"
 #   FATPIPE=path/to/fatpipe (default: build with cargo --release)
+#   FATPIPE_B=path/to/other/fatpipe  with TOOLS including fatpipe-b: a
+#                             second build (e.g. before a change), with its
+#                             own server, measured the same way as fatpipe,
+#                             alternating; the table adds fatpipe/fatpipe-b
 #   KEEP=1 (keep every tool's raw output)
 set -euo pipefail
 
@@ -51,6 +55,7 @@ NS_C="fpudp-c-$$"
 VETH_S="fpu$$s"
 VETH_C="fpu$$c"
 PORT_FATPIPE=5301
+PORT_FATPIPE_B=5302
 PORT_IPERF3=5201
 PORT_IPERF2=5011
 
@@ -75,6 +80,13 @@ done
 
 install_missing iperf3:iperf3 iperf:iperf jq:jq
 build_fatpipe
+case " $TOOLS " in
+    *" fatpipe-b "*) [ -x "${FATPIPE_B:-}" ] || die "TOOLS has fatpipe-b: set FATPIPE_B to an executable" ;;
+esac
+# The build and port fatpipe_max and fatpipe_free use: fatpipe's, or
+# fatpipe-b's while that variant runs.
+fp_bin=$FATPIPE
+fp_port=$PORT_FATPIPE
 
 client() { ip netns exec "$NS_C" "$@"; }
 
@@ -106,7 +118,7 @@ iperf2_stop() {
 fatpipe_max() { # LENGTH [extra flags]
     local l=$1
     shift
-    client "$FATPIPE" test "$SERVER_IP" -p "$PORT_FATPIPE" -u -b 100g -l "$l" -t "$DURATION" "$@" --json \
+    client "$fp_bin" test "$SERVER_IP" -p "$fp_port" -u -b 100g -l "$l" -t "$DURATION" "$@" --json \
         >"$work/raw" 2>>"$work/errors" || { echo "n/a n/a n/a"; return; }
     jq -r --argjson d "$DURATION" --argjson l "$l" \
         '.end.sums[0] | "\(.packets_sent / $d) \(.packets / $d) \(.packets * $l * 8 / $d)"' "$work/raw" ||
@@ -184,7 +196,7 @@ peer_free() {
 fatpipe_free() { # LENGTH [extra flags] -> "BPS PPS"
     local l=$1
     shift
-    client "$FATPIPE" test "$SERVER_IP" -p "$PORT_FATPIPE" -u --find-max -l "$l" -t "$CONFIRM" \
+    client "$fp_bin" test "$SERVER_IP" -p "$fp_port" -u --find-max -l "$l" -t "$CONFIRM" \
         --trial "$TRIAL" "$@" --json >"$work/raw" 2>>"$work/errors" || { echo "n/a n/a"; return; }
     jq -r '.lengths[0] | if .loss_free then "\(.loss_free.payload_bps) \(.loss_free.packets_per_second)" else "n/a n/a" end' \
         "$work/raw" || echo "n/a n/a"
@@ -199,6 +211,11 @@ med() {
 setup_veth "$NS_S" "$NS_C" "$VETH_S" "$VETH_C" "$SERVER_IP" "$CLIENT_IP" "$MTU"
 start_server "$NS_S" fatpipe "$PORT_FATPIPE" "$FATPIPE" server --bind "$SERVER_IP" -p "$PORT_FATPIPE" -q ||
     die "fatpipe server did not start"
+case " $TOOLS " in
+    *" fatpipe-b "*)
+        start_server "$NS_S" fatpipe-b "$PORT_FATPIPE_B" "$FATPIPE_B" server --bind "$SERVER_IP" -p "$PORT_FATPIPE_B" -q ||
+            die "fatpipe-b server did not start" ;;
+esac
 start_server "$NS_S" iperf3 "$PORT_IPERF3" iperf3 -s -B "$SERVER_IP" -p "$PORT_IPERF3" ||
     die "iperf3 server did not start"
 
@@ -209,8 +226,9 @@ for run in $(seq "$RUNS"); do
         for t in $TOOLS; do variants+=("$t"); done
         case " $NB_LENGTHS " in *" $l "*) case " $TOOLS " in *" fatpipe "*) variants+=(fatpipe-nb) ;; esac ;; esac
         for v in "${variants[@]}"; do
+            if [ "$v" = fatpipe-b ]; then fp_bin=$FATPIPE_B fp_port=$PORT_FATPIPE_B; else fp_bin=$FATPIPE fp_port=$PORT_FATPIPE; fi
             case $v in
-                fatpipe) read -r s r b < <(fatpipe_max "$l") ;;
+                fatpipe | fatpipe-b) read -r s r b < <(fatpipe_max "$l") ;;
                 fatpipe-nb) read -r s r b < <(fatpipe_max "$l" --no-batch) ;;
                 *) read -r s r b < <("${v}_max" "$l") ;;
             esac
@@ -218,7 +236,7 @@ for run in $(seq "$RUNS"); do
             record "$v" "$l" recv "$r"
             record "$v" "$l" gbps "$(awk -v b="$b" 'BEGIN { if (b + 0 > 0) print b / 1e9; else print "n/a" }')"
             case $v in
-                fatpipe) read -r fb fp < <(fatpipe_free "$l") ;;
+                fatpipe | fatpipe-b) read -r fb fp < <(fatpipe_free "$l") ;;
                 fatpipe-nb) read -r fb fp < <(fatpipe_free "$l" --no-batch) ;;
                 *)
                     fb=$(peer_free "$v" "$l" "$b")
@@ -278,6 +296,15 @@ case " $LENGTHS " in *" 64 "*)
     fi
     ;;
 esac
+if [[ " $TOOLS " == *" fatpipe-b "* ]]; then
+    echo
+    echo "fatpipe over fatpipe-b (FATPIPE_B), medians"
+    for l in $LENGTHS; do
+        for f in recv free; do
+            printf '  %6s B  %-9s %8s\n' "$l" "$f" "$(ratio "$(fp "$l" "$f")" "$(med "fatpipe-b-$l-$f" %g)" %.3f)"
+        done
+    done
+fi
 if [ -s "$work/errors" ]; then
     echo
     echo "the tools' stderr, last lines (warnings, or why a value is n/a):"

@@ -424,9 +424,21 @@ fn corrupted_chunk_is_detected_and_resent() {
 
 /// What `cargo build --release` makes: the test hooks are not compiled in,
 /// so a server and a client given them copy as usual, auto-tuning included.
-#[cfg(not(feature = "test-hooks"))]
+/// Built with the hooks, these tests run it only when asked to
+/// (`--run-ignored`) and only against a binary built without them, named
+/// by `FATPIPE_BIN` (test.sh's last test stage).
 #[test]
+#[cfg_attr(
+    feature = "test-hooks",
+    ignore = "needs a fatpipe built without the test hooks: FATPIPE_BIN=PATH, as test.sh runs it"
+)]
 fn test_hooks_are_ignored_without_the_feature() {
+    if cfg!(feature = "test-hooks") {
+        assert!(
+            std::env::var_os("FATPIPE_BIN").is_some_and(|p| !p.is_empty()),
+            "these tests have the test hooks: set FATPIPE_BIN to a fatpipe built without them"
+        );
+    }
     let dir = util::setup();
     let src = mkdir(&dir.path().join("src"));
     random_file(&src.join("f.bin"), 10 << 20, 3);
