@@ -54,6 +54,9 @@ pub(crate) struct Shared {
     pub(crate) admitted: Cell<bool>,
     pub(crate) aborted: Arc<AtomicBool>,
     abort_socket: Option<Arc<StdTcp>>,
+    /// The send buffer forced for large bodies on a long path (given back
+    /// to the server-wide budget when the connection ends).
+    forced: RefCell<crate::sndbuf::Forced>,
 }
 
 impl Shared {
@@ -114,6 +117,7 @@ pub(crate) fn serve(cfg: Arc<Config>, tcp: StdTcp, conn: Conn) {
         admitted: Cell::new(false),
         aborted: Arc::new(AtomicBool::new(false)),
         abort_socket,
+        forced: RefCell::default(),
     });
     let ended = rt.block_on(run(Rc::clone(&shared), tcp));
     let session = shared.session.borrow_mut().take();
@@ -183,8 +187,14 @@ async fn run(sh: Rc<Shared>, tcp: StdTcp) -> bool {
         });
         let answer = crate::handler::handle(Rc::clone(&svc_shared), req);
         let handoff = handoff.clone();
+        let sh = Rc::clone(&svc_shared);
         async move {
             let mut resp = answer.await?;
+            if resp.body().is_file() {
+                if let Some(sock) = &sh.abort_socket {
+                    crate::sndbuf::widen(sock, resp.body().len(), &mut sh.forced.borrow_mut());
+                }
+            }
             if let Some(a) = asked {
                 resp = a.record(resp);
             }

@@ -44,6 +44,7 @@ pub mod digest;
 pub mod handler;
 pub mod path;
 pub mod range;
+mod sndbuf;
 pub mod token;
 pub mod tpc;
 

@@ -27,6 +27,16 @@ pub fn congestion_allowed_on(host: &Host, privileged: bool) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Where this host's send-buffer autotuning stops (`net.ipv4.tcp_wmem[2]`,
+/// read in this process's network namespace); `None` if the host does not
+/// say.
+pub fn send_autotune_max() -> Option<u64> {
+    Host::live()
+        .sysctl_triple("net.ipv4.tcp_wmem")
+        .known()
+        .map(|t| t[2])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,8 @@
 //! * **Host** ([`host`]): which congestion controls this host may use,
 //!   one answer by capability (root or `CAP_NET_ADMIN`) for the planner
 //!   and every adjuster's switchable list.
+//! * **Responses** ([`respond`], pure): the send buffer a server forces
+//!   for a large body on a long path (the HTTP port's file `GET`s).
 //! * **Driver** ([`steer`]): runs the adjuster beside a transfer and
 //!   carries out its decisions through the [`steer::Steerable`] trait,
 //!   which each steerable service implements.
@@ -33,6 +35,7 @@ pub mod auto;
 pub mod host;
 pub mod plan;
 pub mod ramp;
+pub mod respond;
 pub mod steer;
 
 pub use adjust::{AdjustConfig, Adjuster, Sample};

@@ -1013,3 +1013,73 @@ fn http_archive_records_each_file_transfer_with_its_bytes_and_peer() {
         );
     }
 }
+
+/// On a long path the HTTP port sends a large file in about one round trip
+/// once the connection's window has opened: the server forces a send
+/// buffer sized from the connection's round trip and the body
+/// (`fatpipe_tune::respond`), where the host's autotuning (pinned here to
+/// Linux's default `tcp_wmem` maximum of 4 MiB) would let an 8 MiB body
+/// out in three. Third-party copies of small files (FTS issues one COPY
+/// per file) are paid in those round trips. The bound comes from the path:
+/// the fastest of four GETs on a warm connection within 2.5 round trips
+/// (request, wire time of 67 ms, slack); with autotuning's limit they took
+/// 3.3.
+#[test]
+fn lab_http_a_warm_get_of_8_mib_takes_about_one_round_trip_on_a_long_path() {
+    use fatpipe_lab::{End, LinkSpec};
+    let test = "lab_http_a_warm_get_of_8_mib_takes_about_one_round_trip_on_a_long_path";
+    if !crate::util::need_root(test) {
+        return;
+    }
+    if !have("curl") {
+        skip("curl is not installed (test.sh installs it)");
+        return;
+    }
+    let dir = setup();
+    let exp = dir.path().join("exp");
+    std::fs::create_dir(&exp).unwrap();
+    random_file(&exp.join("f.bin"), 8 << 20, 11);
+    let rtt = Duration::from_millis(93);
+    let name = format!("hsb{}", std::process::id());
+    let export = format!("data={}:public", exp.display());
+    let (lab, _srv, _, _) = crate::util::lab_with_server(
+        &name,
+        &LinkSpec::new(rtt, 1_000_000_000),
+        &["--export", &export, "--http", "0.0.0.0:8480"],
+    );
+    // Linux's default, whatever the host's namespaces start with; read by
+    // the server at its first file GET.
+    let pin = run(lab
+        .command(End::B, "sysctl")
+        .args(["-qw", "net.ipv4.tcp_wmem=4096 16384 4194304"]));
+    assert_exit(&pin, 0);
+    let url = format!("http://{}:8480/data/f.bin", lab.addr(End::B));
+    let mut curl = lab.command(End::A, "curl");
+    curl.args([
+        "-sS",
+        "--max-time",
+        "60",
+        "--retry",
+        "20",
+        "--retry-connrefused",
+    ])
+    .args(["--retry-delay", "1", "-w", "%{time_total}\n"]);
+    for _ in 0..5 {
+        curl.args(["-o", "/dev/null", &url]);
+    }
+    let out = run(&mut curl);
+    assert_exit(&out, 0);
+    let times: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(times.len(), 5, "{times:?}");
+    // The first GET opens the connection and the window (slow start).
+    let fastest = times[1..].iter().copied().fold(f64::INFINITY, f64::min);
+    let bound = 2.5 * rtt.as_secs_f64();
+    assert!(
+        fastest < bound,
+        "the fastest warm 8 MiB GET took {fastest:.3} s, over {bound:.3} s \
+         (2.5 round trips of {rtt:?}): all of them {times:?}"
+    );
+}

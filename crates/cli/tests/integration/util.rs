@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 pub fn bin() -> PathBuf {
     std::env::var_os("FATPIPE_BIN")
         .filter(|p| !p.is_empty())
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fatpipe")), PathBuf::from)
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_fatpipe")),
+            PathBuf::from,
+        )
 }
 
 /// A fresh temporary directory that is removed when dropped.
@@ -161,9 +164,13 @@ fn spawn_server_with(mut cmd: Command) -> (Guard, u16) {
     let stdout = child.stdout.take().expect("server stdout");
     let guard = Guard(child);
     let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
+    let mut out = BufReader::new(stdout);
+    out.read_line(&mut line)
         .expect("read the server's first line");
+    // The rest is drained, never closed on the server: a server that prints
+    // more (`http listening on …`, `metrics on …`) after the pipe's reader
+    // went away would die of the write error.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let port = line
         .trim()
         .strip_prefix("listening on ")
