@@ -1,7 +1,8 @@
 //! Forced send buffers for large bodies on long paths, within one
 //! server-wide budget.
 //!
-//! A file `GET` (a third-party copy's pull above all) on a connection with
+//! A file `GET` (a third-party copy's pull above all), or a `PUT` this
+//! server or `fatpipe copy` sends (a third-party push), on a connection with
 //! a long round trip would otherwise leave at the pace of the host's
 //! send-buffer autotuning, a few MiB per round trip
 //! ([`fatpipe_tune::respond`] has the rule and the figures). A server that

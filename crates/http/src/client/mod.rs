@@ -289,6 +289,8 @@ pub struct Connection {
     pub socket: std::net::TcpStream,
     /// Where it goes.
     pub url: Url,
+    /// The send buffer forced for large bodies on a long path (crate::sndbuf).
+    forced: crate::sndbuf::Forced,
 }
 
 fn resolve(url: &Url) -> Result<Vec<SocketAddr>, ClientError> {
@@ -365,6 +367,7 @@ async fn finish_connect(
         send,
         socket,
         url: url.clone(),
+        forced: crate::sndbuf::Forced::default(),
     })
 }
 
@@ -403,6 +406,13 @@ where
 }
 
 impl Connection {
+    /// Widens the send buffer for a request body of `body` bytes when the
+    /// path is long and this process may force buffers (crate::sndbuf):
+    /// call it before sending a large `PUT`.
+    pub fn widen_for(&mut self, body: u64) {
+        crate::sndbuf::widen(&self.socket, body, &mut self.forced);
+    }
+
     /// Whether the server closed the connection (or it failed): not to be
     /// reused.
     pub fn is_closed(&self) -> bool {

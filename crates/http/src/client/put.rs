@@ -160,6 +160,7 @@ pub fn upload(
             gate: (size > 0).then_some(gate),
             buf: Vec::new(),
         };
+        conn.widen_for(size);
         let mut r = conn
             .request(Method::PUT, &url.path, opts)
             .header(hyper::header::CONTENT_LENGTH, size)

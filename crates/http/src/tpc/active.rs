@@ -1206,6 +1206,7 @@ fn push(job: &Job, file: File, size: u64) -> Result<String, String> {
             state: Arc::clone(state),
             gate: (size > 0).then_some(gate),
         };
+        conn.widen_for(size);
         let mut rb = conn
             .request(Method::PUT, &url.path, &job.opts)
             .header(header::CONTENT_LENGTH, size)
