@@ -90,7 +90,9 @@ pub enum ConnError {
     #[error("authentication failed: the client's key does not match")]
     AuthFailed,
     /// A one-time ticket was refused (server side).
-    #[error("the ticket is unknown, expired, spent or not for this service, or its proof is wrong")]
+    #[error(
+        "the ticket is unknown, expired, spent or not for this service, or its proof is wrong"
+    )]
     TicketRefused,
     /// This client has a key but the server did not prove it has it too.
     #[error("the server did not authenticate (it has no key, or is not the server you meant); drop --key-file only if you trust this path")]
