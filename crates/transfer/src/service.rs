@@ -220,9 +220,10 @@ struct EngineConn(ClientSession, Arc<OnceLock<DataOpts>>);
 
 impl Link for EngineLink {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
-        let key = match &self.ticket {
-            Some(draw) => Some(draw()?),
-            None => self.key.clone(),
+        let key = match (&self.ticket, ticket_hook()) {
+            (Some(draw), _) => Some(draw()?),
+            (None, Some(k)) => Some(k),
+            (None, None) => self.key.clone(),
         };
         let options = ClientOptions {
             key,
@@ -443,6 +444,24 @@ impl CopyTuning {
             record,
         }
     }
+}
+
+/// Test hook: `fatpipe copy` proves this one-time ticket (`IDHEX:KEYHEX`,
+/// as an HTTP port's `Fatpipe-Ticket` gives them) instead of the key.
+pub const TEST_TICKET_ENV: &str = "FATPIPE_TEST_COPY_TICKET";
+
+/// The test hook [`TEST_TICKET_ENV`], if set and well-formed.
+fn ticket_hook() -> Option<fatpipe_proto::Key> {
+    let v = crate::test_hook(TEST_TICKET_ENV)?;
+    let (id, key) = v.trim().split_once(':')?;
+    let bytes = |h: &str| -> Option<Vec<u8>> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+            .collect()
+    };
+    let id: [u8; 16] = bytes(id)?.try_into().ok()?;
+    fatpipe_proto::Key::ticket(id, bytes(key)?).ok()
 }
 
 /// The test hook [`TEST_STREAMS_ENV`], if set.

@@ -99,7 +99,7 @@ pub struct HttpArgs {
     /// The smallest file a COPY pull moves over the leg (smaller ones go
     /// over HTTP, on a warm connection: the leg's own connections start
     /// cold).
-    #[arg(long, requires = "http", default_value = "32M", value_name = "SIZE")]
+    #[arg(long, requires = "http", default_value = "64M", value_name = "SIZE")]
     pub http_tpc_leg_min: String,
 }
 

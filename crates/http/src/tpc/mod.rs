@@ -83,7 +83,7 @@ impl Default for Settings {
             streams: 4,
             ca: None,
             leg: true,
-            leg_min: 32 << 20,
+            leg_min: 64 << 20,
         }
     }
 }
