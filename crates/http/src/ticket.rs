@@ -36,8 +36,14 @@ pub const TTL: Duration = Duration::from_secs(60);
 pub const MAX_TICKETS: usize = 4096;
 /// The longest `Fatpipe-Ticket` answer read.
 pub const MAX_OFFER: usize = 8192;
-/// The service a ticket opens.
+/// The service a ticket opens, once.
 pub const SERVICE: &str = "copy";
+/// The service a ticket may also open, a few times before it expires:
+/// the path probe the copy's auto-tuning runs first (measurement traffic,
+/// bounded by the probe's own caps; no file).
+pub const PROBE: &str = "probe";
+/// Probe sessions one ticket may open.
+pub const MAX_PROBES: u8 = 4;
 
 /// A ticket's id.
 pub type Id = fatpipe_proto::TicketId;
@@ -47,6 +53,10 @@ struct Entry {
     key: [u8; 32],
     grant: Vec<u8>,
     until: Instant,
+    /// The copy session is still to come.
+    copy: bool,
+    /// Probe sessions left.
+    probes: u8,
 }
 
 /// The server's live tickets (the HTTP port issues, the protocol port
@@ -97,6 +107,8 @@ impl Book {
                 key,
                 grant: grant.encode(),
                 until: now + self.ttl,
+                copy: true,
+                probes: MAX_PROBES,
             },
         );
         Some((id, key))
@@ -120,11 +132,32 @@ impl fatpipe_proto::Tickets for Book {
         Key::ticket(*id, e.key).ok()
     }
 
-    /// Spent whatever the answer: a ticket shown for another service is
-    /// gone too.
+    /// The copy session spends the ticket's one copy; a probe session
+    /// one of its [`MAX_PROBES`]; a ticket shown for any other service is
+    /// gone.
     fn redeem(&self, id: &Id, service: &str, now: Instant) -> Option<Vec<u8>> {
-        let e = self.lock().remove(id)?;
-        (now < e.until && service == SERVICE).then_some(e.grant)
+        let mut live = self.lock();
+        let e = live.get_mut(id).filter(|e| now < e.until)?;
+        let out = match service {
+            SERVICE if e.copy => {
+                e.copy = false;
+                Some(e.grant.clone())
+            }
+            PROBE if e.probes > 0 => {
+                e.probes -= 1;
+                Some(Vec::new())
+            }
+            SERVICE | PROBE => None,
+            _ => {
+                e.copy = false;
+                e.probes = 0;
+                None
+            }
+        };
+        if !e.copy && e.probes == 0 {
+            live.remove(id);
+        }
+        out
     }
 }
 
@@ -317,14 +350,21 @@ mod tests {
         let t0 = Instant::now();
         let (id, key) = book.issue(&grant("f"), t0).unwrap();
         assert_eq!(book.key(&id, t0), Key::ticket(id, key).ok());
+        assert_eq!(book.redeem(&id, "probe", t0), Some(Vec::new()));
         assert_eq!(book.redeem(&id, "copy", t0), Some(grant("f").encode()));
-        // Reused: gone.
-        assert_eq!(book.key(&id, t0), None);
+        // Reused: refused.
         assert_eq!(book.redeem(&id, "copy", t0), None);
-        // Shown for another service: refused, and spent too.
+        // The probes it has left, then nothing.
+        for _ in 1..MAX_PROBES {
+            assert_eq!(book.redeem(&id, "probe", t0), Some(Vec::new()));
+        }
+        assert_eq!(book.redeem(&id, "probe", t0), None);
+        assert_eq!(book.key(&id, t0), None, "gone once all is spent");
+        // Shown for another service: refused, and spent whole.
         let (id, _) = book.issue(&grant("f"), t0).unwrap();
         assert_eq!(book.redeem(&id, "test", t0), None);
         assert_eq!(book.redeem(&id, "copy", t0), None);
+        assert_eq!(book.redeem(&id, "probe", t0), None);
         // An id never issued.
         assert_eq!(book.key(&[0; 16], t0), None);
     }

@@ -3,9 +3,10 @@
 //!
 //! The source's `HEAD` was asked `Fatpipe-Ticket: read` and answered with
 //! a one-time ticket for that file ([`crate::ticket`]). The copy then
-//! runs as `fatpipe copy` pulls: streams planned from the round trip the
-//! HTTP connection measured (`fatpipe_tune::auto::blind`, the source's
-//! own probe service being closed to a ticket) and adjusted in flight,
+//! runs as `fatpipe copy` pulls: auto-tuned by the same pre-flight (the
+//! ticket also opens a few sessions of the source's path probe; without
+//! one, planned from the HTTP connection's round trip) and adjusted in
+//! flight,
 //! chunks verified as they land, a dropped session resumed from the
 //! journal (each new session with a fresh ticket, asked with another
 //! `HEAD`), the file named only once whole. The markers count what the
@@ -22,6 +23,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use fatpipe_engine::Stream;
 use fatpipe_transfer::hash::Algo as ChunkAlgo;
@@ -175,18 +177,18 @@ pub(super) fn pull(
         .map_or(Duration::from_millis(1), |us| {
             Duration::from_micros(u64::from(us))
         });
-    // The plan from the round trip alone (the source's probe service is
-    // not the ticket's to open), adjusted in flight unless the client set
-    // a ceiling on the connections.
-    let pre =
-        service::preflight_request(addr, fatpipe_engine::ClientOptions::default(), false, None);
-    let tuning = auto::blind_live(rtt, 1500, &pre.preflight.policy)
-        .ok()
-        .map(|p| CopyTuning::new(auto::settle_with(p, (&pre).into()), false, None));
-    let mut streams = tuning.as_ref().map_or(8, |t| t.streams);
-    if let Some(c) = job.ceiling {
-        streams = streams.min(u16::try_from(c).unwrap_or(u16::MAX)).max(1);
-    }
+    // Auto-tuning as `fatpipe copy` runs it: the ticket also opens the
+    // source's path probe (a few sessions, no file); the plan comes
+    // while the copy's control session connects. Without a probe (it
+    // failed), the plan from the HTTP connection's round trip alone.
+    let options = fatpipe_engine::ClientOptions {
+        key: Some(first.clone()),
+        ..fatpipe_engine::ClientOptions::default()
+    };
+    let pre = service::preflight_request(addr, options, false, None);
+    let ceiling = job
+        .ceiling
+        .map(|c| u16::try_from(c).unwrap_or(u16::MAX).max(1));
     let fd = dest.parent.as_fd().as_raw_fd();
     let local_dest =
         PathBuf::from(format!("/proc/self/fd/{fd}")).join(OsStr::from_bytes(dest.name));
@@ -201,13 +203,11 @@ pub(super) fn pull(
         sync: true,
         direct: true,
         algo: ChunkAlgo::Xxh3,
-        streams,
-        chunk_size: tuning.as_ref().map_or(CHUNK, |t| t.chunk_size),
+        streams: ceiling.unwrap_or(8),
+        chunk_size: CHUNK,
         auto_chunk: true,
         bwlimit: None,
-        tuning: tuning
-            .as_ref()
-            .map_or_else(SocketTuning::default, |t| t.server.clone()),
+        tuning: SocketTuning::default(),
         retries: RETRIES,
         sendfile: true,
         corrupt_chunk: None,
@@ -229,14 +229,8 @@ pub(super) fn pull(
             .key()
             .ok_or_else(|| CopyError::Failed("the new ticket's key is unusable".into()))
     });
-    let engine = EngineLink::new(addr, None).with_tickets(draw);
-    engine.set_data(
-        tuning
-            .as_ref()
-            .map_or_else(DataOpts::default, |t| t.data.clone()),
-    );
     let link = LegLink {
-        inner: engine,
+        inner: EngineLink::new(addr, None).with_tickets(draw),
         state: Arc::clone(&job.state),
     };
     {
@@ -244,24 +238,72 @@ pub(super) fn pull(
         r.clear();
         r.push(addr);
     }
-    let tuner = tuning
-        .as_ref()
-        .filter(|_| job.ceiling.is_none())
-        .map(|t| CopyTuner::new(t, None));
+    // In flight the streams are adjusted, unless the client set a ceiling.
+    let tuner: OnceLock<CopyTuner> = OnceLock::new();
     let steer = |live: &Live| {
-        if let Some(t) = &tuner {
+        if let Some(t) = tuner.get() {
             t.run(live, &mut |_| {});
         }
     };
+    // The source's checksum, to carry: asked for meanwhile when its HEAD
+    // did not say it (the source keeps it once computed).
+    let rt = pool::runtime();
+    let asked = match (stat.digests.is_empty(), rt) {
+        (true, Some(rt)) => {
+            let (u, o) = (url.clone(), job.opts.clone());
+            Some(rt.spawn(async move {
+                let mut c = client::connect(&u, &o).await.ok()?;
+                let (_, st) = client::head(&mut c, &o).await.ok()?;
+                pool::put(c);
+                Some(st.digests)
+            }))
+        }
+        _ => None,
+    };
     let progress = Arc::clone(&job.state.progress);
     let quiet = |_: &str| {};
-    let result = session::run_client_tuned(
-        &link,
-        &tj,
-        Arc::clone(&progress),
-        &quiet,
-        tuner.is_some().then_some(&steer as &session::Tuner<'_>),
-    );
+    let result = std::thread::scope(|scope| {
+        let probe = scope.spawn(|| {
+            auto::run(&pre)
+                .ok()
+                .or_else(|| {
+                    auto::blind_live(rtt, 1500, &pre.preflight.policy)
+                        .ok()
+                        .map(|p| auto::settle_with(p, (&pre).into()))
+                })
+                .map(|t| CopyTuning::new(t, false, None))
+        });
+        let mut probe = Some(probe);
+        let (tuner, link) = (&tuner, &link);
+        let mut prepare = move |tj: &mut session::Job| -> Result<(), CopyError> {
+            let tuned = probe
+                .take()
+                .ok_or_else(|| CopyError::Failed("auto-tuning ran twice".into()))?
+                .join()
+                .map_err(|_| CopyError::Failed("the auto-tuning thread panicked".into()))?;
+            match tuned {
+                Some(t) => {
+                    tj.streams = ceiling.map_or(t.streams, |c| t.streams.min(c));
+                    tj.chunk_size = t.chunk_size;
+                    tj.tuning = t.server.clone();
+                    link.inner.set_data(t.data.clone());
+                    if ceiling.is_none() {
+                        let _ = tuner.set(CopyTuner::new(&t, None));
+                    }
+                }
+                None => link.inner.set_data(DataOpts::default()),
+            }
+            Ok(())
+        };
+        session::run_client_prepared(
+            link,
+            &tj,
+            Some(&mut prepare as &mut session::Prepare<'_>),
+            Arc::clone(&progress),
+            &quiet,
+            Some(&steer as &session::Tuner<'_>),
+        )
+    });
     let moved = progress.bytes.load(Ordering::Relaxed);
     let cleanup = || {
         let _ = dest.parent.unlink_at(&part_name(dest.name));
@@ -305,16 +347,19 @@ pub(super) fn pull(
         (Err(e), _) => return End::Failed(format!("the file the leg wrote: {e}")),
         _ => {}
     }
+    let digests = match (asked, rt) {
+        (Some(h), Some(rt)) => rt.block_on(h).ok().flatten().unwrap_or_default(),
+        _ => stat.digests.clone(),
+    };
     let mut sums = Sums::default();
-    for (a, v) in &stat.digests {
+    for (a, v) in &digests {
         sums.set(*a, v.clone());
     }
-    let carried = stat
-        .digests
+    let carried = digests
         .first()
         .map(|(a, v)| format!(", {} carried from the source", client::show_digest(*a, v)))
         .unwrap_or_default();
-    if !stat.digests.is_empty() {
+    if !digests.is_empty() {
         let _ = digest::store(dest.parent, dest.name, &file, &sums);
     }
     if let Err(e) = dest.parent.sync() {
