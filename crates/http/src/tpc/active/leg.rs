@@ -138,6 +138,31 @@ impl Conn for LegConn {
     }
 }
 
+/// Plans probed for peers (the copy port's address), kept for
+/// [`PLAN_TTL`]: a warm pair's next leg starts without a probe. Bounded.
+static PLANS: Mutex<Vec<(SocketAddr, Instant, CopyTuning)>> = Mutex::new(Vec::new());
+/// How long a probed plan is used again.
+const PLAN_TTL: Duration = Duration::from_secs(600);
+/// The most peers whose plans are kept.
+const MAX_PLANS: usize = 256;
+
+fn remembered(addr: SocketAddr) -> Option<CopyTuning> {
+    let mut p = lock(&PLANS);
+    p.retain(|(_, at, _)| at.elapsed() < PLAN_TTL);
+    p.iter()
+        .find(|(a, _, _)| *a == addr)
+        .map(|(_, _, t)| t.clone())
+}
+
+fn remember(addr: SocketAddr, t: &CopyTuning) {
+    let mut p = lock(&PLANS);
+    p.retain(|(a, at, _)| *a != addr && at.elapsed() < PLAN_TTL);
+    if p.len() >= MAX_PLANS {
+        p.remove(0);
+    }
+    p.push((addr, Instant::now(), t.clone()));
+}
+
 /// Where the leg pulls to.
 pub(super) struct Dest<'a> {
     pub(super) parent: &'a Dir,
@@ -168,6 +193,7 @@ pub(super) fn pull(
     if let Err(why) = job.policy.check(addr.ip()) {
         return End::Fallback(format!("{addr}: {why}"));
     }
+    let t0 = Instant::now();
     let Some(first) = offer.key() else {
         return End::Fallback("the ticket's key is unusable".into());
     };
@@ -262,25 +288,31 @@ pub(super) fn pull(
     };
     let progress = Arc::clone(&job.state.progress);
     let quiet = |_: &str| {};
+    // A warm pair: a plan probed for this peer in the last minutes is
+    // used again, without a probe (FTS sends one COPY per file).
+    let mut warm = remembered(addr);
     let result = std::thread::scope(|scope| {
-        let probe = scope.spawn(|| {
-            auto::run(&pre)
-                .ok()
-                .or_else(|| {
-                    auto::blind_live(rtt, 1500, &pre.preflight.policy)
-                        .ok()
-                        .map(|p| auto::settle_with(p, (&pre).into()))
-                })
-                .map(|t| CopyTuning::new(t, false, None))
+        let mut probe = warm.is_none().then(|| {
+            scope.spawn(|| match auto::run(&pre) {
+                Ok(t) => {
+                    let t = CopyTuning::new(t, false, None);
+                    remember(addr, &t);
+                    Some(t)
+                }
+                Err(_) => auto::blind_live(rtt, 1500, &pre.preflight.policy)
+                    .ok()
+                    .map(|p| CopyTuning::new(auto::settle_with(p, (&pre).into()), false, None)),
+            })
         });
-        let mut probe = Some(probe);
         let (tuner, link) = (&tuner, &link);
         let mut prepare = move |tj: &mut session::Job| -> Result<(), CopyError> {
-            let tuned = probe
-                .take()
-                .ok_or_else(|| CopyError::Failed("auto-tuning ran twice".into()))?
-                .join()
-                .map_err(|_| CopyError::Failed("the auto-tuning thread panicked".into()))?;
+            let tuned = match (warm.take(), probe.take()) {
+                (Some(t), _) => Some(t),
+                (None, Some(p)) => p
+                    .join()
+                    .map_err(|_| CopyError::Failed("the auto-tuning thread panicked".into()))?,
+                (None, None) => return Err(CopyError::Failed("auto-tuning ran twice".into())),
+            };
             match tuned {
                 Some(t) => {
                     tj.streams = ceiling.map_or(t.streams, |c| t.streams.min(c));
@@ -304,6 +336,7 @@ pub(super) fn pull(
             Some(&steer as &session::Tuner<'_>),
         )
     });
+    let ran = t0.elapsed();
     let moved = progress.bytes.load(Ordering::Relaxed);
     let cleanup = || {
         let _ = dest.parent.unlink_at(&part_name(dest.name));
@@ -366,6 +399,15 @@ pub(super) fn pull(
         return End::Failed(format!("syncing the directory: {e}"));
     }
     let secs = report.elapsed.as_secs_f64();
+    let timing = format!(
+        "; {:.1} s to connect and plan, {:.1} s copying, {:.1} s to finish",
+        report
+            .marks
+            .prepared
+            .map_or(0.0, |p| p.saturating_duration_since(t0).as_secs_f64()),
+        secs,
+        (t0.elapsed() - ran).as_secs_f64()
+    );
     End::Done(format!(
         "{} bytes over the fatpipe leg from {addr} ({} streams, {:.2} Gbit/s, every chunk verified{}){carried}",
         report.summary.bytes_written,
@@ -379,7 +421,7 @@ pub(super) fn pull(
             format!(", {} reconnects", report.reconnects)
         } else {
             String::new()
-        }
+        } + &timing
     ))
 }
 
