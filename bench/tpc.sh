@@ -27,7 +27,10 @@
 # are medians, and noisy.
 #
 # Settings (environment):
-#   RUNS=3 SIZE=2G LINKS="93ms:0.01% 228ms:0.1%" SMALL_N=500
+#   RUNS=3 SIZE=2G LINKS="93ms:0.01% 228ms:0.1%" SMALL_N=500 (0: none)
+#   ONLY="fp-fp copy"         (the variants to run; default every one)
+#   LEG=off                   (fatpipe's COPYs over HTTP, not the leg)
+#   LABNAME=name              (the lab's name; default fpt<PID>)
 #   FATPIPE=path/to/fatpipe   (default: build with cargo --release)
 #   KEEP=1                    (keep the work directory)
 set -euo pipefail
@@ -39,7 +42,10 @@ SMALL_N=${SMALL_N:-500}
 PORT_FP=8080
 PORT_COPY=5301
 PORT_XRD=1094
-LABNAME="fpt$$"
+LABNAME=${LABNAME:-fpt$$}
+ONLY=${ONLY:-fp-fp fp-xrd xrd-1 xrd-4 copy}
+LEG=${LEG:-on}
+want() { case " $ONLY " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 BENCH=tpc
 . "$(dirname "$0")/lib.sh"
@@ -138,7 +144,7 @@ for link in $LINKS; do
         --key-file "$work/key" --export "src=$src:public" --http "$B:$PORT_FP" ||
         die "fatpipe server did not start in b"
     start_server "fp-$LABNAME-a" fpa "$PORT_FP" "$FATPIPE" server --bind "$A" --port "$PORT_COPY" \
-        --key-file "$work/key" --export "dst=$dst:public" --http "$A:$PORT_FP" ||
+        --key-file "$work/key" --export "dst=$dst:public" --http "$A:$PORT_FP" --http-tpc-leg "$LEG" ||
         die "fatpipe server did not start in a"
     xrootd_cfg b "$B" "$xsrc"
     xrootd_cfg a "$A" "$xdst"
@@ -153,20 +159,30 @@ for link in $LINKS; do
     gc=(gfal-copy -t 3600 --copy-mode pull -K adler32)
     for r in $(seq "$RUNS"); do
         clean_dst
-        v=$(timed "${gc[@]}" -n 1 "http://$B:$PORT_FP/src/big.bin" "http://$A:$PORT_FP/dst/fp.bin")
-        echo "$v" >>"$work/$rtt-fp-fp.txt"; echo "  run $r fp-fp (gfal-copy, 1 stream): $(ratio "$v" 1e9 %.3f) Gbit/s"
-        v=$(timed "${gc[@]}" -n 1 "http://$B:$PORT_XRD/big.bin" "http://$A:$PORT_FP/dst/fx.bin")
-        echo "$v" >>"$work/$rtt-fp-xrd.txt"; echo "  run $r fp-xrd (fatpipe pulls from XRootD): $(ratio "$v" 1e9 %.3f) Gbit/s"
-        v=$(timed "${gc[@]}" -n 1 "http://$B:$PORT_XRD/big.bin" "http://$A:$PORT_XRD/x1.bin")
-        echo "$v" >>"$work/$rtt-xrd-1.txt"; echo "  run $r xrd-xrd 1 stream: $(ratio "$v" 1e9 %.3f) Gbit/s"
+        if want fp-fp; then
+            v=$(timed "${gc[@]}" -n 1 "http://$B:$PORT_FP/src/big.bin" "http://$A:$PORT_FP/dst/fp.bin")
+            echo "$v" >>"$work/$rtt-fp-fp.txt"; echo "  run $r fp-fp (gfal-copy, 1 stream): $(ratio "$v" 1e9 %.3f) Gbit/s"
+        fi
+        if want fp-xrd; then
+            v=$(timed "${gc[@]}" -n 1 "http://$B:$PORT_XRD/big.bin" "http://$A:$PORT_FP/dst/fx.bin")
+            echo "$v" >>"$work/$rtt-fp-xrd.txt"; echo "  run $r fp-xrd (fatpipe pulls from XRootD): $(ratio "$v" 1e9 %.3f) Gbit/s"
+        fi
+        if want xrd-1; then
+            v=$(timed "${gc[@]}" -n 1 "http://$B:$PORT_XRD/big.bin" "http://$A:$PORT_XRD/x1.bin")
+            echo "$v" >>"$work/$rtt-xrd-1.txt"; echo "  run $r xrd-xrd 1 stream: $(ratio "$v" 1e9 %.3f) Gbit/s"
+        fi
         clean_dst
-        v=$(timed "${gc[@]}" -n 4 "http://$B:$PORT_XRD/big.bin" "http://$A:$PORT_XRD/x4.bin")
-        echo "$v" >>"$work/$rtt-xrd-4.txt"; echo "  run $r xrd-xrd 4 streams: $(ratio "$v" 1e9 %.3f) Gbit/s"
-        v=$(timed "$FATPIPE" copy -q --port "$PORT_COPY" --key-file "$work/key" "$B:src/big.bin" "$work/copied/")
-        echo "$v" >>"$work/$rtt-copy.txt"; echo "  run $r fatpipe copy: $(ratio "$v" 1e9 %.3f) Gbit/s"
+        if want xrd-4; then
+            v=$(timed "${gc[@]}" -n 4 "http://$B:$PORT_XRD/big.bin" "http://$A:$PORT_XRD/x4.bin")
+            echo "$v" >>"$work/$rtt-xrd-4.txt"; echo "  run $r xrd-xrd 4 streams: $(ratio "$v" 1e9 %.3f) Gbit/s"
+        fi
+        if want copy; then
+            v=$(timed "$FATPIPE" copy -q --port "$PORT_COPY" --key-file "$work/key" "$B:src/big.bin" "$work/copied/")
+            echo "$v" >>"$work/$rtt-copy.txt"; echo "  run $r fatpipe copy: $(ratio "$v" 1e9 %.3f) Gbit/s"
+        fi
     done
     clean_dst
-    m() { median '%.0f' <"$work/$rtt-$1.txt"; }
+    m() { [ -s "$work/$rtt-$1.txt" ] && median '%.0f' <"$work/$rtt-$1.txt" || echo n/a; }
     fp=$(m fp-fp) fx=$(m fp-xrd) x1=$(m xrd-1) x4=$(m xrd-4) cp=$(m copy)
     best=$(printf '%s\n%s\n' "$x1" "$x4" | median '%.0f')
     is_num "$x1" && is_num "$x4" && best=$(awk -v a="$x1" -v b="$x4" 'BEGIN{print (a > b ? a : b)}')
@@ -179,6 +195,12 @@ for link in $LINKS; do
     summary+=("$tag: fatpipe COPY $(ratio "$fp" 1e9 %.3f) Gbit/s = $(ratio "$fp" "$cp") x fatpipe copy (target >= 0.95), $(ratio "$fp" "$best") x XRootD's best")
 
     # Small files, one COPY each, in sequence.
+    if [ "$SMALL_N" = 0 ]; then
+        clean_dst
+        stop_servers
+        "$FATPIPE" lab down "$LABNAME" >/dev/null
+        continue
+    fi
     n_fp=0 n_x=0
     t0=$(date +%s.%N)
     for i in $(seq "$SMALL_N"); do

@@ -135,9 +135,17 @@ pub struct ServerSession {
     /// Set by the watchdog when the session did not start in time.
     expired: Arc<AtomicBool>,
     authenticated: bool,
+    ticket: Option<Vec<u8>>,
 }
 
 impl ServerSession {
+    /// What the one-time ticket that opened this session grants (the
+    /// issuer's bytes; docs/protocol.md "Tickets"); `None` for a session
+    /// opened with the key or without one.
+    pub fn ticket(&self) -> Option<&[u8]> {
+        self.ticket.as_deref()
+    }
+
     /// True if `bytes` is this session's cookie (for services that accept
     /// cookie-bearing hellos elsewhere, e.g. over UDP). Constant time.
     pub fn cookie_matches(&self, bytes: &[u8]) -> bool {
@@ -268,6 +276,7 @@ pub struct ServerBuilder {
     observer: Arc<dyn Observer>,
     drain_timeout: Duration,
     fronts: Vec<(TcpListener, Arc<dyn FrontEnd>, PortCaps)>,
+    tickets: Option<Arc<dyn fatpipe_proto::Tickets>>,
 }
 
 /// Caps per source address (IPv4 address, or IPv6 /64).
@@ -332,6 +341,7 @@ impl Default for ServerBuilder {
             observer: Arc::new(NoObserver),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             fronts: Vec::new(),
+            tickets: None,
         }
     }
 }
@@ -346,6 +356,15 @@ impl ServerBuilder {
     /// Requires clients to prove this key.
     pub fn key(mut self, key: Option<Key>) -> Self {
         self.key = key;
+        self
+    }
+
+    /// Accepts one-time tickets from this book instead of the key
+    /// (`TicketAuth`, docs/protocol.md "Tickets"): each opens one session
+    /// of the service it names, which sees what it grants in
+    /// [`ServerSession::ticket`].
+    pub fn tickets(mut self, book: Arc<dyn fatpipe_proto::Tickets>) -> Self {
+        self.tickets = Some(book);
         self
     }
 
@@ -471,6 +490,7 @@ impl ServerBuilder {
                 key: self.key,
                 preauth_timeout: self.preauth_timeout,
                 keyless_services,
+                tickets: self.tickets,
             },
             start_timeout: self.start_timeout,
             cookies: Mutex::new(HashMap::new()),
@@ -724,11 +744,13 @@ fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
                     service,
                     params,
                     authenticated,
+                    ticket: grant,
                 } => {
                     let open = Opened {
                         name: &service,
                         params,
                         authenticated,
+                        ticket: grant,
                     };
                     return open_session(shared, ticket, conn, stream, open);
                 }
@@ -788,6 +810,7 @@ struct Opened<'a> {
     name: &'a str,
     params: Vec<u8>,
     authenticated: bool,
+    ticket: Option<Vec<u8>>,
 }
 
 fn open_session(
@@ -802,6 +825,7 @@ fn open_session(
         name,
         params,
         authenticated,
+        ticket: grant,
     } = open;
     let Some(service) = shared.services.get(name).cloned() else {
         let mut names: Vec<_> = shared.services.keys().copied().collect();
@@ -880,6 +904,7 @@ fn open_session(
         started: Arc::clone(&started),
         expired: Arc::clone(&expired),
         authenticated,
+        ticket: grant,
     };
     lock(&shared.live).insert(
         cookie,
@@ -900,7 +925,12 @@ fn open_session(
             control.abort();
         });
     }
-    ticket.log(&format!("{peer}: {name} session started"));
+    let by = if session.ticket.is_some() {
+        " (one-time ticket)"
+    } else {
+        ""
+    };
+    ticket.log(&format!("{peer}: {name} session started{by}"));
     let started = Instant::now();
     let outcome = match service.serve(session) {
         Ok(()) => {

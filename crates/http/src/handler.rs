@@ -414,6 +414,9 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
     let size = meta.size;
     let etag = digest::etag(&meta);
     let mut h = HeaderMap::new();
+    if let (Some(leg), Some(rel)) = (&sh.cfg.leg, &t.rel) {
+        crate::ticket::answer(leg, req.headers(), &f.export.name, rel.as_bytes(), &mut h);
+    }
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     insert(&mut h, header::ETAG, &etag);
     insert(&mut h, header::LAST_MODIFIED, &dav::http_date(&meta));

@@ -45,6 +45,7 @@ pub mod handler;
 pub mod path;
 pub mod range;
 mod sndbuf;
+pub mod ticket;
 pub mod token;
 pub mod tpc;
 
@@ -138,6 +139,21 @@ pub struct Config {
     pub archive: Option<archive::Sink>,
     /// Third-party copy (`COPY`): address policy, caps, timeouts.
     pub tpc: tpc::Settings,
+    /// The passive end of a third-party copy's leg: the one-time tickets
+    /// this port issues for the copy service's port (docs/http.md, "The
+    /// leg"); `None`: no `Fatpipe-Copy` or `Fatpipe-Ticket` answers.
+    pub leg: Option<Passive>,
+}
+
+/// What the HTTP port offers a peer that copies from it over the copy
+/// protocol (docs/http.md, "The leg").
+#[derive(Debug, Clone)]
+pub struct Passive {
+    /// The copy service's port (set once it is bound).
+    pub port: Arc<std::sync::OnceLock<u16>>,
+    /// The tickets, shared with the copy service's port
+    /// (`ServerBuilder::tickets`).
+    pub book: Arc<ticket::Book>,
 }
 
 impl Config {
@@ -172,6 +188,7 @@ impl Config {
             limits: Limits::default(),
             archive: None,
             tpc: tpc::Settings::default(),
+            leg: None,
         })
     }
 

@@ -9,11 +9,13 @@
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
-use crate::message::{Mac, Nonce};
+use crate::message::{Mac, Nonce, TicketId};
 
-/// A pre-shared key. Its bytes are not printed by `Debug`.
+/// A pre-shared key, or a one-time ticket's key with the ticket's id
+/// ([`Key::ticket`]: the client then proves it with `TicketAuth`). Its
+/// bytes are not printed by `Debug`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Key(Vec<u8>);
+pub struct Key(Vec<u8>, Option<TicketId>);
 
 /// The key is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,7 +38,21 @@ impl Key {
         if bytes.len() < MIN_KEY_LEN {
             return Err(KeyError::TooShort(bytes.len()));
         }
-        Ok(Key(bytes))
+        Ok(Key(bytes, None))
+    }
+
+    /// A ticket's key (32 random bytes the issuer drew) with its id: a
+    /// client holding it proves it with `TicketAuth` instead of
+    /// `ClientAuth` (docs/protocol.md, "Tickets").
+    pub fn ticket(id: TicketId, bytes: impl Into<Vec<u8>>) -> Result<Key, KeyError> {
+        let mut k = Key::new(bytes)?;
+        k.1 = Some(id);
+        Ok(k)
+    }
+
+    /// The ticket's id, for a ticket's key.
+    pub fn ticket_id(&self) -> Option<&TicketId> {
+        self.1.as_ref()
     }
 
     /// The key's bytes (the TLS identity of `--encrypt` is derived from

@@ -33,12 +33,13 @@
 //! caller attaches it.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::Key;
 use crate::coding::DecodeError;
 use crate::frame::FrameDecoder;
-use crate::message::{ErrorCode, Message, Nonce, VERSION};
+use crate::message::{ErrorCode, Message, Nonce, TicketId, VERSION};
 use crate::Cookie;
 
 /// How a session ended, or why it could not start.
@@ -88,6 +89,11 @@ pub enum ConnError {
     /// The client's proof was wrong (server side: the client has the wrong key).
     #[error("authentication failed: the client's key does not match")]
     AuthFailed,
+    /// A one-time ticket was refused (server side).
+    #[error(
+        "the ticket is unknown, expired, spent or not for this service, or its proof is wrong"
+    )]
+    TicketRefused,
     /// This client has a key but the server did not prove it has it too.
     #[error("the server did not authenticate (it has no key, or is not the server you meant); drop --key-file only if you trust this path")]
     ServerUnauthenticated,
@@ -117,6 +123,7 @@ impl ConnError {
             ConnError::NotFatpipe(_)
                 | ConnError::AuthRequired
                 | ConnError::AuthFailed
+                | ConnError::TicketRefused
                 | ConnError::ServerUnauthenticated
                 | ConnError::ServerProofFailed
                 | ConnError::Rejected {
@@ -192,6 +199,9 @@ pub enum ServerEvent {
         /// false for a keyless client of a keyed server opening one of
         /// its `keyless_services`.
         authenticated: bool,
+        /// What the one-time ticket the client proved grants (opaque
+        /// here: the service reads it); `None` without a ticket.
+        ticket: Option<Vec<u8>>,
     },
     /// This is a data connection; answer with [`ServerConn::attach`] or
     /// [`ServerConn::reject`]. After `attach` the machine is done and the
@@ -231,6 +241,21 @@ pub struct ServerConfig {
     /// Services a client without the key may open on a keyed server (it
     /// is then told `authenticated: false`); empty: none.
     pub keyless_services: Vec<String>,
+    /// The one-time tickets a client may prove instead of the key
+    /// (`TicketAuth`); `None`: tickets are refused.
+    pub tickets: Option<Arc<dyn Tickets>>,
+}
+
+/// The server's one-time tickets, issued elsewhere (the HTTP port, for
+/// the leg of a third-party copy; docs/protocol.md, "Tickets"). Each
+/// grants one session of one service, for a short time.
+pub trait Tickets: Send + Sync + std::fmt::Debug {
+    /// The key of a live ticket (not spent, not expired), without spending
+    /// it.
+    fn key(&self, id: &TicketId, now: Instant) -> Option<Key>;
+    /// Spends the ticket on a session of `service`: what it grants, or
+    /// `None` if it is unknown, expired, spent or not for this service.
+    fn redeem(&self, id: &TicketId, service: &str, now: Instant) -> Option<Vec<u8>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,6 +450,15 @@ impl ClientConn {
                     );
                 }
                 match (auth_required, self.config.key.clone()) {
+                    // A ticket is proven whatever the server requires: it
+                    // is what grants the session.
+                    (_, Some(key)) if key.ticket_id().is_some() => {
+                        let ticket = key.ticket_id().copied().unwrap_or_default();
+                        let mac = key.client_proof(&server_nonce, &self.nonce);
+                        self.send(&Message::TicketAuth { ticket, mac });
+                        self.send_open();
+                        self.state = ClientState::AwaitServerAuth { server_nonce };
+                    }
                     (true, Some(key)) => {
                         let mac = key.client_proof(&server_nonce, &self.nonce);
                         self.send(&Message::ClientAuth { mac });
@@ -507,6 +541,7 @@ enum ServerState {
     AwaitHello,
     AwaitAuth { client_nonce: Nonce },
     AwaitOpen,
+    AwaitTicketOpen { ticket: TicketId },
     AwaitDecision,
     Established,
     DataPending,
@@ -520,7 +555,9 @@ enum ServerState {
 pub struct ServerConn {
     key: Option<Key>,
     keyless_services: Vec<String>,
+    tickets: Option<Arc<dyn Tickets>>,
     nonce: Nonce,
+    client_nonce: Nonce,
     state: ServerState,
     deadline: Option<Instant>,
     decoder: FrameDecoder,
@@ -534,7 +571,9 @@ impl ServerConn {
         ServerConn {
             key: config.key.clone(),
             keyless_services: config.keyless_services.clone(),
+            tickets: config.tickets.clone(),
             nonce,
+            client_nonce: [0; 32],
             state: ServerState::AwaitHello,
             deadline: Some(now + config.preauth_timeout),
             decoder: FrameDecoder::new(),
@@ -544,7 +583,7 @@ impl ServerConn {
     }
 
     /// Feeds bytes read from the socket.
-    pub fn handle_input(&mut self, _now: Instant, data: &[u8]) {
+    pub fn handle_input(&mut self, now: Instant, data: &[u8]) {
         if matches!(self.state, ServerState::Closed | ServerState::DataAttached) {
             return;
         }
@@ -561,7 +600,7 @@ impl ServerConn {
             }
             match self.decoder.next_frame() {
                 Ok(Some(body)) => match Message::decode(&body) {
-                    Ok(msg) => self.on_message(msg),
+                    Ok(msg) => self.on_message(now, msg),
                     Err(e) => self.fail(ConnError::Decode(e), ErrorCode::Protocol),
                 },
                 Ok(None) => break,
@@ -684,7 +723,7 @@ impl ServerConn {
         self.decoder.wanted()
     }
 
-    fn on_message(&mut self, msg: Message) {
+    fn on_message(&mut self, now: Instant, msg: Message) {
         match (self.state, msg) {
             (ServerState::Established, Message::Payload(p)) => {
                 self.events.push_back(ServerEvent::Payload(p));
@@ -711,6 +750,7 @@ impl ServerConn {
                     auth_required: self.key.is_some(),
                     nonce: self.nonce,
                 });
+                self.client_nonce = nonce;
                 self.state = match self.key {
                     Some(_) => ServerState::AwaitAuth {
                         client_nonce: nonce,
@@ -753,6 +793,38 @@ impl ServerConn {
                 }
                 self.state = ServerState::AwaitOpen;
             }
+            (ServerState::AwaitAuth { .. }, Message::TicketAuth { ticket, mac })
+            | (ServerState::AwaitOpen, Message::TicketAuth { ticket, mac })
+                if self.key.is_none() || matches!(self.state, ServerState::AwaitAuth { .. }) =>
+            {
+                let key = self.tickets.as_ref().and_then(|t| t.key(&ticket, now));
+                let ok = key
+                    .as_ref()
+                    .is_some_and(|k| k.verify_client(&self.nonce, &self.client_nonce, &mac));
+                let Some(key) = key.filter(|_| ok) else {
+                    return self.fail(ConnError::TicketRefused, ErrorCode::AuthFailed);
+                };
+                let mac = key.server_proof(&self.client_nonce, &self.nonce);
+                self.send(&Message::ServerAuth { mac });
+                self.state = ServerState::AwaitTicketOpen { ticket };
+            }
+            (ServerState::AwaitTicketOpen { ticket }, Message::Open { service, params }) => {
+                let grant = self
+                    .tickets
+                    .as_ref()
+                    .and_then(|t| t.redeem(&ticket, &service, now));
+                let Some(grant) = grant else {
+                    return self.fail(ConnError::TicketRefused, ErrorCode::AuthFailed);
+                };
+                self.state = ServerState::AwaitDecision;
+                self.deadline = None;
+                self.events.push_back(ServerEvent::Open {
+                    service,
+                    params,
+                    authenticated: false,
+                    ticket: Some(grant),
+                });
+            }
             (ServerState::AwaitAuth { .. }, Message::Open { service, params }) => {
                 if !self.keyless_services.contains(&service) {
                     return self.fail(ConnError::AuthRequired, ErrorCode::AuthRequired);
@@ -763,6 +835,7 @@ impl ServerConn {
                     service,
                     params,
                     authenticated: false,
+                    ticket: None,
                 });
             }
             (ServerState::AwaitOpen, Message::Open { service, params }) => {
@@ -772,6 +845,7 @@ impl ServerConn {
                     service,
                     params,
                     authenticated: true,
+                    ticket: None,
                 });
             }
             (state, msg) => {
@@ -810,6 +884,7 @@ fn msg_name(m: &Message) -> &'static str {
         Message::ServerHello { .. } => "ServerHello",
         Message::ClientAuth { .. } => "ClientAuth",
         Message::ServerAuth { .. } => "ServerAuth",
+        Message::TicketAuth { .. } => "TicketAuth",
         Message::Open { .. } => "Open",
         Message::Accept { .. } => "Accept",
         Message::Reject { .. } => "Reject",
@@ -835,6 +910,7 @@ fn server_state_name(s: ServerState) -> &'static str {
         ServerState::AwaitHello => "waiting for a hello",
         ServerState::AwaitAuth { .. } => "waiting for ClientAuth",
         ServerState::AwaitOpen => "waiting for Open",
+        ServerState::AwaitTicketOpen { .. } => "waiting for Open after a ticket",
         ServerState::AwaitDecision => "deciding on Open",
         ServerState::Established => "established",
         ServerState::DataPending => "attaching a data connection",

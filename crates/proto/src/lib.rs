@@ -38,9 +38,10 @@ pub use auth::{Key, KeyError};
 pub use coding::DecodeError;
 pub use conn::{
     ClientConfig, ClientConn, ClientEvent, ConnError, ServerConfig, ServerConn, ServerEvent,
+    Tickets,
 };
 pub use frame::{FrameDecoder, MAX_FRAME};
-pub use message::{Cookie, ErrorCode, Message, Nonce, MAX_PAYLOAD, VERSION};
+pub use message::{Cookie, ErrorCode, Message, Nonce, TicketId, MAX_PAYLOAD, VERSION};
 pub use text::escape;
 
 #[cfg(test)]

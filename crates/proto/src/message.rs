@@ -34,6 +34,9 @@ pub type Cookie = [u8; 32];
 /// An HMAC-SHA256 tag.
 pub type Mac = [u8; 32];
 
+/// A one-time ticket's id (random; docs/protocol.md, `TicketAuth`).
+pub type TicketId = [u8; 16];
+
 /// Why a peer refused or ended a session, carried in `Reject` and `Close`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -118,6 +121,14 @@ pub enum Message {
         /// `HMAC(key, "fatpipe/1 client" || server nonce || client nonce)`.
         mac: Mac,
     },
+    /// Client → server, instead of `ClientAuth`: the proof of a one-time
+    /// ticket's key (the HTTP port issued it; docs/http.md, "The leg").
+    TicketAuth {
+        /// The ticket's id.
+        ticket: TicketId,
+        /// `HMAC(ticket key, "fatpipe/1 client" || server nonce || client nonce)`.
+        mac: Mac,
+    },
     /// Server → client: the server's HMAC proof of the key (mutual auth).
     ServerAuth {
         /// `HMAC(key, "fatpipe/1 server" || client nonce || server nonce)`.
@@ -175,6 +186,7 @@ const T_DATA_HELLO: u8 = 0x08;
 const T_DATA_ACK: u8 = 0x09;
 const T_PAYLOAD: u8 = 0x10;
 const T_CLOSE: u8 = 0x11;
+const T_TICKET_AUTH: u8 = 0x0a;
 
 impl Message {
     /// Appends this message as one frame. Fails only if the encoded message
@@ -211,6 +223,11 @@ impl Message {
             }
             Message::ClientAuth { mac } => {
                 b.push(T_CLIENT_AUTH);
+                b.extend_from_slice(mac);
+            }
+            Message::TicketAuth { ticket, mac } => {
+                b.push(T_TICKET_AUTH);
+                b.extend_from_slice(ticket);
                 b.extend_from_slice(mac);
             }
             Message::ServerAuth { mac } => {
@@ -290,6 +307,10 @@ impl Message {
             },
             T_CLIENT_AUTH => Message::ClientAuth { mac: r.array()? },
             T_SERVER_AUTH => Message::ServerAuth { mac: r.array()? },
+            T_TICKET_AUTH => Message::TicketAuth {
+                ticket: r.array()?,
+                mac: r.array()?,
+            },
             T_OPEN => {
                 let service = r.text(MAX_SERVICE_NAME, "service name")?;
                 if service.is_empty()

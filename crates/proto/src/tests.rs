@@ -58,6 +58,7 @@ impl Pair {
                 key: server_key.map(|k| Key::new(k).unwrap()),
                 preauth_timeout: TIMEOUT,
                 keyless_services: vec!["public".into()],
+                tickets: None,
             },
             start,
             [0x22; 32],
@@ -201,6 +202,7 @@ fn open_without_key_takes_two_round_trips() {
             service: "test".into(),
             params: b"params".to_vec(),
             authenticated: true,
+            ticket: None,
         }]
     );
     // Without a key the Open rides with the hello: hello and open, server
@@ -431,6 +433,7 @@ fn garbage_and_oversized_frames_close_only_that_connection() {
         key: None,
         preauth_timeout: TIMEOUT,
         keyless_services: Vec::new(),
+        tickets: None,
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     s.handle_input(now, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -478,6 +481,7 @@ fn version_mismatch_is_refused() {
         key: None,
         preauth_timeout: TIMEOUT,
         keyless_services: Vec::new(),
+        tickets: None,
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     let mut wire = Vec::new();
@@ -502,6 +506,7 @@ fn data_hello_reports_cookie_and_stops_framing() {
         key: Some(Key::new(*b"sesame-sesame").unwrap()),
         preauth_timeout: TIMEOUT,
         keyless_services: Vec::new(),
+        tickets: None,
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     let mut wire = Vec::new();
@@ -598,6 +603,7 @@ fn frames_sent_while_the_server_decides_wait_for_its_answer() {
         key: None,
         preauth_timeout: TIMEOUT,
         keyless_services: Vec::new(),
+        tickets: None,
     };
     let mut s = ServerConn::new(&cfg, now, [0; 32]);
     let mut wire = Vec::new();
@@ -672,6 +678,7 @@ fn a_keyless_client_of_a_keyed_server_opens_only_its_keyless_services() {
             service: "public".into(),
             params: b"params".to_vec(),
             authenticated: false,
+            ticket: None,
         }]
     );
     // One round trip: the Open rides with the hello.
@@ -709,4 +716,133 @@ fn a_wrong_key_is_refused_even_for_keyless_services() {
     p.drive(Duration::from_secs(1));
     assert_eq!(p.server_closed(), Some(&ConnError::AuthFailed));
     assert!(!p.client.is_established());
+}
+
+/// A ticket book of one ticket, spendable once for "copy".
+#[derive(Debug)]
+struct OneTicket {
+    id: crate::TicketId,
+    key: Key,
+    spent: std::sync::Mutex<bool>,
+    until: Instant,
+}
+
+impl crate::Tickets for OneTicket {
+    fn key(&self, id: &crate::TicketId, now: Instant) -> Option<Key> {
+        (*id == self.id && now < self.until && !*self.spent.lock().unwrap())
+            .then(|| self.key.clone())
+    }
+    fn redeem(&self, id: &crate::TicketId, service: &str, now: Instant) -> Option<Vec<u8>> {
+        let mut spent = self.spent.lock().unwrap();
+        if *id != self.id || now >= self.until || *spent || service != "copy" {
+            return None;
+        }
+        *spent = true;
+        Some(b"grant".to_vec())
+    }
+}
+
+/// A pair whose client proves `client_ticket` against a server holding
+/// `book` (and `server_key`).
+fn ticket_pair(
+    service: &str,
+    client_ticket: Key,
+    server_key: Option<&[u8]>,
+    book: &std::sync::Arc<OneTicket>,
+) -> Pair {
+    let mut p = Pair::opening(service, None, server_key);
+    p.client = ClientConn::new(
+        ClientConfig {
+            key: Some(client_ticket),
+            service: service.into(),
+            params: b"params".to_vec(),
+            handshake_timeout: TIMEOUT * 2,
+        },
+        p.now,
+        [0x11; 32],
+    );
+    p.server = ServerConn::new(
+        &ServerConfig {
+            key: server_key.map(|k| Key::new(k).unwrap()),
+            preauth_timeout: TIMEOUT,
+            keyless_services: vec!["public".into()],
+            tickets: Some(book.clone() as std::sync::Arc<dyn crate::Tickets>),
+        },
+        p.now,
+        [0x22; 32],
+    );
+    p.policy = Box::new(|_, _| Ok(COOKIE));
+    p
+}
+
+#[test]
+fn a_ticket_opens_one_session_of_its_service_once_on_keyed_and_keyless_servers() {
+    for server_key in [Some(&b"sesame-sesame"[..]), None] {
+        let book = std::sync::Arc::new(OneTicket {
+            id: [7; 16],
+            key: Key::new([9u8; 32]).unwrap(),
+            spent: std::sync::Mutex::new(false),
+            until: Instant::now() + Duration::from_secs(60),
+        });
+        let ticket = Key::ticket([7; 16], [9u8; 32]).unwrap();
+        let mut p = ticket_pair("copy", ticket.clone(), server_key, &book);
+        p.drive(Duration::from_secs(1));
+        assert!(p.client.is_established(), "{:?}", p.client_events);
+        assert_eq!(
+            p.server_events,
+            vec![ServerEvent::Open {
+                service: "copy".into(),
+                params: b"params".to_vec(),
+                authenticated: false,
+                ticket: Some(b"grant".to_vec()),
+            }]
+        );
+        // Spent: a second session with it is refused.
+        let mut p = ticket_pair("copy", ticket, server_key, &book);
+        p.drive(Duration::from_secs(1));
+        assert_eq!(p.server_closed(), Some(&ConnError::TicketRefused));
+        assert!(p.client_closed().is_some_and(|e| e.is_auth()));
+    }
+}
+
+#[test]
+fn a_ticket_is_refused_with_a_wrong_key_for_another_service_or_without_a_book() {
+    let fresh = || {
+        std::sync::Arc::new(OneTicket {
+            id: [7; 16],
+            key: Key::new([9u8; 32]).unwrap(),
+            spent: std::sync::Mutex::new(false),
+            until: Instant::now() + Duration::from_secs(60),
+        })
+    };
+    let wrong = Key::ticket([7; 16], [8u8; 32]).unwrap();
+    let book = fresh();
+    let mut p = ticket_pair("copy", wrong, None, &book);
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.server_closed(), Some(&ConnError::TicketRefused));
+    assert!(!*book.spent.lock().unwrap(), "a wrong proof spends nothing");
+
+    let right = Key::ticket([7; 16], [9u8; 32]).unwrap();
+    let mut p = ticket_pair("test", right.clone(), None, &book);
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.server_closed(), Some(&ConnError::TicketRefused));
+    assert!(!p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Open { .. })));
+
+    // A server that issues no tickets refuses one.
+    let mut p = Pair::opening("copy", None, None);
+    p.client = ClientConn::new(
+        ClientConfig {
+            key: Some(right),
+            service: "copy".into(),
+            params: Vec::new(),
+            handshake_timeout: TIMEOUT * 2,
+        },
+        p.now,
+        [0x11; 32],
+    );
+    p.drive(Duration::from_secs(1));
+    assert_eq!(p.server_closed(), Some(&ConnError::TicketRefused));
 }

@@ -52,6 +52,12 @@ pub struct Dir {
     fd: OwnedFd,
 }
 
+impl std::os::fd::AsFd for Dir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl Dir {
     /// Opens a directory by ordinary path (a user's own argument).
     pub fn open(path: &Path) -> io::Result<Dir> {

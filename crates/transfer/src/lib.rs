@@ -28,6 +28,7 @@
 //! testable over loopback without the server.
 
 pub mod beneath;
+pub mod grant;
 pub mod hash;
 pub mod io;
 pub mod journal;

@@ -111,6 +111,7 @@ impl CopyService {
                 exports: parsed,
                 keyed,
                 sendfile: true,
+                grant: None,
             },
         })
     }
@@ -132,7 +133,18 @@ impl Service for CopyService {
         // A client that did not prove the key gets what a keyless server
         // gives: the public exports only.
         let unproven;
-        let cfg = if session.authenticated() {
+        let cfg = if let Some(raw) = session.ticket() {
+            // A one-time ticket (the HTTP port's, for a third-party copy's
+            // leg) grants one file, whatever the export's `:public`.
+            let grant = crate::grant::Grant::decode(raw)
+                .ok_or("the session's ticket grants nothing this service knows")?;
+            unproven = ServerConfig {
+                keyed: true,
+                grant: Some(grant),
+                ..self.cfg.clone()
+            };
+            &unproven
+        } else if session.authenticated() {
             &self.cfg
         } else {
             unproven = ServerConfig {
@@ -162,7 +174,14 @@ pub struct EngineLink {
     encrypt: bool,
     /// Set once the plan is known (before any data connection is dialled).
     data: Arc<OnceLock<DataOpts>>,
+    /// Draws a fresh one-time ticket for each session (the leg of a
+    /// third-party copy: a reconnect needs a new one); used instead of
+    /// `key` when set.
+    ticket: Option<TicketSource>,
 }
+
+/// Draws a one-time ticket's key ([`fatpipe_proto::Key::ticket`]).
+pub type TicketSource = Arc<dyn Fn() -> Result<fatpipe_proto::Key, CopyError> + Send + Sync>;
 
 impl EngineLink {
     /// Sessions with the server at `addr`, authenticated with `key`.
@@ -172,7 +191,15 @@ impl EngineLink {
             key,
             encrypt: false,
             data: Arc::new(OnceLock::new()),
+            ticket: None,
         }
+    }
+
+    /// Authenticates every session with a fresh ticket drawn from
+    /// `source` instead of the key.
+    pub fn with_tickets(mut self, source: TicketSource) -> EngineLink {
+        self.ticket = Some(source);
+        self
     }
 
     /// Encrypts every connection of every session (`--encrypt`; needs the
@@ -193,8 +220,13 @@ struct EngineConn(ClientSession, Arc<OnceLock<DataOpts>>);
 
 impl Link for EngineLink {
     fn connect(&self) -> Result<Box<dyn Conn>, CopyError> {
+        let key = match (&self.ticket, ticket_hook()) {
+            (Some(draw), _) => Some(draw()?),
+            (None, Some(k)) => Some(k),
+            (None, None) => self.key.clone(),
+        };
         let options = ClientOptions {
-            key: self.key.clone(),
+            key,
             encrypt: self.encrypt,
             ..ClientOptions::default()
         };
@@ -412,6 +444,24 @@ impl CopyTuning {
             record,
         }
     }
+}
+
+/// Test hook: `fatpipe copy` proves this one-time ticket (`IDHEX:KEYHEX`,
+/// as an HTTP port's `Fatpipe-Ticket` gives them) instead of the key.
+pub const TEST_TICKET_ENV: &str = "FATPIPE_TEST_COPY_TICKET";
+
+/// The test hook [`TEST_TICKET_ENV`], if set and well-formed.
+fn ticket_hook() -> Option<fatpipe_proto::Key> {
+    let v = crate::test_hook(TEST_TICKET_ENV)?;
+    let (id, key) = v.trim().split_once(':')?;
+    let bytes = |h: &str| -> Option<Vec<u8>> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+            .collect()
+    };
+    let id: [u8; 16] = bytes(id)?.try_into().ok()?;
+    fatpipe_proto::Key::ticket(id, bytes(key)?).ok()
 }
 
 /// The test hook [`TEST_STREAMS_ENV`], if set.

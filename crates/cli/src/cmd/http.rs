@@ -89,6 +89,18 @@ pub struct HttpArgs {
     /// of the Mozilla roots.
     #[arg(long, requires = "http", value_name = "FILE")]
     pub http_tpc_ca: Option<PathBuf>,
+    /// Between two fatpipe servers a COPY's data moves over the copy
+    /// protocol (the "leg": auto-tuned streams, verified chunks, resume),
+    /// authorised by a one-time ticket the other server's HTTP port issues
+    /// (docs/http.md); `off`: neither use it nor offer it.
+    #[arg(long, requires = "http", default_value = "on", value_name = "on|off",
+          value_parser = ["on", "off"])]
+    pub http_tpc_leg: String,
+    /// The smallest file a COPY pull moves over the leg (smaller ones go
+    /// over HTTP, on a warm connection: the leg's own connections start
+    /// cold).
+    #[arg(long, requires = "http", default_value = "64M", value_name = "SIZE")]
+    pub http_tpc_leg_min: String,
 }
 
 /// The bound HTTP port.
@@ -105,6 +117,7 @@ pub fn bind(
     args: &HttpArgs,
     exports: &[String],
     key: Option<&fatpipe_proto::Key>,
+    leg: Option<fatpipe_http::Passive>,
 ) -> anyhow::Result<Option<Bound>> {
     let Some(addr) = args.http else {
         return Ok(None);
@@ -158,6 +171,9 @@ pub fn bind(
         cfg.archive = Some(archive_writer(flag)?);
     }
     tpc_settings(args, &mut cfg.tpc)?;
+    if cfg.tpc.leg {
+        cfg.leg = leg;
+    }
     let listener = TcpListener::bind(addr)
         .map_err(|e| crate::exit::usage(format!("--http: bind {addr}: {e}")))?;
     Ok(Some(Bound {
@@ -330,6 +346,9 @@ fn tpc_settings(args: &HttpArgs, t: &mut fatpipe_http::tpc::Settings) -> anyhow:
         )));
     }
     t.streams = args.http_tpc_streams;
+    t.leg = args.http_tpc_leg == "on";
+    t.leg_min = units::parse_size(&args.http_tpc_leg_min)
+        .map_err(|e| crate::exit::usage(format!("--http-tpc-leg-min: {e}")))?;
     if let Some(ca) = &args.http_tpc_ca {
         fatpipe_http::client::Options::new(Some(ca), None)
             .map_err(|e| crate::exit::usage(format!("--http-tpc-ca: {e}")))?;

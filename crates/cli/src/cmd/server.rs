@@ -156,7 +156,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
     .map_err(|e| crate::exit::usage(e.to_string()))?;
     let metrics = super::metrics::bind(&args.metrics, key.clone(), logger.clone())?;
-    let http = super::http::bind(&args.http, &args.exports, key.as_ref())?;
+    // The leg of a third-party copy between two fatpipe servers: the HTTP
+    // port issues one-time tickets, the protocol port takes them.
+    let book = Arc::new(fatpipe_http::ticket::Book::default());
+    let leg_port = Arc::new(std::sync::OnceLock::new());
+    let passive = fatpipe_http::Passive {
+        port: Arc::clone(&leg_port),
+        book: Arc::clone(&book),
+    };
+    let http = super::http::bind(&args.http, &args.exports, key.as_ref(), Some(passive))?;
     let iperf3 = match args.iperf3_port {
         Some(port) => Some(super::iperf3::bind_server(&args, port, preauth, start)?),
         None => None,
@@ -193,7 +201,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             h.addr,
             if h.tls { " (https)" } else { "" }
         ));
-        builder = builder.front_end(h.listener, Arc::new(h.port), fatpipe_http::CAPS);
+        builder = builder
+            .front_end(h.listener, Arc::new(h.port), fatpipe_http::CAPS)
+            .tickets(book);
     }
     let server = builder
         .service(TestService)
@@ -210,6 +220,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .drain_timeout(drain)
         .bind(SocketAddr::new(args.bind, args.port))
         .map_err(|e| crate::exit::usage(e.to_string()))?;
+    let _ = leg_port.set(server.local_addr().port());
     // Every socket is bound: root is needed no longer.
     if let Some(name) = &args.user {
         drop_privileges(name, &args.exports)?;

@@ -30,5 +30,6 @@ mod rfc6349;
 mod server_test;
 mod sweep;
 mod tpc;
+mod tpc_leg;
 mod tune;
 mod udp;

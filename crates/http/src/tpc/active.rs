@@ -59,6 +59,8 @@ use crate::handler::{
 use crate::path::Target;
 use crate::token::Perm;
 
+mod leg;
+
 /// Bytes one ranged `GET` of a pull fetches.
 pub const BLOCK: u64 = client::get::BLOCK;
 /// Attempts at one block before the pull fails.
@@ -219,6 +221,13 @@ struct Job {
     ceiling: Option<u32>,
     inline: Vec<Algo>,
     state: Arc<State>,
+    /// Pull over the copy protocol from a fatpipe source that offers a
+    /// ticket (`--http-tpc-leg`).
+    leg: bool,
+    /// The smallest file pulled so (`--http-tpc-leg-min`).
+    leg_min: u64,
+    /// The ticket the source's `HEAD` answered with, if any.
+    offer: Mutex<Option<Result<crate::ticket::Offer, String>>>,
 }
 
 type Started = tokio::sync::oneshot::Sender<Result<(), (StatusCode, String)>>;
@@ -264,6 +273,9 @@ pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: C
         ceiling: (c.streams > 1).then_some(c.streams),
         inline: sh.cfg.inline.clone(),
         state: Arc::clone(&state),
+        leg: set.leg,
+        leg_min: set.leg_min,
+        offer: Mutex::new(None),
     };
     if let Local::Pull {
         parent, name, tmp, ..
@@ -476,6 +488,8 @@ fn pull(
         let _ = started.send(Err((StatusCode::SERVICE_UNAVAILABLE, why.clone())));
         return Err(why);
     };
+    // A warm GET of a large file (one the leg would take) falls back to
+    // the HEAD below, which asks a fatpipe source for a ticket.
     if let Some(c) = pool::take(&job.remote) {
         match rt.block_on(get_first(c, job)) {
             Warm::Refused(code, why) => {
@@ -542,7 +556,7 @@ fn pull(
         };
         Ok::<_, (StatusCode, String)>((conn, url, stat))
     });
-    let (conn, url, stat) = match head {
+    let (mut conn, url, stat) = match head {
         Ok(h) => h,
         Err(e) => {
             let why = e.1.clone();
@@ -556,6 +570,35 @@ fn pull(
     }
     job.state.connected(&conn);
     let _ = started.send(Ok(()));
+    // Over the copy protocol when the source is a fatpipe server that
+    // offered a ticket; else (or if that fails before a byte moved) HTTP.
+    let mut note = None;
+    match lock(&job.offer).take() {
+        None => {}
+        Some(Err(why)) => note = Some(format!("leg not used: its ticket: {why}")),
+        Some(Ok(_)) if existed => note = Some("leg not used: the destination exists".into()),
+        Some(Ok(_)) if stat.size.is_none_or(|n| n < job.leg_min) => {}
+        Some(Ok(offer)) => {
+            let dest = leg::Dest { parent, name };
+            match leg::pull(job, &url, &conn, offer, &stat, dest) {
+                leg::End::Done(summary) => {
+                    tmp.abandon(parent);
+                    pool::put(conn);
+                    return Ok(summary);
+                }
+                leg::End::Failed(why) => return Err(why),
+                leg::End::Fallback(why) => {
+                    note = Some(format!("leg not used: {why}"));
+                    // The HEAD's connection may have gone idle meanwhile.
+                    conn = rt
+                        .block_on(client::connect(&url, &job.opts))
+                        .map_err(|e| e.to_string())?;
+                    lock(&job.state.remote).clear();
+                    job.state.connected(&conn);
+                }
+            }
+        }
+    }
     let mut conn = conn;
     let mut stat = stat;
     if !stat.ranges && stat.size.is_some_and(|n| n > BLOCK) {
@@ -587,7 +630,10 @@ fn pull(
         streams,
         existed,
     };
-    finish_pull(job, parent, name, tmp, &stat, done)
+    finish_pull(job, parent, name, tmp, &stat, done).map(|s| match note {
+        Some(n) => format!("{s} ({n})"),
+        None => s,
+    })
 }
 
 /// What a pull moved.
@@ -693,6 +739,9 @@ async fn head(conn: &mut Connection, job: &Job) -> Result<(Url, Stat), (StatusCo
         if job.verify {
             rb = rb.header("want-digest", client::WANT_DIGEST);
         }
+        if leg::wanted(job, &url) {
+            rb = rb.header(crate::ticket::HEADER, "read");
+        }
         let req = rb.body(client::empty()).map_err(|e| bad(e.to_string()))?;
         let res = conn.send(req).await.map_err(|e| bad(e.to_string()))?;
         let status = res.status();
@@ -728,6 +777,9 @@ async fn head(conn: &mut Connection, job: &Job) -> Result<(Url, Stat), (StatusCo
                 code,
                 format!("the source answered HEAD {}: {status}", url.display()),
             ));
+        }
+        if leg::wanted(job, &url) {
+            *lock(&job.offer) = leg::offer_of(res.headers());
         }
         return Ok((url, client::stat(res.headers())));
     }

@@ -64,6 +64,11 @@ pub struct Settings {
     /// The CA certificates (PEM) trusted for `https://` peers, instead of
     /// the Mozilla roots.
     pub ca: Option<PathBuf>,
+    /// Pull from a fatpipe server over the copy protocol when it offers a
+    /// ticket (`--http-tpc-leg`; docs/http.md, "The leg").
+    pub leg: bool,
+    /// The smallest file pulled over the leg (`--http-tpc-leg-min`).
+    pub leg_min: u64,
 }
 
 impl Default for Settings {
@@ -77,6 +82,8 @@ impl Default for Settings {
             marker_period: Duration::from_secs(5),
             streams: 4,
             ca: None,
+            leg: true,
+            leg_min: 64 << 20,
         }
     }
 }

@@ -74,6 +74,9 @@ pub struct ServerConfig {
     pub keyed: bool,
     /// Use `sendfile` when sending.
     pub sendfile: bool,
+    /// A session opened with a one-time ticket: the one file and
+    /// direction it may copy (any other request is refused).
+    pub grant: Option<crate::grant::Grant>,
 }
 
 /// Serves one copy session. `accept` yields this session's connections
@@ -97,9 +100,14 @@ pub fn serve(cfg: &ServerConfig, accept: &AcceptFn<'_>) -> Result<Summary, CopyE
             )))
         }
     };
-    let checked = match refuse_plaintext(cfg, &req, ctrl.is_encrypted()) {
-        Some(refuse) => Err(refuse),
-        None => check_request(cfg, &req),
+    let outside = cfg.grant.as_ref().filter(|g| !g.allows(&req));
+    let checked = match (outside, refuse_plaintext(cfg, &req, ctrl.is_encrypted())) {
+        (Some(g), _) => Err(Refuse {
+            class: RefuseClass::Usage,
+            message: g.refusal(),
+        }),
+        (None, Some(refuse)) => Err(refuse),
+        (None, None) => check_request(cfg, &req),
     };
     let plan = match checked {
         Ok(p) => p,

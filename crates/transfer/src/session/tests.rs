@@ -240,6 +240,7 @@ fn cfg(exports: Vec<Export>) -> ServerConfig {
         exports,
         keyed: true,
         sendfile: true,
+        grant: None,
     }
 }
 
@@ -332,6 +333,7 @@ fn a_rerun_lands_where_the_first_run_did() {
         exports: vec![export("data", exp.path(), false)],
         keyed: true,
         sendfile: true,
+        grant: None,
     });
     let push = |from: PathBuf, to: &str| {
         let mut j = job(Direction::Push, "data", &[to]);
@@ -1125,4 +1127,43 @@ fn a_received_manifest_above_2_pow_26_chunks_is_refused_with_one_line() {
         assert!(!err.contains('\n'));
     }
     assert_eq!(check_session_chunks(&[], 0).unwrap(), 0);
+}
+
+#[test]
+fn a_ticket_session_copies_only_its_granted_file_and_direction() {
+    let exp = tempfile::tempdir().unwrap();
+    std::fs::write(exp.path().join("granted"), b"the granted file").unwrap();
+    std::fs::write(exp.path().join("other"), b"another file").unwrap();
+    let mut c = cfg(vec![export("data", exp.path(), false)]);
+    c.grant = Some(crate::grant::Grant {
+        direction: Direction::Pull,
+        export: "data".into(),
+        path: b"granted".to_vec(),
+    });
+    let srv = server(c);
+    let back = tempfile::tempdir().unwrap();
+    let quiet = |_: &str| {};
+    for (what, dir, path) in [
+        ("another file", Direction::Pull, "other"),
+        ("the other direction", Direction::Push, "granted"),
+    ] {
+        let mut j = job(dir, "data", &[path]);
+        j.recursive = false;
+        j.local_dest = back.path().join("x");
+        j.local_sources = vec![exp.path().join("other")];
+        match run_client(&srv.link, &j, Arc::default(), &quiet) {
+            Err(CopyError::Usage(m)) => {
+                assert!(m.contains("ticket grants only reading data/granted"), "{m}")
+            }
+            other => panic!("{what} must be refused, got {other:?}"),
+        }
+    }
+    let mut j = job(Direction::Pull, "data", &["granted"]);
+    j.recursive = false;
+    j.local_dest = back.path().join("got");
+    run_client(&srv.link, &j, Arc::default(), &quiet).unwrap();
+    assert_eq!(
+        std::fs::read(back.path().join("got")).unwrap(),
+        b"the granted file"
+    );
 }

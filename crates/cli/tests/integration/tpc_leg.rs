@@ -1,0 +1,363 @@
+//! The leg of HTTP third-party copy (issue 33): between two fatpipe
+//! servers a `COPY` pull moves its data over the copy protocol, opened
+//! with a one-time ticket the source's HTTP port issues under HTTP's own
+//! authorisation. Real `fatpipe server` processes on loopback, Debian's
+//! gfal-copy as the client; the fallbacks to HTTP, and the tickets'
+//! refusals.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::time::Duration;
+
+use crate::http::{adler32, curl, gfal, header, metrics_text, mint, server};
+use crate::util::{assert_exit, have, mkdir, random_file, run, setup, skip, write_key};
+
+fn copy_curl(url: &str, headers: &[&str]) -> (u16, String) {
+    let mut args = vec!["-X", "COPY"];
+    for h in headers {
+        args.push("-H");
+        args.push(h);
+    }
+    args.push(url);
+    let (code, body) = curl(&args);
+    (code, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `HEAD` of `url` asking for a ticket: the status and the headers.
+fn head_ticket(url: &str, token: Option<&str>) -> (u16, String) {
+    let auth = token.map(|t| format!("Authorization: Bearer {t}"));
+    let mut args = vec!["-I", "-H", "Fatpipe-Ticket: read"];
+    if let Some(a) = &auth {
+        args.extend(["-H", a]);
+    }
+    args.push(url);
+    let (code, h) = curl(&args);
+    (code, String::from_utf8_lossy(&h).into_owned())
+}
+
+/// A ticket header's `id:key`, for `FATPIPE_TEST_COPY_TICKET`, and its port.
+fn ticket_of(headers: &str) -> (String, String) {
+    let t = header(headers, "fatpipe-ticket").unwrap_or_else(|| panic!("no ticket: {headers}"));
+    let field = |k: &str| {
+        t.split("; ")
+            .find_map(|p| p.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {t}"))
+            .to_string()
+    };
+    (
+        format!("{}:{}", field("id="), field("key=")),
+        field("port="),
+    )
+}
+
+#[test]
+fn tpc_leg_gfal_copy_pull_between_two_fatpipe_servers_goes_over_the_leg_with_a_token() {
+    if !have("gfal-copy") {
+        return skip("gfal-copy is not installed (Debian: gfal2-util-scripts gfal2-plugin-http)");
+    }
+    let dir = setup();
+    let key = dir.path().join("key");
+    write_key(&key, "a test key of enough length\n");
+    let a = mkdir(&dir.path().join("a"));
+    let b = mkdir(&dir.path().join("b"));
+    // A: a token-protected export (no :public); B: the active end.
+    let spec_a = format!("a={}", a.display());
+    let spec_b = format!("b={}:public", b.display());
+    let mut sa = server(
+        &dir,
+        &["--key-file", key.to_str().unwrap(), "--export", &spec_a],
+    );
+    let mut sb = server(
+        &dir,
+        &[
+            "--export",
+            &spec_b,
+            "--http-tpc-allow",
+            "loopback",
+            "--http-tpc-leg-min",
+            "1M",
+        ],
+    );
+    let token = mint(&dir, &key, &["--scope", "storage.read:/a"]);
+    random_file(&a.join("f.bin"), 24_000_001, 21);
+    let data = std::fs::read(a.join("f.bin")).unwrap();
+    // As FTS: pull, one stream (the server chooses), adler32 compared by
+    // gfal at both ends; the token goes to the source as
+    // TransferHeaderAuthorization.
+    let out = gfal(
+        &[
+            "--copy-mode",
+            "pull",
+            "-n",
+            "1",
+            "-K",
+            "adler32",
+            &format!("http://{}/a/f.bin", sa.addr),
+            &format!("http://{}/b/f.bin", sb.addr),
+        ],
+        Some(&token),
+    );
+    assert_exit(&out, 0);
+    assert_eq!(std::fs::read(b.join("f.bin")).unwrap(), data);
+    // Over the leg: the source's copy port opened a session by ticket and
+    // counted it; the destination's log says so, the digest carried.
+    sa.log.wait_for(
+        Duration::from_secs(10),
+        "copy session started (one-time ticket)",
+    );
+    sb.log.wait_for(
+        Duration::from_secs(10),
+        "over the fatpipe leg from 127.0.0.1:",
+    );
+    let m = metrics_text(&sa.metrics);
+    assert!(
+        m.contains("fatpipe_sessions_total{service=\"copy\",outcome=\"ok\"} 1\n"),
+        "{m}"
+    );
+    // The destination's digest, as gfal's checksum HEAD reads it.
+    let (code, head) = curl(&[
+        "-I",
+        "-H",
+        "Want-Digest: adler32",
+        &format!("http://{}/b/f.bin", sb.addr),
+    ]);
+    assert_eq!(code, 200);
+    let head = head_str(&head);
+    assert_eq!(
+        header(&head, "digest"),
+        Some(format!("adler32={}", adler32(&data)).as_str())
+    );
+    // Nothing else was left beside it (parts, journals).
+    let names: Vec<_> = std::fs::read_dir(&b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["f.bin"]);
+}
+
+fn head_str(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A passive HTTP source that offers a ticket `ticket` (a header value) on
+/// `HEAD` and serves `body` whole on every `GET` (keep-alive).
+fn stub_source(body: Vec<u8>, ticket: String) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let (body, ticket) = (body.clone(), ticket.clone());
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(c.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                    }
+                    let _ = write!(
+                        c,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nFatpipe-Copy: v=1; port=1\r\n\
+                         Fatpipe-Ticket: {ticket}\r\n\r\n",
+                        body.len()
+                    );
+                    if !line.starts_with("HEAD") && c.write_all(&body).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn tpc_leg_falls_back_to_http_when_the_copy_port_is_unreachable_or_the_leg_is_off() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    let dir = setup();
+    let a = mkdir(&dir.path().join("a"));
+    let b = mkdir(&dir.path().join("b"));
+    let spec_a = format!("a={}:public", a.display());
+    let spec_b = format!("b={}:public", b.display());
+    let active = |extra: &[&str]| {
+        server(
+            &dir,
+            &[
+                &[
+                    "--export",
+                    &spec_b,
+                    "--http-tpc-allow",
+                    "loopback",
+                    "--http-tpc-leg-min",
+                    "1M",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    random_file(&a.join("f.bin"), 9_000_000, 3);
+    let data = std::fs::read(a.join("f.bin")).unwrap();
+
+    // A copy port nobody listens on, and a ticket of another version.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let good = format!(
+        "v=1; port={port}; id={}; key={}; export=a; path=f.bin",
+        "ab".repeat(16),
+        "cd".repeat(32)
+    );
+    let mut sb = active(&[]);
+    for (ticket, why) in [
+        (
+            good.clone(),
+            format!("leg not used: fatpipe leg to 127.0.0.1:{port}"),
+        ),
+        (
+            good.replace("v=1", "v=9"),
+            "leg not used: its ticket: ticket version 9".into(),
+        ),
+    ] {
+        let src = stub_source(data.clone(), ticket);
+        let (code, body) = copy_curl(
+            &format!("http://{}/b/stub.bin", sb.addr),
+            &[
+                &format!("Source: http://{src}/a/f.bin"),
+                "RequireChecksumVerification: false",
+            ],
+        );
+        assert_eq!(
+            (code, body.lines().last()),
+            (202, Some("success: Created")),
+            "{body}"
+        );
+        assert_eq!(std::fs::read(b.join("stub.bin")).unwrap(), data);
+        sb.log.wait_for(Duration::from_secs(10), &why);
+        std::fs::remove_file(b.join("stub.bin")).unwrap();
+    }
+
+    // The leg off at either end: HTTP, and no session on the copy port.
+    for (off_at_source, name) in [(true, "s.bin"), (false, "d.bin")] {
+        let off: &[&str] = &["--http-tpc-leg", "off"];
+        let sa = server(
+            &dir,
+            &[
+                &["--export", &spec_a][..],
+                if off_at_source { off } else { &[] },
+            ]
+            .concat(),
+        );
+        let mut sb = active(if off_at_source { &[] } else { off });
+        let (code, body) = copy_curl(
+            &format!("http://{}/b/{name}", sb.addr),
+            &[&format!("Source: http://{}/a/f.bin", sa.addr)],
+        );
+        assert_eq!(
+            (code, body.lines().last()),
+            (202, Some("success: Created")),
+            "{body}"
+        );
+        assert_eq!(std::fs::read(b.join(name)).unwrap(), data);
+        let done = sb.log.wait_for(Duration::from_secs(10), ": done, ");
+        assert!(
+            done.contains("connection(s)") && !done.contains("leg"),
+            "{done}"
+        );
+        let m = metrics_text(&sa.metrics);
+        assert!(
+            !m.contains("fatpipe_sessions_total{service=\"copy\",outcome=\"ok\"} 1"),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn tpc_leg_tickets_follow_the_token_and_open_one_session_for_one_file_and_direction() {
+    if !have("curl") {
+        return skip("curl is not installed");
+    }
+    if cfg!(not(feature = "test-hooks")) {
+        return skip("needs the test-hooks feature (FATPIPE_TEST_COPY_TICKET)");
+    }
+    let dir = setup();
+    let key = dir.path().join("key");
+    write_key(&key, "a test key of enough length\n");
+    let a = mkdir(&dir.path().join("a"));
+    let spec_a = format!("a={}", a.display());
+    let sa = server(
+        &dir,
+        &["--key-file", key.to_str().unwrap(), "--export", &spec_a],
+    );
+    random_file(&a.join("f.bin"), 100_000, 4);
+    random_file(&a.join("other.bin"), 100_000, 5);
+    let url = format!("http://{}/a/f.bin", sa.addr);
+    // A token whose scope does not cover the file: refused, no ticket.
+    let elsewhere = mint(&dir, &key, &["--scope", "storage.read:/a/other.bin"]);
+    let (code, h) = head_ticket(&url, Some(&elsewhere));
+    assert_eq!(code, 403, "{h}");
+    assert_eq!(header(&h, "fatpipe-ticket"), None, "{h}");
+    // No token at all: 401, no ticket.
+    let (code, h) = head_ticket(&url, None);
+    assert_eq!(code, 401, "{h}");
+    assert_eq!(header(&h, "fatpipe-ticket"), None, "{h}");
+    // A token that reads it: a ticket; without asking, only Fatpipe-Copy.
+    let token = mint(&dir, &key, &["--scope", "storage.read:/a"]);
+    let (code, h) = curl(&["-I", "-H", &format!("Authorization: Bearer {token}"), &url]);
+    let h = head_str(&h);
+    assert_eq!(code, 200);
+    assert!(header(&h, "fatpipe-copy").is_some(), "{h}");
+    assert_eq!(header(&h, "fatpipe-ticket"), None, "{h}");
+    let ticket = || {
+        let (code, h) = head_ticket(&url, Some(&token));
+        assert_eq!(code, 200, "{h}");
+        ticket_of(&h)
+    };
+    let back = dir.path().join("back");
+    let pull = |t: &str, port: &str, what: &str| {
+        run(dir
+            .cmd()
+            .env("FATPIPE_TEST_COPY_TICKET", t)
+            .args(["copy", "--retries", "0", "--no-auto", "-q", "--port", port])
+            .arg(format!("127.0.0.1:a/{what}"))
+            .arg(&back))
+    };
+    // Another file: refused by the session (its ticket grants f.bin).
+    let (t, port) = ticket();
+    let out = pull(&t, &port, "other.bin");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ticket grants only reading a/f.bin"), "{err}");
+    // The same ticket again, now for its own file: spent.
+    let out = pull(&t, &port, "f.bin");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("authentication failed"), "{err}");
+    // Another direction: a read ticket does not push.
+    let (t, port) = ticket();
+    let out = run(dir
+        .cmd()
+        .env("FATPIPE_TEST_COPY_TICKET", &t)
+        .args(["copy", "--retries", "0", "--no-auto", "-q", "--port", &port])
+        .arg(a.join("other.bin"))
+        .arg("127.0.0.1:a/f.bin"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ticket grants only reading a/f.bin"), "{err}");
+    // A fresh ticket pulls its file.
+    let (t, port) = ticket();
+    let out = pull(&t, &port, "f.bin");
+    assert_exit(&out, 0);
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(a.join("f.bin")).unwrap()
+    );
+}
