@@ -54,6 +54,9 @@ struct SealHalf {
     /// A write failed for good, or close_notify went out: nothing more
     /// may follow.
     broken: bool,
+    /// close_notify is sealed in `out` ([`Stream::close_write`]): nothing
+    /// more may be sealed.
+    closing: bool,
 }
 
 impl SealHalf {
@@ -106,6 +109,7 @@ impl Stream {
                     out: Vec::with_capacity(WRITE_BATCH + WRITE_BATCH / 64),
                     sent: 0,
                     broken: false,
+                    closing: false,
                 }),
                 opener: Mutex::new(opener),
                 encryption,
@@ -169,7 +173,10 @@ impl Stream {
                 Err(TryLockError::WouldBlock) => None,
             };
             if let Some(mut half) = half {
-                if !half.broken && half.push(&self.tcp).is_ok() {
+                if half.closing {
+                    // close_write sealed it already: only what is left goes.
+                    let _ = half.push(&self.tcp);
+                } else if !half.broken && half.push(&self.tcp).is_ok() {
                     let SealHalf { sealer, out, .. } = &mut *half;
                     if sealer.close_notify(out).is_ok() {
                         let _ = half.push(&self.tcp);
@@ -179,6 +186,32 @@ impl Stream {
             }
         }
         self.tcp.shutdown(how)
+    }
+
+    /// Ends the write side gracefully on a non-blocking socket, never
+    /// cutting a record: what earlier writes left goes out, then
+    /// close_notify, then the TCP write side is shut. `WouldBlock` means
+    /// call again once the socket is writable (nothing is lost); `Ok`
+    /// means the write side is shut. A plain stream shuts at once.
+    /// ([`Stream::shutdown`] with `Write` sends close_notify only if the
+    /// socket takes it at once, and cuts the record otherwise.)
+    pub fn close_write(&self) -> io::Result<()> {
+        let Some(tls) = &self.tls else {
+            return self.tcp.shutdown(Shutdown::Write);
+        };
+        let mut half = relock(&tls.sealer);
+        if !half.broken && !half.closing {
+            half.push(&self.tcp)?;
+            let SealHalf { sealer, out, .. } = &mut *half;
+            sealer.close_notify(out).map_err(invalid)?;
+            half.closing = true;
+        }
+        if !half.broken {
+            half.push(&self.tcp)?;
+            half.broken = true;
+        }
+        drop(half);
+        self.tcp.shutdown(Shutdown::Write)
     }
 
     /// See `TcpStream::peer_addr`.
@@ -225,7 +258,7 @@ impl Stream {
 
     fn write_tls(&self, tls: &Tls, buf: &[u8]) -> io::Result<usize> {
         let mut half = relock(&tls.sealer);
-        if half.broken {
+        if half.broken || half.closing {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS stream closed or broken by an earlier failed write",
