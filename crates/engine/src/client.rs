@@ -10,6 +10,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::{
@@ -53,13 +54,16 @@ impl Default for ClientOptions {
 pub struct ClientSession {
     control: Control,
     pub(crate) cookie: Cookie,
-    peer: SocketAddr,
+    pub(crate) peer: SocketAddr,
     local: SocketAddr,
     options: ClientOptions,
     tls: Option<ClientTls>,
     /// How long the control connection's TCP connect took: a round trip,
     /// which times the redials of a data connection's connect.
     connect_rtt: Duration,
+    /// Hands early data connections to the session's one attach watcher
+    /// ([`ClientSession::open_data_early`]); started on first use.
+    attach: std::sync::Mutex<Option<mpsc::Sender<Early>>>,
 }
 
 /// Connects to `addr`, authenticates with `key` and opens `service`.
@@ -136,6 +140,7 @@ pub fn connect_with(
                         options: options.clone(),
                         tls,
                         connect_rtt,
+                        attach: std::sync::Mutex::new(None),
                     });
                 }
                 ClientEvent::Closed(err) => {
@@ -240,37 +245,48 @@ impl ClientSession {
     /// since the copy protocol's version 3; older ones refuse data that
     /// comes before their acknowledgement).
     ///
-    /// A thread of its own reads the server's reply. If it is anything but
-    /// the acknowledgement, or does not come within the handshake timeout,
-    /// the thread shuts the connection down, so the caller's next write
-    /// fails rather than sending into a connection nobody reads.
+    /// The session's one attach watcher (a thread, started with the first
+    /// early connection and kept until the session is dropped) reads the
+    /// server's reply. If it is anything but the acknowledgement, or does
+    /// not come within the handshake timeout, the watcher shuts the
+    /// connection down, so the caller's next write fails rather than
+    /// sending into a connection nobody reads. (A thread per connection
+    /// put 256 threads in a `copy -P 256` client while it dialled.)
     pub fn open_data_early(&self, tag: u32) -> Result<Stream> {
         let stream = self.hello_data(self.connect_racing()?, tag)?;
         let _ = stream.set_write_timeout(None);
         let reader = stream
             .try_clone()
             .map_err(|e| EngineError::io("clone data socket", e))?;
-        let deadline = std::time::Instant::now() + self.options.handshake_timeout;
-        let watch = std::thread::Builder::new()
-            .name(format!("data {tag} attach"))
-            .spawn(move || {
-                // The caller may make the socket non-blocking meanwhile
-                // (the data plane's runner does): wait for readability
-                // here rather than count on a blocking read.
-                let mut patient = Patient {
-                    stream: &reader,
-                    deadline,
-                };
-                if read_data_ack(&mut patient).is_err() {
-                    let _ = reader.shutdown(std::net::Shutdown::Both);
-                } else {
-                    let _ = reader.set_read_timeout(None);
-                }
-            });
-        if let Err(e) = watch {
-            return Err(EngineError::io("start the data attach watcher", e));
-        }
+        let deadline = Instant::now() + self.options.handshake_timeout;
+        self.watch_attach(Early {
+            stream: reader,
+            deadline,
+        })?;
         Ok(stream)
+    }
+
+    /// Hands `early` to the session's attach watcher, starting it if it
+    /// is not running.
+    fn watch_attach(&self, early: Early) -> Result<()> {
+        let mut tx = self.attach.lock().unwrap_or_else(|p| p.into_inner());
+        let early = match tx.as_ref() {
+            Some(t) => match t.send(early) {
+                Ok(()) => return Ok(()),
+                // Its thread ended (it panicked): start another.
+                Err(mpsc::SendError(e)) => e,
+            },
+            None => early,
+        };
+        let (t, rx) = mpsc::channel();
+        let _ = t.send(early);
+        std::thread::Builder::new()
+            .name("data attach".into())
+            .stack_size(256 * 1024)
+            .spawn(move || watch_attaches(rx))
+            .map_err(|e| EngineError::io("start the data attach watcher", e))?;
+        *tx = Some(t);
+        Ok(())
     }
 
     /// Connects data connection `tag` and sends its hello; the read and
@@ -332,6 +348,127 @@ impl ClientSession {
             .write_all(&hello)
             .map_err(|e| EngineError::io("send data hello", e))?;
         Ok(stream)
+    }
+}
+
+/// An early data connection whose acknowledgement is awaited.
+#[derive(Debug)]
+struct Early {
+    /// A clone of the caller's stream.
+    stream: Stream,
+    deadline: Instant,
+}
+
+/// Longest the attach watcher waits before looking for new connections
+/// on its channel.
+const WATCH_SLICE: Duration = Duration::from_millis(20);
+
+/// The attach watcher: waits (one epoll set) until each early connection
+/// is readable, reads the server's answer to its hello, shuts the
+/// connection down on a refusal or at its deadline. Ends once the session
+/// is dropped and nothing is left to watch.
+fn watch_attaches(rx: mpsc::Receiver<Early>) {
+    use mio::unix::SourceFd;
+    use mio::{Events, Interest, Poll, Token};
+    use std::os::fd::AsRawFd;
+
+    let Ok(mut poll) = Poll::new() else {
+        // No epoll: read each in turn (as a thread of its own would).
+        for e in rx {
+            settle(&e);
+        }
+        return;
+    };
+    let mut events = Events::with_capacity(256);
+    let mut pending: std::collections::HashMap<usize, Early> = Default::default();
+    let mut next = 0usize;
+    let mut open = true;
+    loop {
+        let mut add = |e: Early, pending: &mut std::collections::HashMap<usize, Early>| {
+            next = next.wrapping_add(1);
+            let fd = e.stream.tcp().as_raw_fd();
+            if poll
+                .registry()
+                .register(&mut SourceFd(&fd), Token(next), Interest::READABLE)
+                .is_err()
+            {
+                settle(&e);
+                return;
+            }
+            pending.insert(next, e);
+        };
+        if pending.is_empty() {
+            if !open {
+                return;
+            }
+            match rx.recv() {
+                Ok(e) => add(e, &mut pending),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(e) => add(e, &mut pending),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        let soonest = pending.values().map(|e| e.deadline).min().unwrap_or(now);
+        let wait = soonest.saturating_duration_since(now).min(WATCH_SLICE);
+        if poll.poll(&mut events, Some(wait)).is_err() {
+            events.clear();
+        }
+        let readable: Vec<usize> = events.iter().map(|ev| ev.token().0).collect();
+        let now = Instant::now();
+        let late: Vec<usize> = pending
+            .iter()
+            .filter(|(k, e)| e.deadline <= now && !readable.contains(k))
+            .map(|(k, _)| *k)
+            .collect();
+        for (k, answered) in readable
+            .into_iter()
+            .map(|k| (k, true))
+            .chain(late.into_iter().map(|k| (k, false)))
+        {
+            if let Some(e) = pending.remove(&k) {
+                // Out of the epoll set before the clone closes: the
+                // caller's descriptor keeps the socket open, and epoll
+                // would go on reporting it.
+                let fd = e.stream.tcp().as_raw_fd();
+                let _ = poll.registry().deregister(&mut SourceFd(&fd));
+                if answered {
+                    settle(&e);
+                } else {
+                    // No answer in time: never a read that could block
+                    // the other connections' watch.
+                    let _ = e.stream.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        }
+    }
+}
+
+/// Reads the answer to `e`'s hello (it is readable): on anything but the
+/// acknowledgement the connection is shut. The answer is one small frame
+/// (one record with `--encrypt`), so a readable socket holds all of it;
+/// a read that still waits is bounded by the deadline (a non-blocking
+/// socket) or the handshake timeout left on a blocking one.
+fn settle(e: &Early) {
+    // The caller may have made the socket non-blocking (the data plane's
+    // runner does): wait for the rest of a frame rather than count on a
+    // blocking read.
+    let mut patient = Patient {
+        stream: &e.stream,
+        deadline: e.deadline,
+    };
+    if read_data_ack(&mut patient).is_err() {
+        let _ = e.stream.shutdown(std::net::Shutdown::Both);
+    } else {
+        let _ = e.stream.set_read_timeout(None);
     }
 }
 
