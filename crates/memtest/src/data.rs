@@ -28,7 +28,7 @@
 //! Stopping: the session sets a stop flag and wakes the runner
 //! (`Shared::stop_all`).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream, UdpSocket};
 
 use fatpipe_secure::Stream as Conn;

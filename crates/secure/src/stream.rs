@@ -239,10 +239,33 @@ impl Stream {
         self.tcp.set_nodelay(on)
     }
 
+    /// Receives and opens up to `max` bytes of content and passes over
+    /// them instead of copying them out (a reader that only counts what
+    /// arrives); as `read` otherwise: `Ok(0)` at the end, `WouldBlock` on
+    /// a non-blocking socket with nothing to open. A plain stream reads
+    /// into a small scratch buffer.
+    pub fn discard(&self, max: usize) -> io::Result<usize> {
+        let Some(tls) = &self.tls else {
+            let mut scratch = [0u8; 4096];
+            let n = max.min(scratch.len());
+            return (&self.tcp).read(&mut scratch[..n]);
+        };
+        self.open_with(tls, |o| o.discard(max))
+    }
+
     fn read_tls(&self, tls: &Tls, buf: &mut [u8]) -> io::Result<usize> {
+        self.open_with(tls, |o| o.read(buf))
+    }
+
+    /// Opens records until `take` gets content (or the end).
+    fn open_with(
+        &self,
+        tls: &Tls,
+        mut take: impl FnMut(&mut Opener) -> Result<Option<usize>, crate::RecordError>,
+    ) -> io::Result<usize> {
         let mut opener = relock(&tls.opener);
         loop {
-            if let Some(n) = opener.read(buf).map_err(invalid)? {
+            if let Some(n) = take(&mut opener).map_err(invalid)? {
                 return Ok(n);
             }
             let n = (&self.tcp).read(opener.spare())?;

@@ -13,16 +13,12 @@
 //! layer, paced and budgeted by the same sans-IO sender as a plain one;
 //! its end waits (runner turns, never a blocked thread) until the last
 //! sealed bytes and close_notify are out (`Stream::close_write`), so the
-//! receiver never sees a cut record. A receiver opens and counts what
-//! arrives; its plaintext buffer comes from the process-wide budget.
+//! receiver never sees a cut record. A receiver opens (authenticates) and
+//! counts what arrives without copying it out (`Stream::discard`): it
+//! needs no plaintext buffer of its own, only the record layer's.
 
 use super::*;
 use fatpipe_secure::record::MAX_CONTENT;
-
-/// Bytes of plaintext an encrypted TCP receiver opens per read, and the
-/// least it gets when many streams share the budget (one TLS record).
-const OPENED: usize = 256 * 1024;
-const OPENED_MIN: usize = MAX_CONTENT;
 
 /// Most reads a receiver makes in one turn: a read returns at most one
 /// record's plaintext, and the record layer receives several records per
@@ -39,9 +35,7 @@ pub(super) enum Tls {
         closing: bool,
     },
     Recv {
-        opened: Vec<u8>,
         hold: Option<fatpipe_sys::WindowHold>,
-        _grant: budget::Grant,
     },
 }
 
@@ -65,15 +59,7 @@ impl Tls {
             }
             Role::Recv => {
                 let (_, hold) = tcp_recv_setup(s.tcp(), sh);
-                // Its plaintext buffer shrinks towards one record's worth
-                // as streams grow (dataplane::budget).
-                let streams = sh.params.total_streams() as usize;
-                let grant = budget::reserve(budget::share(OPENED, OPENED_MIN, streams), OPENED_MIN);
-                Tls::Recv {
-                    opened: vec![0u8; grant.bytes()],
-                    hold,
-                    _grant: grant,
-                }
+                Tls::Recv { hold }
             }
         })
     }
@@ -137,13 +123,13 @@ impl Tls {
                     Err(e) => Err(e),
                 }
             }
-            Tls::Recv { opened, hold, .. } => {
+            Tls::Recv { hold } => {
                 let mut moved = 0usize;
                 for _ in 0..READS {
                     if sh.stopped() {
                         return Ok(Step::Done);
                     }
-                    match (&*s).read(opened) {
+                    match s.discard(runner::QUANTUM_BYTES) {
                         Ok(0) => return Ok(Step::Done),
                         Ok(n) => {
                             if let Some(h) = hold.as_mut() {
