@@ -177,6 +177,63 @@ fn early_data_connections_carry_data_and_fail_fast_when_refused() {
     stop.trigger();
 }
 
+/// Threads of this process whose name starts with `prefix`.
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A session's early data connections are watched by one thread, not one
+/// each (`copy -P 256` ran 256 attach watchers while it dialled); one
+/// whose answer never comes is still shut at its deadline.
+#[test]
+fn issue_34_one_thread_watches_every_early_data_connection() {
+    let (addr, stop) = start(Server::builder());
+    let options = ClientOptions {
+        handshake_timeout: Duration::from_secs(2),
+        ..ClientOptions::default()
+    };
+    let mut s = connect_with(addr, &options, "echo", b"z").unwrap();
+    // Data connections go to a listener that never answers a hello.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    s.peer = silent.local_addr().unwrap();
+    let opened = Instant::now();
+    let mut conns: Vec<_> = (1..=64)
+        .map(|tag| s.open_data_early(tag).unwrap())
+        .collect();
+    // A thread per connection would each be waiting now.
+    let watchers = threads_named("data ");
+    assert!(
+        watchers <= 3,
+        "{watchers} attach watcher threads for 64 connections"
+    );
+    // Each is shut at its deadline (2 s): a write then fails.
+    let deadline = opened + Duration::from_secs(10);
+    for (i, c) in conns.iter_mut().enumerate() {
+        loop {
+            if c.write_all(&[0u8; 4096]).is_err() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "connection {i} was not shut at its deadline"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    assert!(
+        opened.elapsed() >= Duration::from_millis(1900),
+        "shut early"
+    );
+    drop(silent);
+    stop.trigger();
+}
+
 #[test]
 fn wrong_or_missing_key_is_an_auth_error() {
     let (addr, stop) = start(Server::builder().key(Some(key(b"sesame-sesame"))));

@@ -9,8 +9,8 @@
 //! so the kernel never copies the data out, UDP senders pace datagrams
 //! with `sendmmsg` or GSO bursts, UDP receivers (`recvmmsg`, GRO) track
 //! loss, reordering and RFC 3550 jitter. An encrypted (`--encrypt`) TCP
-//! stream keeps a thread of its own: its record layer is driven through
-//! blocking reads and writes. Streams publish counters in atomics; the
+//! stream is a runner task too, its records written and opened through
+//! the non-blocking socket (`tls`). Streams publish counters in atomics; the
 //! session thread samples them (and `TCP_INFO`) once per interval, so the
 //! hot paths take no lock and allocate nothing.
 //!
@@ -26,17 +26,16 @@
 //! streams × length no longer decide the server's memory (docs/security.md).
 //!
 //! Stopping: the session sets a stop flag and wakes the runner
-//! (`Shared::stop_all`); an encrypted stream's thread sees the flag within
-//! its short socket timeout.
+//! (`Shared::stop_all`).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream, UdpSocket};
 
 use fatpipe_secure::Stream as Conn;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
@@ -47,8 +46,7 @@ use fatpipe_engine::dataplane::udp::UdpReceiver;
 use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
 
-/// How often a blocked worker looks at its stop flags.
-const POLL: Duration = Duration::from_millis(200);
+mod tls;
 
 /// Bytes a TCP receiver lets accumulate before it wakes (`SO_RCVLOWAT`).
 const RCV_LOWAT: u64 = 256 * 1024;
@@ -75,11 +73,6 @@ const RECV_STORAGE: usize = 1 << 20;
 
 /// Longest a stopping UDP receiver reads what is already queued.
 const DRAIN_LIMIT: Duration = Duration::from_millis(200);
-
-/// Bytes of plaintext an encrypted TCP receiver opens per read, and the
-/// least it gets when many streams share the budget (one TLS record).
-const OPENED: usize = 256 * 1024;
-const OPENED_MIN: usize = 16 * 1024;
 
 /// Most receive slots per `recvmmsg` call.
 const RECV_SLOTS: usize = 256;
@@ -135,11 +128,8 @@ pub(crate) struct Stream {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub params: TestParams,
-    /// The test clock, set once every worker is spawned and waiting.
+    /// The test clock, set before the first stream starts.
     pub clock: OnceLock<Clock>,
-    /// Workers wait here until the clock is set, so that spawning a
-    /// thousand threads does not eat into the first streams' time.
-    pub gate: (Mutex<bool>, Condvar),
     /// Bytes left to send at this end with `-n`.
     pub budget: ByteBudget,
     /// Everything stops (abort or end).
@@ -167,29 +157,25 @@ impl Shared {
             budget: ByteBudget::new(params.bytes),
             params,
             clock: OnceLock::new(),
-            gate: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
             udp_recv_stop: AtomicBool::new(false),
         }
     }
 
-    /// Starts the clock now and releases the workers.
+    /// Starts the clock now (before the streams start).
     pub fn go(&self) -> Clock {
         let start = Instant::now();
         let p = &self.params;
         let send_until = p.bytes.is_none().then(|| {
             start + Duration::from_millis(p.omit_ms) + Duration::from_millis(p.duration_ms)
         });
-        let clock = *self.clock.get_or_init(|| Clock { start, send_until });
-        self.release();
-        clock
+        *self.clock.get_or_init(|| Clock { start, send_until })
     }
 
-    /// Stops every stream: sets the stop flag, releases threads waiting
-    /// for the clock and gives every runner task a turn to see it.
+    /// Stops every stream: sets the stop flag and gives every runner task
+    /// a turn to see it.
     pub fn stop_all(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        self.release();
         runner::wake_all();
     }
 
@@ -197,23 +183,6 @@ impl Shared {
     pub fn stop_udp_receivers(&self) {
         self.udp_recv_stop.store(true, Ordering::Relaxed);
         runner::wake_all();
-    }
-
-    /// Releases the workers (after `go`, or to let them see `stop`).
-    pub fn release(&self) {
-        *lock(&self.gate.0) = true;
-        self.gate.1.notify_all();
-    }
-
-    fn wait_for_go(&self) {
-        let mut open = lock(&self.gate.0);
-        while !*open {
-            open = self
-                .gate
-                .1
-                .wait(open)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
     }
 
     /// The test start (now, before `go`; workers never ask that early).
@@ -226,68 +195,18 @@ impl Shared {
     }
 }
 
-/// A started stream: a task on the data plane's runner, or (TLS) a
-/// thread of its own.
-#[derive(Debug)]
-pub(crate) enum Worker {
-    Task(runner::TaskHandle),
-    Thread(std::thread::JoinHandle<()>),
-}
+/// A started stream: a task on the data plane's runner.
+pub(crate) type Worker = runner::TaskHandle;
 
-impl Worker {
-    /// Waits until the stream's I/O has ended (its socket no longer used
-    /// by the runner or the thread).
-    pub fn join(self) {
-        match self {
-            Worker::Task(h) => h.join(),
-            Worker::Thread(h) => {
-                let _ = h.join();
-            }
-        }
-    }
-}
-
-/// True if the stream runs on the data plane's runner: every plain TCP
-/// and UDP stream. An encrypted stream keeps a thread of its own (its
-/// record layer is driven through blocking reads and writes).
-pub(crate) fn on_runner(stream: &Stream) -> bool {
-    !matches!(&*stream.sock, Sock::Tcp(t) if t.is_encrypted())
-}
-
-/// Starts `stream`: a task on the runner (call after the clock is set),
-/// or a thread that waits for the clock. It sends `id` on `done` when it
-/// ends.
+/// Starts `stream` as a task on the runner (call after the clock is set).
+/// It sends `id` on `done` when it ends.
 pub(crate) fn spawn(
     stream: &Stream,
     shared: &Arc<Shared>,
     done: Sender<super::Ev>,
 ) -> io::Result<Worker> {
-    if on_runner(stream) {
-        let task = Work::new(stream, shared, done)?;
-        return runner::spawn(Box::new(task)).map(Worker::Task);
-    }
-    let sock = Arc::clone(&stream.sock);
-    let counters = Arc::clone(&stream.counters);
-    let shared = Arc::clone(shared);
-    let (id, role) = (stream.id, stream.role);
-    std::thread::Builder::new()
-        .name(format!("stream {id}"))
-        .stack_size(256 * 1024)
-        .spawn(move || {
-            shared.wait_for_go();
-            let result = match (&*sock, role) {
-                (Sock::Tcp(s), Role::Send) => tcp_send(s, &counters, &shared),
-                (Sock::Tcp(s), Role::Recv) => tcp_recv(s, &counters, &shared),
-                (Sock::Udp(_), _) => Ok(()),
-            };
-            // Errors after a stop are the stop's doing (sockets shut down).
-            let err = match result {
-                Err(e) if !shared.stopped() => Some(format!("stream {id}: {e}")),
-                _ => None,
-            };
-            let _ = done.send(super::Ev::Done(id, err));
-        })
-        .map(Worker::Thread)
+    let task = Work::new(stream, shared, done)?;
+    runner::spawn(Box::new(task))
 }
 
 /// Wakes every worker blocked on its socket.
@@ -305,24 +224,6 @@ fn limit_notsent(s: &TcpStream, sh: &Shared) {
     let per_stream = NOTSENT_TOTAL / u64::from(sh.params.total_streams());
     let notsent = per_stream.clamp(128 * 1024, 1 << 20);
     let _ = fatpipe_sys::set_notsent_lowat(s, notsent);
-}
-
-/// An encrypted sending stream, on its own thread (blocking writes with a
-/// short timeout, so that it sees the stop flag).
-fn tcp_send(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
-    s.set_write_timeout(Some(POLL))?;
-    limit_notsent(s.tcp(), sh);
-    // Every sender of the process writes from the one shared pattern.
-    let buf = payload::pattern(sh.params.length as usize);
-    let mut w = s;
-    let result = drive_sender(sh, buf.len(), None, c, |bytes, _| {
-        w.write(&buf[..bytes]).map(|n| (n, 0))
-    });
-    // The receiver's end of file marks the end of this stream (an
-    // encrypted one flushes what a timed-out write left first).
-    let _ = (&*s).flush();
-    let _ = s.shutdown(Shutdown::Write);
-    result
 }
 
 /// A new sending stream's state and clocks.
@@ -358,45 +259,6 @@ fn publish_sent(c: &Counters, t: &SendTotals, test_ns: u64) {
     c.last_ns.store(test_ns, Ordering::Relaxed);
 }
 
-/// Runs a sending stream's state until it finishes, on a thread of its
-/// own with a blocking socket: `write(bytes, action)` does the I/O and
-/// returns what the kernel took (a timeout is a retry).
-fn drive_sender(
-    sh: &Shared,
-    chunk: usize,
-    datagrams: Option<Datagrams>,
-    c: &Counters,
-    mut write: impl FnMut(usize, &SendAction) -> io::Result<(usize, usize)>,
-) -> io::Result<()> {
-    let (mut st, clock) = new_sender(sh, chunk, datagrams);
-    loop {
-        let step = runner::send_turn(
-            &mut st,
-            clock,
-            &sh.budget,
-            sh.stopped(),
-            |action| {
-                let SendAction::Write { bytes, .. } = *action else {
-                    return Ok(Wrote::Took(0, 0));
-                };
-                match write(bytes, action) {
-                    Ok((n, d)) => Ok(Wrote::Took(n, d)),
-                    Err(e) if is_retry(&e) => Ok(Wrote::Blocked),
-                    Err(e) => Err(e),
-                }
-            },
-            |t, ns| publish_sent(c, t, ns),
-        )?;
-        match step {
-            Step::Again | Step::Blocked(_) => {}
-            Step::Sleep(at) => {
-                std::thread::sleep(at.saturating_duration_since(Instant::now()).min(POLL));
-            }
-            Step::Done => return Ok(()),
-        }
-    }
-}
-
 /// A TCP receiver's socket settings; returns the length to ask per call
 /// and the window hold (`-w`).
 fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::WindowHold>) {
@@ -429,35 +291,6 @@ fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::Win
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
     (len, hold)
-}
-
-/// An encrypted receiving stream, on its own thread: its records must be
-/// read and opened (MSG_TRUNC would discard them unchecked).
-fn tcp_recv(s: &Conn, c: &Counters, sh: &Shared) -> io::Result<()> {
-    let (_, mut hold) = tcp_recv_setup(s.tcp(), sh);
-    s.set_read_timeout(Some(RECV_TICK))?;
-    // Its plaintext buffer shrinks towards one record's worth as streams
-    // grow (dataplane::budget).
-    let streams = sh.params.total_streams() as usize;
-    let grant = budget::reserve(budget::share(OPENED, OPENED_MIN, streams), OPENED_MIN);
-    let mut opened = vec![0u8; grant.bytes()];
-    loop {
-        if sh.stopped() {
-            return Ok(());
-        }
-        match (&*s).read(&mut opened) {
-            Ok(0) => return Ok(()),
-            Ok(bytes) => {
-                if let Some(h) = hold.as_mut() {
-                    h.tick(s.tcp());
-                }
-                c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-                c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
-            }
-            Err(e) if is_retry(&e) => {}
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// A stream on the runner: its socket (non-blocking), counters and the
@@ -504,6 +337,8 @@ enum Kind {
         recv: UdpIn,
         draining: Option<Instant>,
     },
+    /// Encrypted TCP (`--encrypt`), either role.
+    Tls(tls::Tls),
 }
 
 enum Src {
@@ -526,6 +361,7 @@ impl Work {
     fn new(stream: &Stream, sh: &Arc<Shared>, done: Sender<super::Ev>) -> io::Result<Work> {
         let p = &sh.params;
         let kind = match (&*stream.sock, stream.role) {
+            (Sock::Tcp(t), role) if t.is_encrypted() => Kind::Tls(tls::Tls::new(t, role, sh)?),
             (Sock::Tcp(t), Role::Send) => {
                 let s = t.tcp();
                 s.set_nonblocking(true)?;
@@ -632,6 +468,7 @@ impl Work {
         let sh = &*self.sh;
         let c = &*self.c;
         match (&mut self.kind, &*self.sock) {
+            (Kind::Tls(k), Sock::Tcp(t)) => k.step(t, sh, c),
             (Kind::TcpSend { st, clock, src }, Sock::Tcp(t)) => {
                 let s = t.tcp();
                 runner::send_turn(
@@ -793,6 +630,7 @@ impl runner::Task for Work {
         match self.kind {
             Kind::TcpSend { .. } | Kind::UdpSend { .. } => runner::Wants::Write,
             Kind::TcpRecv { .. } | Kind::UdpRecv { .. } => runner::Wants::Read,
+            Kind::Tls(ref k) => k.wants(),
         }
     }
 
@@ -1187,12 +1025,6 @@ pub(crate) fn setup_of(id: u32, sock: &Sock, role: Role, p: &TestParams) -> Sock
         send_path: send_path.into(),
         recv_path: recv_path.into(),
     }
-}
-
-/// Locks a mutex, taking the value even if a thread panicked holding it:
-/// the gate is a plain flag, never left half-written.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

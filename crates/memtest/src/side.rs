@@ -45,7 +45,7 @@ pub(super) struct Side {
 pub(super) type IntervalSample = (u32, Duration, Duration, bool, Vec<StreamSample>);
 
 impl Side {
-    /// Spawns every worker, then starts the clock and releases them.
+    /// Starts the clock, then every stream on the runner.
     pub(super) fn start(
         params: TestParams,
         streams: Vec<Stream>,
@@ -57,16 +57,9 @@ impl Side {
         let config = params.clone();
         let shared = Arc::new(data::Shared::new(params));
         let mut workers = Vec::with_capacity(streams.len());
-        // Threads of their own (encrypted streams) first: they wait for
-        // the clock, so spawning them does not eat into the test. Runner
-        // tasks start at once: after the clock.
-        let threaded = streams.iter().filter(|s| !data::on_runner(s));
-        let tasks = streams.iter().filter(|s| data::on_runner(s));
-        let mut start = None;
-        for s in threaded.chain(tasks) {
-            if data::on_runner(s) && start.is_none() {
-                start = Some(shared.go().start);
-            }
+        // Runner tasks start at once: after the clock.
+        let start = shared.go().start;
+        for s in &streams {
             match data::spawn(s, &shared, tx.clone()) {
                 Ok(w) => workers.push(w),
                 Err(e) => {
@@ -79,7 +72,6 @@ impl Side {
                 }
             }
         }
-        let start = start.unwrap_or_else(|| shared.go().start);
         let stall_limit = stall_limit(&shared.params);
         let n = streams.len();
         let senders_running = streams.iter().filter(|s| s.role == Role::Send).count();

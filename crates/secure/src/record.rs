@@ -201,19 +201,36 @@ impl Opener {
     /// `Ok(Some(0))` once the peer sent close_notify, or `Ok(None)` when
     /// more bytes must be received first.
     pub fn read(&mut self, out: &mut [u8]) -> Result<Option<usize>, RecordError> {
-        if out.is_empty() {
-            return Ok(Some(0));
+        let Some(got) = self.take(out.len())? else {
+            return Ok(None);
+        };
+        let n = got.len();
+        out[..n].copy_from_slice(&self.buf[got]);
+        Ok(Some(n))
+    }
+
+    /// As [`read`](Opener::read), but the opened content (at most `max`
+    /// bytes) is passed over, not copied out: for a reader that only
+    /// counts it (a throughput test's receiver).
+    pub fn discard(&mut self, max: usize) -> Result<Option<usize>, RecordError> {
+        Ok(self.take(max)?.map(|got| got.len()))
+    }
+
+    /// The next opened content, at most `max` bytes, as a range of `buf`
+    /// (valid until the next call); empty at close_notify or for `max` 0.
+    fn take(&mut self, max: usize) -> Result<Option<std::ops::Range<usize>>, RecordError> {
+        if max == 0 {
+            return Ok(Some(0..0));
         }
         loop {
             if !self.plain.is_empty() {
-                let n = self.plain.len().min(out.len());
+                let n = self.plain.len().min(max);
                 let from = self.plain.start;
-                out[..n].copy_from_slice(&self.buf[from..from + n]);
                 self.plain.start += n;
-                return Ok(Some(n));
+                return Ok(Some(from..from + n));
             }
             if self.closed {
-                return Ok(Some(0));
+                return Ok(Some(0..0));
             }
             if !self.open_next()? {
                 return Ok(None);
@@ -369,6 +386,46 @@ mod tests {
             assert_eq!(&got[msg.len()..], b"tail");
             assert_eq!(opener.sequence(), sealer.sequence());
         }
+    }
+
+    #[test]
+    fn discarding_counts_what_reading_would_copy_and_still_checks_it() {
+        let msg = data(100_000);
+        let mut sealer = Sealer::new(&secrets(1), 0).unwrap();
+        let mut wire = Vec::new();
+        sealer.seal(&msg, &mut wire).unwrap();
+        sealer.close_notify(&mut wire).unwrap();
+        let mut opener = Opener::new(&secrets(1), 0).unwrap();
+        let (mut counted, mut fed) = (0usize, 0usize);
+        loop {
+            match opener.discard(7000).unwrap() {
+                Some(0) => break,
+                Some(n) => {
+                    assert!(n <= 7000);
+                    counted += n;
+                }
+                None => {
+                    let spare = opener.spare();
+                    let n = 3000.min(wire.len() - fed).min(spare.len());
+                    assert!(n > 0, "ran out of wire before close_notify");
+                    spare[..n].copy_from_slice(&wire[fed..fed + n]);
+                    opener.filled(n);
+                    fed += n;
+                }
+            }
+        }
+        assert_eq!(counted, msg.len());
+        assert_eq!(opener.discard(0).unwrap(), Some(0));
+        // A flipped bit is still an authentication failure.
+        let mut bad = wire.clone();
+        bad[100] ^= 1;
+        let mut opener = Opener::new(&secrets(1), 0).unwrap();
+        opener.spare()[..bad.len().min(20_000)].copy_from_slice(&bad[..bad.len().min(20_000)]);
+        opener.filled(bad.len().min(20_000));
+        assert!(matches!(
+            opener.discard(1 << 20),
+            Err(RecordError::BadRecordMac)
+        ));
     }
 
     #[test]

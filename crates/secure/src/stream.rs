@@ -54,6 +54,9 @@ struct SealHalf {
     /// A write failed for good, or close_notify went out: nothing more
     /// may follow.
     broken: bool,
+    /// close_notify is sealed in `out` ([`Stream::close_write`]): nothing
+    /// more may be sealed.
+    closing: bool,
 }
 
 impl SealHalf {
@@ -106,6 +109,7 @@ impl Stream {
                     out: Vec::with_capacity(WRITE_BATCH + WRITE_BATCH / 64),
                     sent: 0,
                     broken: false,
+                    closing: false,
                 }),
                 opener: Mutex::new(opener),
                 encryption,
@@ -169,7 +173,10 @@ impl Stream {
                 Err(TryLockError::WouldBlock) => None,
             };
             if let Some(mut half) = half {
-                if !half.broken && half.push(&self.tcp).is_ok() {
+                if half.closing {
+                    // close_write sealed it already: only what is left goes.
+                    let _ = half.push(&self.tcp);
+                } else if !half.broken && half.push(&self.tcp).is_ok() {
                     let SealHalf { sealer, out, .. } = &mut *half;
                     if sealer.close_notify(out).is_ok() {
                         let _ = half.push(&self.tcp);
@@ -179,6 +186,32 @@ impl Stream {
             }
         }
         self.tcp.shutdown(how)
+    }
+
+    /// Ends the write side gracefully on a non-blocking socket, never
+    /// cutting a record: what earlier writes left goes out, then
+    /// close_notify, then the TCP write side is shut. `WouldBlock` means
+    /// call again once the socket is writable (nothing is lost); `Ok`
+    /// means the write side is shut. A plain stream shuts at once.
+    /// ([`Stream::shutdown`] with `Write` sends close_notify only if the
+    /// socket takes it at once, and cuts the record otherwise.)
+    pub fn close_write(&self) -> io::Result<()> {
+        let Some(tls) = &self.tls else {
+            return self.tcp.shutdown(Shutdown::Write);
+        };
+        let mut half = relock(&tls.sealer);
+        if !half.broken && !half.closing {
+            half.push(&self.tcp)?;
+            let SealHalf { sealer, out, .. } = &mut *half;
+            sealer.close_notify(out).map_err(invalid)?;
+            half.closing = true;
+        }
+        if !half.broken {
+            half.push(&self.tcp)?;
+            half.broken = true;
+        }
+        drop(half);
+        self.tcp.shutdown(Shutdown::Write)
     }
 
     /// See `TcpStream::peer_addr`.
@@ -206,10 +239,33 @@ impl Stream {
         self.tcp.set_nodelay(on)
     }
 
+    /// Receives and opens up to `max` bytes of content and passes over
+    /// them instead of copying them out (a reader that only counts what
+    /// arrives); as `read` otherwise: `Ok(0)` at the end, `WouldBlock` on
+    /// a non-blocking socket with nothing to open. A plain stream reads
+    /// into a small scratch buffer.
+    pub fn discard(&self, max: usize) -> io::Result<usize> {
+        let Some(tls) = &self.tls else {
+            let mut scratch = [0u8; 4096];
+            let n = max.min(scratch.len());
+            return (&self.tcp).read(&mut scratch[..n]);
+        };
+        self.open_with(tls, |o| o.discard(max))
+    }
+
     fn read_tls(&self, tls: &Tls, buf: &mut [u8]) -> io::Result<usize> {
+        self.open_with(tls, |o| o.read(buf))
+    }
+
+    /// Opens records until `take` gets content (or the end).
+    fn open_with(
+        &self,
+        tls: &Tls,
+        mut take: impl FnMut(&mut Opener) -> Result<Option<usize>, crate::RecordError>,
+    ) -> io::Result<usize> {
         let mut opener = relock(&tls.opener);
         loop {
-            if let Some(n) = opener.read(buf).map_err(invalid)? {
+            if let Some(n) = take(&mut opener).map_err(invalid)? {
                 return Ok(n);
             }
             let n = (&self.tcp).read(opener.spare())?;
@@ -225,7 +281,7 @@ impl Stream {
 
     fn write_tls(&self, tls: &Tls, buf: &[u8]) -> io::Result<usize> {
         let mut half = relock(&tls.sealer);
-        if half.broken {
+        if half.broken || half.closing {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS stream closed or broken by an earlier failed write",

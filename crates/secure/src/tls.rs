@@ -390,6 +390,65 @@ mod tests {
     }
 
     #[test]
+    fn close_write_on_a_non_blocking_socket_never_cuts_a_record() {
+        // A runner task writes without blocking: the socket fills, a
+        // write leaves sealed bytes behind, and the end must wait for
+        // them (shutdown(Write) would cut the record: the peer's read
+        // fails as truncated).
+        let (c, s) = pair();
+        let server_tls = ServerTls::new(KEY).unwrap();
+        let server = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            server_handshake(&server_tls, s, deadline).unwrap()
+        });
+        let client = ClientTls::new(KEY).unwrap();
+        let stream = client_handshake(&client, c, Duration::from_secs(10)).unwrap();
+        let server = server.join().unwrap();
+        stream.tcp().set_nonblocking(true).unwrap();
+        let msg = data(1 << 20);
+        let mut sent = 0;
+        let mut blocked = false;
+        // Fill the socket (the server does not read yet).
+        while sent < 64 << 20 && !blocked {
+            match (&stream).write(&msg) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(blocked, "the socket never filled");
+        assert_eq!(
+            stream.close_write().map_err(|e| e.kind()),
+            Err(io::ErrorKind::WouldBlock)
+        );
+        assert!((&stream).write(&msg).is_err(), "a write after close_write");
+        let reader = thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = 0usize;
+            loop {
+                match (&server).read(&mut buf) {
+                    Ok(0) => return Ok(got),
+                    Ok(n) => got += n,
+                    Err(e) => return Err(e),
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match stream.close_write() {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(Instant::now() < deadline, "close_write never finished");
+                    thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let got = reader.join().unwrap().expect("the reader saw a clean end");
+        assert_eq!(got, sent);
+    }
+
+    #[test]
     fn a_server_with_another_key_is_refused_and_says_so() {
         let (c, s) = pair();
         let server_tls = ServerTls::new(b"the server's other key").unwrap();

@@ -189,6 +189,67 @@ fn issue_34_a_thousand_streams_each_way_run_on_a_few_threads_and_all_move_data()
 }
 
 #[test]
+fn issue_34_encrypted_test_streams_run_on_the_same_few_threads_and_all_move_data() {
+    // An encrypted stream had a thread of its own at each end (its record
+    // layer driven by blocking reads and writes): `test --encrypt -P 256
+    // --bidir` was over 512 threads per process. On the runner it is as
+    // few as a plain test's.
+    let dir = setup();
+    let key = dir.path().join("key");
+    crate::util::write_key(&key, "encrypted-test-key-0123456789\n");
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .arg("--key-file")
+        .arg(&key);
+    let (srv, port) = spawn_server(cmd);
+    let server_pid = srv.0.id();
+    let key = key.to_string_lossy().into_owned();
+    let args = ["--encrypt", "--key-file", &key, "--no-auto"];
+    let big = Client::spawn(
+        &dir,
+        port,
+        &[&args[..], &["--bidir", "-P", "256", "-t", "3"]].concat(),
+    );
+    let client_pid = big.guard.0.id();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let bound = 4 * cores + 16;
+    let mut most = (0, 0);
+    let end = loop {
+        match big.next() {
+            TestStreamLine::Interval(_) => {
+                let (c, s) = (
+                    status(client_pid, "Threads:"),
+                    status(server_pid, "Threads:"),
+                );
+                eprintln!("threads: client {c}, server {s}");
+                most = (most.0.max(c), most.1.max(s));
+            }
+            TestStreamLine::End(end) => break big.end_after_end(end),
+            _ => {}
+        }
+    };
+    assert!(most.0 > 0 && most.1 > 0, "no interval seen");
+    assert!(
+        most.0 <= bound && most.1 <= bound,
+        "threads: client {}, server {} (bound 4 x {cores} cores + 16 = {bound})",
+        most.0,
+        most.1
+    );
+    assert_eq!(end.streams.len(), 512);
+    let bytes: Vec<u64> = end.streams.iter().map(|s| s.bytes).collect();
+    let mean = bytes.iter().sum::<u64>() / bytes.len() as u64;
+    let min = bytes.iter().copied().min().unwrap_or(0);
+    eprintln!("per-stream bytes: min {min}, mean {mean}");
+    let idle: Vec<_> = end
+        .streams
+        .iter()
+        .filter(|s| s.bytes == 0)
+        .map(|s| s.id)
+        .collect();
+    assert!(idle.is_empty(), "streams that moved nothing: {idle:?}");
+}
+
+#[test]
 fn issue_34_stock_iperf3_streams_run_on_the_servers_few_threads() {
     // iperf3's port gave every stream a thread (2 MiB stack reserved):
     // `iperf3 -c -P 128 --bidir` was 256 threads. On the runner the

@@ -5,17 +5,22 @@
 //! The runner's I/O threads must never block, so a stream that needs a
 //! file read or written hands a job here ([`submit`]) and waits for it
 //! (its task parks; the job wakes it through a [`super::runner::TaskWaker`]
-//! when done). Jobs run first come, first served; a stream has at most
-//! one job in the pool at a time, so a thousand streams queue a thousand
-//! jobs, never a thousand threads.
+//! when done). A stream has at most one job in the pool at a time, so a
+//! thousand streams queue a thousand jobs, never a thousand threads.
+//!
+//! Fairness: every job has an [`Owner`] (its session). Each owner's jobs
+//! run in the order submitted, and the owners with jobs waiting take
+//! turns, one job each, so a session that queued a thousand jobs delays
+//! another session's one by one job per busy owner, not by a thousand
+//! (first come, first served made it wait for all of them).
 //!
 //! Threads: [`threads`] of them (2 × cores, 2 to [`MAX_THREADS`]),
 //! started on the first [`submit`] and kept for the life of the process
 //! (docs/security.md: the thread bound).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 /// Most threads of the pool.
 pub const MAX_THREADS: usize = 16;
@@ -32,8 +37,62 @@ pub fn threads() -> usize {
         .clamp(2, MAX_THREADS)
 }
 
+/// Whose a job is: owners take turns (see the module's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Owner(usize);
+
+impl Owner {
+    /// Jobs submitted without an owner ([`submit`]).
+    pub const NONE: Owner = Owner(0);
+
+    /// The owner keyed by a session's shared state: its address while it
+    /// lives (another state at the same address later is a new session;
+    /// sharing a key only shares a turn).
+    pub fn of<T>(shared: &Arc<T>) -> Owner {
+        Owner(Arc::as_ptr(shared) as *const () as usize)
+    }
+}
+
+/// The waiting jobs: one queue per owner, served round robin.
+#[derive(Default)]
+struct Queue {
+    /// Each owner with jobs waiting, and its jobs in order.
+    jobs: HashMap<Owner, VecDeque<Job>>,
+    /// Owners with jobs waiting, in turn order (each once).
+    turns: VecDeque<Owner>,
+    len: usize,
+}
+
+impl Queue {
+    fn push(&mut self, owner: Owner, job: Job) {
+        let q = self.jobs.entry(owner).or_default();
+        if q.is_empty() {
+            self.turns.push_back(owner);
+        }
+        q.push_back(job);
+        self.len += 1;
+    }
+
+    /// The next owner's next job; the owner goes to the back of the turns
+    /// if it has more.
+    fn pop(&mut self) -> Option<Job> {
+        let owner = self.turns.pop_front()?;
+        let q = self.jobs.get_mut(&owner)?;
+        let job = q.pop_front();
+        if q.is_empty() {
+            self.jobs.remove(&owner);
+        } else {
+            self.turns.push_back(owner);
+        }
+        if job.is_some() {
+            self.len -= 1;
+        }
+        job
+    }
+}
+
 struct Pool {
-    jobs: Mutex<VecDeque<Job>>,
+    jobs: Mutex<Queue>,
     ready: Condvar,
 }
 
@@ -48,7 +107,7 @@ fn pool() -> io::Result<&'static Pool> {
 
 fn start(n: usize) -> io::Result<&'static Pool> {
     let pool: &'static Pool = Box::leak(Box::new(Pool {
-        jobs: Mutex::new(VecDeque::new()),
+        jobs: Mutex::new(Queue::default()),
         ready: Condvar::new(),
     }));
     for i in 0..n {
@@ -65,7 +124,7 @@ fn work(pool: &'static Pool) {
         let job = {
             let mut q = lock(&pool.jobs);
             loop {
-                if let Some(j) = q.pop_front() {
+                if let Some(j) = q.pop() {
                     break j;
                 }
                 q = pool.ready.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -77,11 +136,18 @@ fn work(pool: &'static Pool) {
     }
 }
 
-/// Runs `job` on the pool (starting it on first use). Fails only if no
-/// thread could be started.
+/// Runs `job` on the pool (starting it on first use), in the turn of
+/// jobs without an owner. Fails only if no thread could be started.
 pub fn submit(job: Job) -> io::Result<()> {
+    submit_as(Owner::NONE, job)
+}
+
+/// Runs `job` on the pool in `owner`'s turn: after `owner`'s earlier
+/// jobs, taking turns with other owners' (starting the pool on first
+/// use). Fails only if no thread could be started.
+pub fn submit_as(owner: Owner, job: Job) -> io::Result<()> {
     let pool = pool()?;
-    lock(&pool.jobs).push_back(job);
+    lock(&pool.jobs).push(owner, job);
     pool.ready.notify_one();
     Ok(())
 }
@@ -89,7 +155,7 @@ pub fn submit(job: Job) -> io::Result<()> {
 /// Jobs waiting for a thread now.
 pub fn queued() -> usize {
     match POOL.get() {
-        Some(Ok(pool)) => lock(&pool.jobs).len(),
+        Some(Ok(pool)) => lock(&pool.jobs).len,
         _ => 0,
     }
 }
@@ -124,6 +190,92 @@ mod tests {
         assert_eq!(seen.len(), 200);
         assert!(names.len() <= threads(), "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("blocking ")));
+    }
+
+    #[test]
+    fn owners_take_turns_one_job_each() {
+        let mut q = Queue::default();
+        let (tx, rx) = mpsc::channel();
+        let job = |tag: (char, u32)| -> Job {
+            let tx = tx.clone();
+            Box::new(move || {
+                let _ = tx.send(tag);
+            })
+        };
+        let (a, b, c) = (Owner(1), Owner(2), Owner(3));
+        for i in 0..3 {
+            q.push(a, job(('a', i)));
+        }
+        q.push(b, job(('b', 0)));
+        q.push(c, job(('c', 0)));
+        q.push(b, job(('b', 1)));
+        assert_eq!(q.len, 6);
+        while let Some(j) = q.pop() {
+            j();
+        }
+        assert_eq!(q.len, 0);
+        assert!(q.jobs.is_empty() && q.turns.is_empty());
+        let order: Vec<_> = rx.try_iter().collect();
+        assert_eq!(
+            order,
+            [('a', 0), ('b', 0), ('c', 0), ('a', 1), ('b', 1), ('a', 2)]
+        );
+    }
+
+    #[test]
+    fn issue_34_a_session_with_one_job_is_not_queued_behind_a_thousand() {
+        // Every pool thread held busy, session A queues 1,000 jobs, then
+        // session B one: first come, first served ran B's after all of
+        // A's. Taking turns, it runs within the first few.
+        let n = threads();
+        let (started_tx, started) = mpsc::channel();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let blockers = Owner::of(&gate);
+        for _ in 0..n {
+            let (tx, gate) = (started_tx.clone(), Arc::clone(&gate));
+            submit_as(
+                blockers,
+                Box::new(move || {
+                    let _ = tx.send(());
+                    let mut open = lock(&gate.0);
+                    while !*open {
+                        open = gate.1.wait(open).unwrap_or_else(|p| p.into_inner());
+                    }
+                }),
+            )
+            .unwrap();
+        }
+        for _ in 0..n {
+            started
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("every pool thread took a blocker");
+        }
+        let (session_a, session_b) = (Arc::new('a'), Arc::new('b'));
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let (done_tx, done) = mpsc::channel();
+        for session in [&session_a; 1000].into_iter().chain([&session_b]) {
+            let (ran, tag, done) = (Arc::clone(&ran), **session, done_tx.clone());
+            submit_as(
+                Owner::of(session),
+                Box::new(move || {
+                    lock(&ran).push(tag);
+                    let _ = done.send(());
+                }),
+            )
+            .unwrap();
+        }
+        *lock(&gate.0) = true;
+        gate.1.notify_all();
+        for _ in 0..1001 {
+            done.recv_timeout(std::time::Duration::from_secs(20))
+                .expect("every job ran");
+        }
+        let ran = lock(&ran);
+        let b_at = ran.iter().position(|&t| t == 'b').unwrap();
+        assert!(
+            b_at <= 2 * n,
+            "B's job ran after {b_at} of A's ({n} pool threads)"
+        );
     }
 
     #[test]

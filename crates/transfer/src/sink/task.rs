@@ -293,14 +293,20 @@ impl RecvTask {
             self.waker.clone(),
         );
         self.phase = Phase::Working;
-        blocking::submit(Box::new(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink.absorb(&mut w)));
-            if r.is_err() {
-                w.broken = Some(io::Error::other("the receiver's writer failed"));
-            }
-            *lock(&back) = Some(w);
-            waker.wake();
-        }))?;
+        // The session's turn: another session's writes are not queued
+        // behind all of this one's.
+        blocking::submit_as(
+            blocking::Owner::of(&sink),
+            Box::new(move || {
+                let r =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink.absorb(&mut w)));
+                if r.is_err() {
+                    w.broken = Some(io::Error::other("the receiver's writer failed"));
+                }
+                *lock(&back) = Some(w);
+                waker.wake();
+            }),
+        )?;
         Ok(Step::Blocked(None))
     }
 

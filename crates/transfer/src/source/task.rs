@@ -316,15 +316,21 @@ impl SendTask {
             self.plain,
         );
         self.phase = Phase::Filling;
-        blocking::submit(Box::new(move || {
-            let filled =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| src.fill(&mut f, plain)));
-            if filled.is_err() {
-                f.broken = Some(io::Error::other("the sender's reader failed"));
-            }
-            *lock(&back) = Some(f);
-            waker.wake();
-        }))?;
+        // The session's turn: another session's fills are not queued
+        // behind all of this one's.
+        blocking::submit_as(
+            blocking::Owner::of(&src),
+            Box::new(move || {
+                let filled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    src.fill(&mut f, plain)
+                }));
+                if filled.is_err() {
+                    f.broken = Some(io::Error::other("the sender's reader failed"));
+                }
+                *lock(&back) = Some(f);
+                waker.wake();
+            }),
+        )?;
         Ok(Step::Blocked(None))
     }
 
