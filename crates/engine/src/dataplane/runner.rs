@@ -51,14 +51,22 @@ pub const QUANTUM_BYTES: usize = 1 << 20;
 pub const QUANTUM_CALLS: usize = 8;
 
 /// Bytes all senders of one I/O thread write in one round together, at
-/// most: a sender's quantum is this over the thread's task count (within
-/// [`QUANTUM_MIN`]..=[`QUANTUM_BYTES`], see [`quantum`]). With a fixed
-/// 1 MiB quantum, `test --bidir -P 1024` on loopback put 2,048 × 1 MiB
-/// in flight per round: the receivers on the same threads were served
-/// once a round, their queues grew past the host's TCP memory limit
-/// (`tcp_mem`; 1.7 GB seen), the kernel dropped segments (TCPRcvQDrop)
-/// and streams stalled on retransmission timeouts for seconds.
-pub const ROUND_BYTES: usize = 64 << 20;
+/// most: a sender's quantum is the round over the thread's task count
+/// (within [`QUANTUM_MIN`]..=[`QUANTUM_BYTES`], see [`quantum`]), and the
+/// round is half the host's TCP memory low mark (`tcp_mem`) over the
+/// threads, within [`ROUND_MIN`]..=[`ROUND_BYTES`]. With a fixed 1 MiB
+/// quantum, `test --bidir -P 1024` on loopback put 2,048 × 1 MiB in
+/// flight per round: the receivers on the same threads were served once a
+/// round, their queues grew past the host's TCP memory limit (1.7 GB
+/// seen), the kernel dropped segments (TCPRcvQDrop) and streams stalled
+/// on retransmission timeouts for seconds. A smaller round costs CPU per
+/// byte instead: each burst wakes its receiver once (measured at
+/// `-R -P 1024`, 64 MiB rounds cost the receiver twice and the sender
+/// 1.5 times the CPU per byte of 256 MiB rounds).
+pub const ROUND_BYTES: usize = 256 << 20;
+
+/// The least round of one I/O thread.
+pub const ROUND_MIN: usize = 16 << 20;
 
 /// The least quantum of a sender, however many tasks share a thread.
 pub const QUANTUM_MIN: usize = 64 << 10;
@@ -75,8 +83,29 @@ pub fn quantum() -> usize {
     QUANTUM.with(|q| q.get())
 }
 
-fn quantum_for(tasks: usize) -> usize {
-    (ROUND_BYTES / tasks.max(1)).clamp(QUANTUM_MIN, QUANTUM_BYTES)
+fn quantum_for(round: usize, tasks: usize) -> usize {
+    (round / tasks.max(1)).clamp(QUANTUM_MIN, QUANTUM_BYTES)
+}
+
+/// The round of one I/O thread on this host (read once).
+fn round_bytes() -> usize {
+    static ROUND: OnceLock<usize> = OnceLock::new();
+    *ROUND.get_or_init(|| {
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_mem")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<usize>().ok())
+            .map(|pages| pages.saturating_mul(4096));
+        round_for(low, threads())
+    })
+}
+
+/// Half the TCP memory low mark (bytes; `None`: unknown) shared by
+/// `threads` threads, within [`ROUND_MIN`]..=[`ROUND_BYTES`].
+fn round_for(tcp_mem_low: Option<usize>, threads: usize) -> usize {
+    match tcp_mem_low {
+        Some(low) => (low / 2 / threads.max(1)).clamp(ROUND_MIN, ROUND_BYTES),
+        None => ROUND_BYTES,
+    }
 }
 
 /// What a task waits for after a turn.
@@ -509,7 +538,7 @@ impl Loop {
     /// Records the thread's task count and the senders' quantum for it.
     fn set_live(&mut self, live: usize) {
         self.live = live;
-        QUANTUM.with(|q| q.set(quantum_for(live)));
+        QUANTUM.with(|q| q.set(quantum_for(round_bytes(), live)));
     }
 
     fn turn(&mut self, i: usize) {
@@ -785,21 +814,40 @@ mod tests {
 
     #[test]
     fn the_quantum_shares_a_round_between_the_threads_tasks() {
+        let round = 256 << 20;
         // (tasks on the thread, quantum)
         let table = [
             (0, QUANTUM_BYTES),
             (1, QUANTUM_BYTES),
-            (64, QUANTUM_BYTES),
-            (128, 512 << 10),
-            (512, 128 << 10),
-            (1024, QUANTUM_MIN),
+            (256, QUANTUM_BYTES),
+            (512, 512 << 10),
+            (1024, 256 << 10),
+            (4096, QUANTUM_MIN),
             (100_000, QUANTUM_MIN),
         ];
         for (tasks, q) in table {
-            assert_eq!(quantum_for(tasks), q, "{tasks} tasks");
+            assert_eq!(quantum_for(round, tasks), q, "{tasks} tasks");
         }
+        assert_eq!(quantum_for(16 << 20, 1024), QUANTUM_MIN);
         // Off the runner's threads: the largest.
         assert_eq!(quantum(), QUANTUM_BYTES);
+    }
+
+    #[test]
+    fn the_round_is_half_the_tcp_memory_low_mark_over_the_threads() {
+        let gib = 1usize << 30;
+        // (tcp_mem low in bytes, threads, round)
+        let table = [
+            (None, 2, ROUND_BYTES),
+            (Some(gib), 2, ROUND_BYTES),        // 256 MiB each
+            (Some(gib), 8, 64 << 20),           // 64 MiB each
+            (Some(64 << 20), 2, ROUND_MIN),     // a small host
+            (Some(usize::MAX), 1, ROUND_BYTES), // a huge one
+            (Some(gib), 0, ROUND_BYTES),        // no thread counted: one
+        ];
+        for (low, threads, round) in table {
+            assert_eq!(round_for(low, threads), round, "{low:?} {threads}");
+        }
     }
 
     #[test]
