@@ -41,7 +41,9 @@ use std::time::{Duration, Instant};
 use crate::msg::{Role, SocketSetup, StreamSample, TestParams};
 use fatpipe_engine::dataplane::runner::{self, SendClock, Step, Wrote};
 use fatpipe_engine::dataplane::stream::Sender as StreamSender;
-use fatpipe_engine::dataplane::stream::{ByteBudget, Datagrams, SendAction, SendSpec, SendTotals};
+use fatpipe_engine::dataplane::stream::{
+    ByteBudget, Datagrams, RecvTick, SendAction, SendSpec, SendTotals,
+};
 use fatpipe_engine::dataplane::udp::UdpReceiver;
 use fatpipe_engine::dataplane::{budget, payload};
 use fatpipe_schema::units;
@@ -59,6 +61,10 @@ const NOTSENT_TOTAL: u64 = 32 << 20;
 
 /// Longest a TCP receiver sleeps with bytes waiting below the low mark.
 const RECV_TICK: Duration = Duration::from_millis(20);
+
+/// Longest a TCP receiver that keeps finding its queue empty waits before
+/// it looks again (`dataplane::stream::RecvTick`).
+const RECV_TICK_MAX: Duration = Duration::from_millis(160);
 
 /// Largest UDP payload over IPv4.
 const MAX_UDP_PAYLOAD: usize = 65_507;
@@ -259,14 +265,16 @@ fn publish_sent(c: &Counters, t: &SendTotals, test_ns: u64) {
     c.last_ns.store(test_ns, Ordering::Relaxed);
 }
 
-/// A TCP receiver's socket settings; returns the length to ask per call
-/// and the window hold (`-w`).
-fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::WindowHold>) {
+/// A TCP receiver's socket settings; returns the length to ask per call,
+/// the window hold (`-w`) and the low-water mark it set.
+fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::WindowHold>, u64) {
     // Wake the receiver per quarter megabyte, not per segment: on a
     // 2-core host the wakeups cost more than the discarding. A receiver
-    // looks again RECV_TICK after it last found nothing, which bounds how
-    // late a slow stream's bytes are counted; the kernel wakes it early
-    // anyway under memory pressure or at end of file.
+    // that found fewer bytes than the mark looks again RECV_TICK later,
+    // which bounds how late a slow stream's bytes are counted; one that
+    // keeps finding nothing looks less often, up to RECV_TICK_MAX
+    // (`RecvTick`). The kernel wakes it early anyway under memory
+    // pressure or at end of file.
     // With hundreds of streams the parked bytes add up against the host's
     // TCP memory limit (tcp_mem), so the mark shrinks as streams grow.
     let granted = fatpipe_sys::get_recv_buffer(s).unwrap_or(0);
@@ -290,7 +298,7 @@ fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::Win
     // Ask for a lot per call: with MSG_TRUNC it costs nothing, and fewer
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
-    (len, hold)
+    (len, hold, lowat)
 }
 
 /// A stream on the runner: its socket (non-blocking), counters and the
@@ -319,6 +327,7 @@ enum Kind {
         sink: fatpipe_sys::Discarder,
         len: usize,
         hold: Option<fatpipe_sys::WindowHold>,
+        tick: RecvTick,
     },
     /// Paced datagrams: `sendmmsg` batches, GSO, or one per call.
     UdpSend {
@@ -383,11 +392,12 @@ impl Work {
             (Sock::Tcp(t), Role::Recv) => {
                 let s = t.tcp();
                 s.set_nonblocking(true)?;
-                let (len, hold) = tcp_recv_setup(s, sh);
+                let (len, hold, mark) = tcp_recv_setup(s, sh);
                 Kind::TcpRecv {
                     sink: fatpipe_sys::Discarder::new(),
                     len,
                     hold,
+                    tick: RecvTick::new(RECV_TICK, RECV_TICK_MAX, mark as usize),
                 }
             }
             (Sock::Udp(u), Role::Send) => {
@@ -498,7 +508,15 @@ impl Work {
                     |t, ns| publish_sent(c, t, ns),
                 )
             }
-            (Kind::TcpRecv { sink, len, hold }, Sock::Tcp(t)) => {
+            (
+                Kind::TcpRecv {
+                    sink,
+                    len,
+                    hold,
+                    tick,
+                },
+                Sock::Tcp(t),
+            ) => {
                 let s = t.tcp();
                 let mut moved = 0usize;
                 for _ in 0..runner::QUANTUM_CALLS {
@@ -511,8 +529,11 @@ impl Work {
                             if let Some(h) = hold.as_mut() {
                                 h.tick(s);
                             }
+                            // One clock read for the count and the tick.
+                            let now = Instant::now();
                             c.bytes.fetch_add(t.bytes as u64, Ordering::Relaxed);
-                            c.last_ns.store(sh.now_ns(), Ordering::Relaxed);
+                            let ns = now.saturating_duration_since(sh.start()).as_nanos();
+                            c.last_ns.store(ns as u64, Ordering::Relaxed);
                             moved += t.bytes;
                             if moved >= *len {
                                 break;
@@ -521,16 +542,19 @@ impl Work {
                                 // The queue is empty: the next read would
                                 // only fail; data (past the low-water
                                 // mark) or the tick wakes the stream.
-                                return Ok(Step::Blocked(Some(Instant::now() + RECV_TICK)));
+                                return Ok(Step::Blocked(Some(now + tick.after(moved))));
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            return Ok(Step::Blocked(Some(Instant::now() + RECV_TICK)));
+                            // Nothing this turn (moved 0): the tick backs off.
+                            let wait = tick.after(moved);
+                            return Ok(Step::Blocked(Some(Instant::now() + wait)));
                         }
                         Err(e) if is_retry(&e) => {}
                         Err(e) => return Err(e),
                     }
                 }
+                tick.after(moved);
                 Ok(Step::Again)
             }
             (

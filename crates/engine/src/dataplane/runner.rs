@@ -50,6 +50,64 @@ pub const QUANTUM_BYTES: usize = 1 << 20;
 /// Most system calls a stream makes in one turn.
 pub const QUANTUM_CALLS: usize = 8;
 
+/// Bytes all senders of one I/O thread write in one round together, at
+/// most: a sender's quantum is the round over the thread's task count
+/// (within [`QUANTUM_MIN`]..=[`QUANTUM_BYTES`], see [`quantum`]), and the
+/// round is half the host's TCP memory low mark (`tcp_mem`) over the
+/// threads, within [`ROUND_MIN`]..=[`ROUND_BYTES`]. With a fixed 1 MiB
+/// quantum, `test --bidir -P 1024` on loopback put 2,048 × 1 MiB in
+/// flight per round: the receivers on the same threads were served once a
+/// round, their queues grew past the host's TCP memory limit (1.7 GB
+/// seen), the kernel dropped segments (TCPRcvQDrop) and streams stalled
+/// on retransmission timeouts for seconds. A smaller round costs CPU per
+/// byte instead: each burst wakes its receiver once (measured at
+/// `-R -P 1024`, 64 MiB rounds cost the receiver twice and the sender
+/// 1.5 times the CPU per byte of 256 MiB rounds).
+pub const ROUND_BYTES: usize = 256 << 20;
+
+/// The least round of one I/O thread.
+pub const ROUND_MIN: usize = 16 << 20;
+
+/// The least quantum of a sender, however many tasks share a thread.
+pub const QUANTUM_MIN: usize = 64 << 10;
+
+thread_local! {
+    /// This thread's sender quantum: [`QUANTUM_BYTES`] outside the runner.
+    static QUANTUM: std::cell::Cell<usize> = const { std::cell::Cell::new(QUANTUM_BYTES) };
+}
+
+/// Bytes a sending task moves in one turn at most, on the calling thread:
+/// [`ROUND_BYTES`] shared by the thread's tasks, within
+/// [`QUANTUM_MIN`]..=[`QUANTUM_BYTES`].
+pub fn quantum() -> usize {
+    QUANTUM.with(|q| q.get())
+}
+
+fn quantum_for(round: usize, tasks: usize) -> usize {
+    (round / tasks.max(1)).clamp(QUANTUM_MIN, QUANTUM_BYTES)
+}
+
+/// The round of one I/O thread on this host (read once).
+fn round_bytes() -> usize {
+    static ROUND: OnceLock<usize> = OnceLock::new();
+    *ROUND.get_or_init(|| {
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_mem")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<usize>().ok())
+            .map(|pages| pages.saturating_mul(4096));
+        round_for(low, threads())
+    })
+}
+
+/// Half the TCP memory low mark (bytes; `None`: unknown) shared by
+/// `threads` threads, within [`ROUND_MIN`]..=[`ROUND_BYTES`].
+fn round_for(tcp_mem_low: Option<usize>, threads: usize) -> usize {
+    match tcp_mem_low {
+        Some(low) => (low / 2 / threads.max(1)).clamp(ROUND_MIN, ROUND_BYTES),
+        None => ROUND_BYTES,
+    }
+}
+
 /// What a task waits for after a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -301,6 +359,8 @@ struct Loop {
     /// receiver that re-asks for its tick on every read costs one heap
     /// entry per tick, not one per read.
     timers: BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
+    /// Tasks on this thread.
+    live: usize,
 }
 
 impl Loop {
@@ -312,6 +372,7 @@ impl Loop {
             free: Vec::new(),
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
+            live: 0,
         }
     }
 
@@ -319,9 +380,8 @@ impl Loop {
         let mut events = Events::with_capacity(1024);
         loop {
             let timeout = if self.ready.is_empty() {
-                self.timers
-                    .peek()
-                    .map(|t| t.0 .0.saturating_duration_since(Instant::now()))
+                self.next_timer()
+                    .map(|at| at.saturating_duration_since(Instant::now()))
             } else {
                 Some(Duration::ZERO)
             };
@@ -363,6 +423,39 @@ impl Loop {
                 self.turn(i);
             }
         }
+    }
+
+    /// The earliest time a slot is due. Entries at the heap's head that
+    /// are stale (their slot asked for a later time since, or for none)
+    /// are moved to their slot's time first, as [`Loop::fire_timers`]
+    /// would when they fire: a thread then sleeps until a task is really
+    /// due instead of waking for every receiver that moved its tick on
+    /// (a thousand receivers' ticks had the thread wake thousands of
+    /// times a second to re-arm them).
+    fn next_timer(&mut self) -> Option<Instant> {
+        while let Some(std::cmp::Reverse((at, i))) = self.timers.peek().copied() {
+            let Some(Some(slot)) = self.slots.get_mut(i) else {
+                self.timers.pop();
+                continue;
+            };
+            if slot.armed != Some(at) {
+                self.timers.pop(); // an entry of an earlier task in this slot
+                continue;
+            }
+            match slot.due {
+                Some(due) if due > at => {
+                    self.timers.pop();
+                    slot.armed = Some(due);
+                    self.timers.push(std::cmp::Reverse((due, i)));
+                }
+                Some(_) => return Some(at),
+                None => {
+                    self.timers.pop();
+                    slot.armed = None;
+                }
+            }
+        }
+        None
     }
 
     /// Queues every slot whose time has come; re-arms those that asked
@@ -438,7 +531,14 @@ impl Loop {
                 armed: None,
             });
             self.enqueue(i);
+            self.set_live(self.live + 1);
         }
+    }
+
+    /// Records the thread's task count and the senders' quantum for it.
+    fn set_live(&mut self, live: usize) {
+        self.live = live;
+        QUANTUM.with(|q| q.set(quantum_for(round_bytes(), live)));
     }
 
     fn turn(&mut self, i: usize) {
@@ -474,6 +574,7 @@ impl Loop {
                     place.store(UNPLACED, Ordering::Release);
                     drop(task);
                     self.worker.load.fetch_sub(1, Ordering::Relaxed);
+                    self.set_live(self.live.saturating_sub(1));
                     done.set();
                 }
                 self.free.push(i);
@@ -502,7 +603,7 @@ pub struct SendClock {
     pub test_start: Instant,
 }
 
-/// One turn of a sending stream: up to [`QUANTUM_BYTES`] in at most
+/// One turn of a sending stream: up to [`quantum`] bytes in at most
 /// [`QUANTUM_CALLS`] calls of `write` (which does the I/O the action asks
 /// for), reporting each outcome to the sender's state; `published` gets
 /// the totals and the test-clock time in nanoseconds after each write
@@ -523,6 +624,7 @@ pub fn send_turn(
         st.handle_stop(budget);
     }
     let mut moved = 0usize;
+    let quantum = quantum();
     for _ in 0..QUANTUM_CALLS {
         let now = clock.stream_start.elapsed().as_nanos() as u64;
         let action = st.poll_action(now, budget);
@@ -536,7 +638,7 @@ pub fn send_turn(
                     let test_ns = at.saturating_duration_since(clock.test_start).as_nanos() as u64;
                     published(&st.totals(), test_ns);
                     moved += n;
-                    if moved >= QUANTUM_BYTES {
+                    if moved >= quantum {
                         return Ok(Step::Again);
                     }
                     if d == 0 && n > 0 && n < bytes {
@@ -707,6 +809,44 @@ mod tests {
         }
         fn turn(&mut self) -> Step {
             panic!("a bug in a task");
+        }
+    }
+
+    #[test]
+    fn the_quantum_shares_a_round_between_the_threads_tasks() {
+        let round = 256 << 20;
+        // (tasks on the thread, quantum)
+        let table = [
+            (0, QUANTUM_BYTES),
+            (1, QUANTUM_BYTES),
+            (256, QUANTUM_BYTES),
+            (512, 512 << 10),
+            (1024, 256 << 10),
+            (4096, QUANTUM_MIN),
+            (100_000, QUANTUM_MIN),
+        ];
+        for (tasks, q) in table {
+            assert_eq!(quantum_for(round, tasks), q, "{tasks} tasks");
+        }
+        assert_eq!(quantum_for(16 << 20, 1024), QUANTUM_MIN);
+        // Off the runner's threads: the largest.
+        assert_eq!(quantum(), QUANTUM_BYTES);
+    }
+
+    #[test]
+    fn the_round_is_half_the_tcp_memory_low_mark_over_the_threads() {
+        let gib = 1usize << 30;
+        // (tcp_mem low in bytes, threads, round)
+        let table = [
+            (None, 2, ROUND_BYTES),
+            (Some(gib), 2, ROUND_BYTES),        // 256 MiB each
+            (Some(gib), 8, 64 << 20),           // 64 MiB each
+            (Some(64 << 20), 2, ROUND_MIN),     // a small host
+            (Some(usize::MAX), 1, ROUND_BYTES), // a huge one
+            (Some(gib), 0, ROUND_BYTES),        // no thread counted: one
+        ];
+        for (low, threads, round) in table {
+            assert_eq!(round_for(low, threads), round, "{low:?} {threads}");
         }
     }
 

@@ -336,6 +336,53 @@ impl Receiver {
     }
 }
 
+/// When a TCP receiver that waits for its socket's low-water mark
+/// (`SO_RCVLOWAT`, `mark` bytes) looks at its socket again without
+/// readiness. Bytes below the mark wake nobody, so a receiver that finds
+/// fewer than `mark` bytes (a slow stream, found by its tick) looks again
+/// after `base`. One that finds the mark or more was woken by it and will
+/// be again: its tick is only a safety net and stays where it is. One that
+/// finds nothing doubles its tick, up to `max`. Measured with
+/// `test -R -P 1024` on loopback, half of the receivers' reads were empty
+/// looks at a fixed 20 ms tick: a thousand streams whose senders write in
+/// bursts (a round of the sender's runner) each looked 50 times a second
+/// between bursts. A slow stream's bytes are counted at most `max` late
+/// after a quiet spell, `base` late while it keeps moving (the mark, the
+/// end of file and the stop wake the receiver at once anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvTick {
+    base: Duration,
+    max: Duration,
+    mark: usize,
+    next: Duration,
+}
+
+impl RecvTick {
+    /// Looks every `base` while it finds fewer than `mark` bytes, backs
+    /// off to `max` (at least `base`) while it finds none.
+    pub fn new(base: Duration, max: Duration, mark: usize) -> RecvTick {
+        RecvTick {
+            base,
+            max: max.max(base),
+            mark,
+            next: base,
+        }
+    }
+
+    /// A turn read `bytes` (0: it found the queue empty): how long until
+    /// the next look.
+    pub fn after(&mut self, bytes: usize) -> Duration {
+        self.next = if bytes == 0 {
+            self.next.saturating_mul(2).min(self.max)
+        } else if bytes < self.mark {
+            self.base
+        } else {
+            self.next
+        };
+        self.next
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,6 +571,34 @@ mod tests {
         assert_eq!(
             s.poll_action(1000 * MS, &b),
             SendAction::Finish(Finish::Deadline)
+        );
+    }
+
+    #[test]
+    fn recv_tick_backs_off_while_empty_and_resets_on_a_slow_streams_bytes() {
+        let ms = Duration::from_millis;
+        let mut t = RecvTick::new(ms(20), ms(160), 1000);
+        // (bytes the turn read, the wait it gets)
+        let table = [
+            (500, ms(20)),   // below the mark: found by the tick
+            (0, ms(40)),     // empty: back off
+            (0, ms(80)),     //
+            (5000, ms(80)),  // the mark woke it: the tick stays
+            (0, ms(160)),    //
+            (0, ms(160)),    // at most max
+            (1000, ms(160)), // the mark exactly: woken by it
+            (999, ms(20)),   // a slow stream again: base
+            (0, ms(40)),     //
+            (1, ms(20)),     //
+        ];
+        for (i, (bytes, wait)) in table.into_iter().enumerate() {
+            assert_eq!(t.after(bytes), wait, "row {i}");
+        }
+        // A max below the base is the base.
+        let mut t = RecvTick::new(ms(20), ms(5), 1000);
+        assert_eq!(
+            (t.after(0), t.after(0), t.after(1)),
+            (ms(20), ms(20), ms(20))
         );
     }
 

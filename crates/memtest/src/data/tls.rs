@@ -58,7 +58,7 @@ impl Tls {
                 }
             }
             Role::Recv => {
-                let (_, hold) = tcp_recv_setup(s.tcp(), sh);
+                let (_, hold, _) = tcp_recv_setup(s.tcp(), sh);
                 Tls::Recv { hold }
             }
         })
