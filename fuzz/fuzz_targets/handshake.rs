@@ -24,6 +24,7 @@ fuzz_target!(|data: &[u8]| {
             key: key.clone(),
             preauth_timeout: Duration::from_secs(5),
             keyless_services: vec!["copy".into()],
+            tickets: None,
         },
         now,
         [7; 32],
