@@ -67,6 +67,11 @@ fn host() -> Option<u64> {
 /// then owns the larger reservation.
 pub(crate) fn widen(sock: &TcpStream, body: u64, held: &mut Forced) {
     let Some(autotune_max) = host() else { return };
+    // A body autotuning carries anyway needs no round trip measured: most
+    // GETs end here, before any system call.
+    if body <= autotune_max / 2 {
+        return;
+    }
     let Some(rtt) = fatpipe_sys::tcp::tcp_info(sock)
         .ok()
         .and_then(|i| i.rtt_us)

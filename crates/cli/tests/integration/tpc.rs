@@ -71,7 +71,9 @@ fn check_markers(body: &str, size: u64, last: &str) {
     }
 }
 
-fn copy_curl(url: &str, headers: &[&str]) -> (u16, String) {
+/// `curl -X COPY` of `url` with `headers`: the status and the body (the
+/// markers).
+pub(crate) fn copy_curl(url: &str, headers: &[&str]) -> (u16, String) {
     let mut args = vec!["-X", "COPY"];
     for h in headers {
         args.push("-H");

@@ -10,18 +10,8 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use crate::http::{adler32, curl, gfal, header, metrics_text, mint, server};
+use crate::tpc::copy_curl;
 use crate::util::{assert_exit, have, mkdir, random_file, run, setup, skip, write_key};
-
-fn copy_curl(url: &str, headers: &[&str]) -> (u16, String) {
-    let mut args = vec!["-X", "COPY"];
-    for h in headers {
-        args.push("-H");
-        args.push(h);
-    }
-    args.push(url);
-    let (code, body) = curl(&args);
-    (code, String::from_utf8_lossy(&body).into_owned())
-}
 
 /// `HEAD` of `url` asking for a ticket: the status and the headers.
 fn head_ticket(url: &str, token: Option<&str>) -> (u16, String) {
