@@ -41,7 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$BENCH_ROOT" && cargo build --release --quiet -p fatpipe-archive --example archive_bench) ||
+(cd "$BENCH_ROOT" && cargo build --release --quiet -p fatpipe-archive --features bench-example --example archive_bench) ||
     die "cargo build failed"
 bin="${CARGO_TARGET_DIR:-$BENCH_ROOT/target}/release/examples/archive_bench"
 [ -x "$bin" ] || die "build did not produce $bin"
