@@ -527,8 +527,7 @@ fn transfer(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     out.auto = auto;
     if args.json {
         let mut stdout = std::io::stdout().lock();
-        serde_json::to_writer_pretty(&mut stdout, &out)?;
-        writeln!(stdout)?;
+        crate::cmd::common::json_pretty(&mut stdout, &out)?;
     } else if !args.quiet {
         print_summary(&out);
     }

@@ -6,7 +6,7 @@
 //! checksum when it offers one, and print the copy's summary or JSON.
 
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -323,8 +323,7 @@ fn transfer(args: &Args, job: Job, rec: Option<&Recorder>) -> anyhow::Result<()>
     let out = report(args, &job, &outcome, t0, bwlimit, &progress, &samples);
     if args.json {
         let mut stdout = std::io::stdout().lock();
-        serde_json::to_writer_pretty(&mut stdout, &out)?;
-        writeln!(stdout)?;
+        crate::cmd::common::json_pretty(&mut stdout, &out)?;
     } else if !args.quiet {
         summary(&out, &outcome);
     }

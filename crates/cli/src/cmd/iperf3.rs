@@ -81,8 +81,7 @@ pub fn run(args: &Args, rec: Option<&super::archive::Recorder>) -> anyhow::Resul
     }
     report.start.auto = record.into_inner();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::cmd::common::json_pretty(&mut out, &report)?;
     } else if args.json_stream {
         json_line(&mut out, &TestStreamLine::End(report.end.clone()))?;
     } else {

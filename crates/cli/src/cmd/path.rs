@@ -85,8 +85,7 @@ fn measure(args: &Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
     });
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::cmd::common::json_pretty(&mut out, &report)?;
     } else {
         out.write_all(render(&report).as_bytes())?;
     }

@@ -122,8 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             outcome: &outcome,
         };
         let mut out = std::io::stdout().lock();
-        serde_json::to_writer_pretty(&mut out, &doc)?;
-        writeln!(out)?;
+        crate::cmd::common::json_pretty(&mut out, &doc)?;
     } else {
         eprintln!(
             "sweep {}: {} runs done ({} failed), {} already in the archive; {:.1} s, of which {:.1} s outside the runs ({:.1} %)",
@@ -196,8 +195,7 @@ fn dry_run(
     };
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer_pretty(&mut out, &doc)?;
-        writeln!(out)?;
+        crate::cmd::common::json_pretty(&mut out, &doc)?;
         return Ok(());
     }
     writeln!(

@@ -286,8 +286,7 @@ fn measure(args: Args, rec: Option<&Recorder>) -> anyhow::Result<()> {
         }
         Output::JsonStream => json_line(&mut out, &TestStreamLine::End(report.end.clone()))?,
         Output::Json => {
-            serde_json::to_writer_pretty(&mut out, &report)?;
-            writeln!(out)?;
+            crate::cmd::common::json_pretty(&mut out, &report)?;
         }
     }
     out.flush()?;
@@ -644,8 +643,7 @@ fn find_max(
         return Err(e.into());
     }
     if a.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::cmd::common::json_pretty(&mut out, &report)?;
     } else {
         print_find_max_end(&mut out, &report)?;
     }
