@@ -27,6 +27,7 @@
 pub mod keys;
 pub mod record;
 mod stream;
+pub mod ticket;
 pub mod tls;
 
 pub use record::RecordError;

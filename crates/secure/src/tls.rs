@@ -55,9 +55,10 @@ pub enum TlsError {
     Record(#[from] RecordError),
 }
 
-/// The client's TLS setup for one pre-shared key; cheap to clone.
+/// The client's TLS setup for one pre-shared key (or one-time ticket),
+/// and the server name its `ClientHello` sends; cheap to clone.
 #[derive(Clone)]
-pub struct ClientTls(Arc<ClientConfig>);
+pub struct ClientTls(Arc<ClientConfig>, ServerName<'static>);
 
 /// The server's TLS setup for one pre-shared key; cheap to clone.
 #[derive(Clone)]
@@ -78,6 +79,23 @@ impl std::fmt::Debug for ServerTls {
 impl ClientTls {
     /// A client that accepts only the server identity of `psk`.
     pub fn new(psk: &[u8]) -> Result<ClientTls, TlsError> {
+        ClientTls::with_name(psk, SERVER_NAME)
+    }
+
+    /// A client of the session a one-time ticket opens: it accepts only
+    /// the identity derived from the ticket, and names the ticket's id in
+    /// its `ClientHello` (SNI) so that the server finds the key
+    /// ([`crate::ticket`]).
+    pub fn ticket(id: &[u8; 16], key: &[u8]) -> Result<ClientTls, TlsError> {
+        ClientTls::with_name(
+            &crate::ticket::material(id, key),
+            &crate::ticket::server_name(id),
+        )
+    }
+
+    fn with_name(psk: &[u8], name: &str) -> Result<ClientTls, TlsError> {
+        let name = ServerName::try_from(name.to_string())
+            .map_err(|e| TlsError::Identity(e.to_string()))?;
         let identity = Identity::derive(psk)?;
         let provider = Arc::new(fatpipe_provider());
         let verifier = Arc::new(PskVerifier {
@@ -92,13 +110,28 @@ impl ClientTls {
             .with_no_client_auth();
         config.enable_secret_extraction = true;
         config.resumption = rustls::client::Resumption::disabled();
-        Ok(ClientTls(Arc::new(config)))
+        Ok(ClientTls(Arc::new(config), name))
+    }
+
+    /// The server name the `ClientHello` sends (SNI).
+    pub fn server_name(&self) -> ServerName<'static> {
+        self.1.clone()
     }
 }
 
 impl ServerTls {
     /// A server presenting the identity of `psk`.
     pub fn new(psk: &[u8]) -> Result<ServerTls, TlsError> {
+        ServerTls::derived(psk)
+    }
+
+    /// A server presenting the identity of one-time ticket `id` (key
+    /// `key`): what [`ClientTls::ticket`] accepts.
+    pub fn ticket(id: &[u8; 16], key: &[u8]) -> Result<ServerTls, TlsError> {
+        ServerTls::derived(&crate::ticket::material(id, key))
+    }
+
+    fn derived(psk: &[u8]) -> Result<ServerTls, TlsError> {
         let identity = Identity::derive(psk)?;
         let mut config = ServerConfig::builder_with_provider(Arc::new(fatpipe_provider()))
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -138,10 +171,7 @@ pub fn client_handshake(
     tcp: TcpStream,
     timeout: Duration,
 ) -> Result<Stream, TlsError> {
-    let name = ServerName::try_from(SERVER_NAME)
-        .map_err(|e| TlsError::Identity(e.to_string()))?
-        .to_owned();
-    let conn = ClientConnection::new(tls.config(), name).map_err(TlsError::Tls)?;
+    let conn = ClientConnection::new(tls.config(), tls.server_name()).map_err(TlsError::Tls)?;
     finish(Connection::Client(conn), tcp, Instant::now() + timeout)
 }
 
@@ -168,7 +198,7 @@ fn fatpipe_provider() -> CryptoProvider {
 
 /// Drives the handshake to its end, then moves the traffic keys into a
 /// [`Stream`].
-fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result<Stream, TlsError> {
+pub(crate) fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result<Stream, TlsError> {
     let mut record = Vec::with_capacity(HEADER + MAX_CIPHERTEXT);
     loop {
         while conn.wants_write() {
@@ -211,7 +241,7 @@ fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result
 }
 
 /// Reads exactly one TLS record (header and body) into `out`.
-fn read_record(tcp: &mut TcpStream, out: &mut Vec<u8>, deadline: Instant) -> Result<(), TlsError> {
+pub(crate) fn read_record(tcp: &mut TcpStream, out: &mut Vec<u8>, deadline: Instant) -> Result<(), TlsError> {
     out.clear();
     out.resize(HEADER, 0);
     read_exact_by(tcp, &mut out[..], deadline)?;
@@ -266,7 +296,7 @@ fn timeout_or(e: io::Error) -> TlsError {
     }
 }
 
-fn classify(e: rustls::Error) -> TlsError {
+pub(crate) fn classify(e: rustls::Error) -> TlsError {
     match e {
         rustls::Error::InvalidCertificate(_) => TlsError::WrongServerKey,
         rustls::Error::AlertReceived(a) => TlsError::PeerAlert(format!("{a:?}")),
