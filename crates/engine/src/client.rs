@@ -668,7 +668,12 @@ fn client_tls(options: &ClientOptions) -> Result<Option<ClientTls>> {
     let Some(key) = &options.key else {
         return Err(EngineError::EncryptWithoutKey);
     };
-    Ok(Some(ClientTls::new(key.as_bytes())?))
+    // A one-time ticket's session: the identity derived from the ticket,
+    // named in the ClientHello (docs/protocol.md, "Tickets").
+    Ok(Some(match key.ticket_id() {
+        Some(id) => ClientTls::ticket(id, key.as_bytes())?,
+        None => ClientTls::new(key.as_bytes())?,
+    }))
 }
 
 /// A connected socket as a [`Stream`]: through the TLS handshake if `tls`.

@@ -69,6 +69,7 @@ pub mod control;
 pub mod dataplane;
 pub mod error;
 pub mod front;
+mod keyed;
 pub mod logsum;
 pub mod observe;
 pub mod server;

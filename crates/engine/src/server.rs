@@ -71,6 +71,7 @@ use crate::error::{EngineError, Result};
 use crate::front::{
     accept_loop, watchdog, Conn, FrontEnd, Gate, GateCaps, Listening, Port, PortCaps, SHUTTING_DOWN,
 };
+use crate::keyed::{Keyed, Running};
 use crate::logsum::Event;
 use crate::observe::{NoObserver, Observer, Outcome, Refusal, Report};
 
@@ -495,6 +496,7 @@ impl ServerBuilder {
             start_timeout: self.start_timeout,
             cookies: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
+            running: Running::default(),
         });
         let mut ports = vec![Listening {
             listener,
@@ -555,6 +557,9 @@ struct Protocol {
     /// Every running session, to end it if it does not start in time
     /// (at most `max_sessions`).
     live: Mutex<HashMap<Cookie, Live>>,
+    /// The TLS identities of one-time tickets whose sessions run (their
+    /// data connections are keyed by them; [`crate::keyed`]).
+    running: Running,
 }
 
 impl FrontEnd for Protocol {
@@ -582,6 +587,9 @@ impl FrontEnd for Protocol {
 struct Route {
     queue: SyncSender<DataConn>,
     encrypted: bool,
+    /// The ticket whose TLS identity keyed the session's control
+    /// connection: its data connections must be keyed by it too.
+    keyed: Option<fatpipe_proto::TicketId>,
     order: Arc<Mutex<()>>,
 }
 
@@ -715,7 +723,7 @@ fn attach_inline(shared: &Protocol, tcp: TcpStream, ticket: Conn) -> Option<(Tcp
     let stream = Stream::plain_tcp(tcp);
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
-    attach_data(shared, ticket, conn, stream, cookie, tag);
+    attach_data(shared, ticket, conn, stream, cookie, tag, None);
     None
 }
 
@@ -727,10 +735,15 @@ const INLINE_PEEK: usize = 512;
 fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
     let peer = ticket.peer();
     let started = ticket.accepted();
-    let Some(mut stream) = secure_or_plain(shared, stream, peer, started) else {
+    let Some((mut stream, keyed)) = secure_or_plain(shared, stream, peer, started) else {
         return;
     };
-    let mut conn = ServerConn::new(&shared.config, started, random_bytes());
+    // Keyed by a ticket: that ticket's proof is the only way in.
+    let narrowed = keyed
+        .as_ref()
+        .map(|k| crate::keyed::only(&shared.config, k.id));
+    let config = narrowed.as_ref().unwrap_or(&shared.config);
+    let mut conn = ServerConn::new(config, started, random_bytes());
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
     let mut buf = [0u8; 4096];
@@ -751,11 +764,13 @@ fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
                         params,
                         authenticated,
                         ticket: grant,
+                        keyed,
                     };
                     return open_session(shared, ticket, conn, stream, open);
                 }
                 ServerEvent::DataHello { cookie, tag } => {
-                    return attach_data(shared, ticket, conn, stream, cookie, tag);
+                    let keyed = keyed.map(|k| k.id);
+                    return attach_data(shared, ticket, conn, stream, cookie, tag, keyed);
                 }
                 ServerEvent::Closed(err) => {
                     let _ = flush(&mut conn, &mut stream);
@@ -811,6 +826,8 @@ struct Opened<'a> {
     params: Vec<u8>,
     authenticated: bool,
     ticket: Option<Vec<u8>>,
+    /// The ticket whose TLS identity the connection has, if any.
+    keyed: Option<Keyed>,
 }
 
 fn open_session(
@@ -826,7 +843,17 @@ fn open_session(
         params,
         authenticated,
         ticket: grant,
+        keyed,
     } = open;
+    if keyed.is_some() && grant.is_none() {
+        conn.reject(
+            ErrorCode::AuthRequired,
+            "a connection encrypted for a one-time ticket opens only that ticket's session",
+        );
+        let _ = flush(&mut conn, &mut stream);
+        ticket.observer().auth_failed();
+        return;
+    }
     let Some(service) = shared.services.get(name).cloned() else {
         let mut names: Vec<_> = shared.services.keys().copied().collect();
         names.sort_unstable();
@@ -873,10 +900,14 @@ fn open_session(
         Route {
             queue: tx,
             encrypted,
+            keyed: keyed.as_ref().map(|k| k.id),
             order: Arc::new(Mutex::new(())),
         },
     );
     let _cookie_guard = CookieGuard(shared, cookie);
+    // The ticket's identity stays for the data connections while the
+    // session runs (the ticket itself may expire meanwhile).
+    let _held = keyed.as_ref().map(|k| shared.running.hold(k));
     conn.accept(Instant::now(), cookie);
     if flush(&mut conn, &mut stream).is_err() {
         return;
@@ -925,10 +956,10 @@ fn open_session(
             control.abort();
         });
     }
-    let by = if session.ticket.is_some() {
-        " (one-time ticket)"
-    } else {
-        ""
+    let by = match (&session.ticket, &keyed) {
+        (Some(_), Some(_)) => " (one-time ticket, encrypted with its key)",
+        (Some(_), None) => " (one-time ticket)",
+        _ => "",
     };
     ticket.log(&format!("{peer}: {name} session started{by}"));
     let started = Instant::now();
@@ -965,12 +996,14 @@ fn attach_data(
     mut stream: Stream,
     cookie: Cookie,
     tag: u32,
+    keyed: Option<fatpipe_proto::TicketId>,
 ) {
     let peer = ticket.peer();
     let route = lock(&shared.cookies).get(&cookie).cloned();
     let Some(Route {
         queue: tx,
         encrypted,
+        keyed: session_keyed,
         order,
     }) = route
     else {
@@ -982,6 +1015,14 @@ fn attach_data(
         conn.reject(
             ErrorCode::Protocol,
             "the session is encrypted: its data connections must be too",
+        );
+        let _ = flush(&mut conn, &mut stream);
+        return;
+    }
+    if keyed != session_keyed {
+        conn.reject(
+            ErrorCode::Protocol,
+            "a data connection must be encrypted with the key its session's was",
         );
         let _ = flush(&mut conn, &mut stream);
         return;
@@ -1032,14 +1073,16 @@ fn attach_data(
 
 /// A new connection as a [`Stream`]: through the TLS handshake (by the
 /// pre-auth deadline) if its first byte starts one, plain otherwise (a
-/// fatpipe frame starts with 0; docs/encryption.md). `None` if the
-/// handshake failed; that is logged.
+/// fatpipe frame starts with 0; docs/encryption.md). The TLS identity is
+/// the pre-shared key's, or a one-time ticket's when the `ClientHello`
+/// names one ([`crate::keyed`]; then the ticket is returned too). `None`
+/// if the handshake failed; that is logged.
 fn secure_or_plain(
     shared: &Protocol,
     tcp: TcpStream,
     peer: SocketAddr,
     started: Instant,
-) -> Option<Stream> {
+) -> Option<(Stream, Option<Keyed>)> {
     let _ = tcp.set_read_timeout(Some(shared.config.preauth_timeout));
     let mut first = [0u8; 1];
     let peeked = loop {
@@ -1050,17 +1093,36 @@ fn secure_or_plain(
     };
     // Silence, an error or the end: the plain path reports it as before.
     if !matches!(peeked, Ok(1)) || !fatpipe_secure::is_tls_start(first[0]) {
-        return Some(Stream::plain_tcp(tcp));
+        return Some((Stream::plain_tcp(tcp), None));
     }
-    let Some(tls) = &shared.tls else {
-        shared.gate.log(&format!(
-            "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
-        ));
-        return None;
-    };
     let deadline = started + shared.config.preauth_timeout;
-    match fatpipe_secure::server_handshake(tls, tcp, deadline) {
-        Ok(s) => Some(s),
+    let mut keyed = None;
+    let mut keyless = false;
+    let chosen = fatpipe_secure::ticket::server_handshake_by_name(tcp, deadline, |name| {
+        if let Some(id) = name.and_then(fatpipe_secure::ticket::parse_name) {
+            let tls =
+                shared
+                    .running
+                    .identity(shared.config.tickets.as_ref(), &id, Instant::now())?;
+            keyed = Some(Keyed {
+                id,
+                tls: tls.clone(),
+            });
+            return Ok(tls);
+        }
+        shared.tls.clone().ok_or_else(|| {
+            keyless = true;
+            fatpipe_secure::TlsError::Identity("no key".into())
+        })
+    });
+    match chosen {
+        Ok(s) => Some((s, keyed)),
+        Err(_) if keyless => {
+            shared.gate.log(&format!(
+                "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
+            ));
+            None
+        }
         Err(e) => {
             if matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
                 // The client refused our identity: it holds another key.

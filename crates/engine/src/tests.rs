@@ -806,3 +806,124 @@ fn a_front_end_shares_the_session_cap_with_the_protocol_port_and_is_drained() {
     assert!(seen.iter().any(|l| l == "end toy aborted"), "{seen:?}");
     assert!(seen.iter().any(|l| l == "refused busy"), "{seen:?}");
 }
+
+/// A book of one ticket, spent by its one "echo" session.
+#[derive(Debug)]
+struct OneTicket {
+    id: fatpipe_proto::TicketId,
+    key: [u8; 32],
+    spent: std::sync::atomic::AtomicBool,
+}
+
+impl fatpipe_proto::Tickets for OneTicket {
+    fn key(&self, id: &fatpipe_proto::TicketId, _: Instant) -> Option<Key> {
+        (*id == self.id && !self.spent.load(std::sync::atomic::Ordering::Relaxed))
+            .then(|| Key::ticket(self.id, self.key.to_vec()).ok())?
+    }
+
+    fn redeem(&self, id: &fatpipe_proto::TicketId, service: &str, _: Instant) -> Option<Vec<u8>> {
+        (*id == self.id
+            && service == "echo"
+            && !self.spent.swap(true, std::sync::atomic::Ordering::Relaxed))
+        .then(|| b"grant".to_vec())
+    }
+}
+
+fn one_ticket() -> Arc<OneTicket> {
+    Arc::new(OneTicket {
+        id: [0x42; 16],
+        key: [9; 32],
+        spent: false.into(),
+    })
+}
+
+fn ticket_options(id: [u8; 16], key: [u8; 32]) -> ClientOptions {
+    ClientOptions {
+        key: Some(Key::ticket(id, key.to_vec()).unwrap()),
+        encrypt: true,
+        ..ClientOptions::default()
+    }
+}
+
+/// The leg of an `https` copy: a session opened with a one-time ticket,
+/// encrypted with the ticket's key (no pre-shared key on either side); its
+/// data connection joins after the ticket is spent.
+#[test]
+fn a_ticket_session_is_encrypted_with_the_tickets_key() {
+    let book = one_ticket();
+    let (addr, stop) = start(
+        Server::builder()
+            .key(Some(key(b"the server's own key")))
+            .tickets(book.clone()),
+    );
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
+    assert!(s.encryption().is_some());
+    let c = s.control();
+    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"t");
+    assert!(book.spent.load(std::sync::atomic::Ordering::Relaxed));
+    c.send(b"data").unwrap();
+    let mut d = s.open_data(3).unwrap();
+    assert!(d.is_encrypted());
+    d.write_all(b"legit").unwrap();
+    expect_echo(d, 3, b"legit");
+    // Spent: a second session with it is refused.
+    assert!(connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").is_err());
+    stop.trigger();
+}
+
+/// A client holding a wrong key for a live ticket's id gets no session:
+/// the server's identity (the real key's) is refused before anything is
+/// sent; and the ticket is still there for its holder.
+#[test]
+fn a_wrong_ticket_key_cannot_open_the_encrypted_session() {
+    let book = one_ticket();
+    let (addr, stop) = start(Server::builder().tickets(book.clone()));
+    let err = connect_with(addr, &ticket_options(book.id, [8; 32]), "echo", b"t").unwrap_err();
+    assert!(err.to_string().contains("does not hold"), "{err}");
+    // An id the server never issued: no identity to present.
+    assert!(connect_with(addr, &ticket_options([1; 16], book.key), "echo", b"t").is_err());
+    assert!(!book.spent.load(std::sync::atomic::Ordering::Relaxed));
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
+    assert!(s.encryption().is_some());
+    stop.trigger();
+}
+
+/// Data connections join a ticket's session only encrypted with that
+/// ticket: not plain, not under the pre-shared key; nor does a session
+/// opened with the key take one encrypted with a ticket.
+#[test]
+fn a_ticket_session_takes_only_data_connections_keyed_by_its_ticket() {
+    let book = one_ticket();
+    let k = key(b"sesame-sesame");
+    let (addr, stop) = start(Server::builder().key(Some(k.clone())).tickets(book.clone()));
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"x").unwrap();
+    let psk = ClientOptions {
+        key: Some(k.clone()),
+        encrypt: true,
+        ..ClientOptions::default()
+    };
+    let mut other = connect_with(addr, &psk, "echo", b"y").unwrap();
+    let (ticket_cookie, psk_cookie) = (s.cookie, other.cookie);
+    other.cookie = ticket_cookie;
+    let err = other.open_data(1).unwrap_err();
+    assert!(
+        err.to_string().contains("with the key its session"),
+        "{err}"
+    );
+    let mut plain = connect(addr, Some(&k), "echo", b"z").unwrap();
+    plain.cookie = ticket_cookie;
+    assert!(plain
+        .open_data(1)
+        .unwrap_err()
+        .to_string()
+        .contains("must be too"));
+    // The ticket session's identity onto the key's session.
+    let mut s = s;
+    s.cookie = psk_cookie;
+    let err = s.open_data(1).unwrap_err();
+    assert!(
+        err.to_string().contains("with the key its session"),
+        "{err}"
+    );
+    stop.trigger();
+}
