@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use fatpipe_proto::Key;
 use fatpipe_transfer::grant::Grant;
+use fatpipe_transfer::wire::Direction;
 
 /// The request header that asks for a ticket, and the answer's.
 pub const HEADER: &str = "fatpipe-ticket";
@@ -284,14 +285,50 @@ pub fn answer(
     if let Ok(v) = hyper::header::HeaderValue::from_str(&copy) {
         h.insert(COPY_HEADER, v);
     }
-    let asked = req
-        .get(HEADER)
-        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"read"));
-    if !asked {
+    if asked(req) != Some(Direction::Pull) {
         return;
     }
+    issue(leg, port, Direction::Pull, export, path, h);
+}
+
+/// What a request's `Fatpipe-Ticket` asks for: `read` a ticket to pull
+/// the file, `write` one to push it; `None` for anything else.
+pub fn asked(req: &hyper::HeaderMap) -> Option<Direction> {
+    let v = req.get(HEADER)?.as_bytes().trim_ascii();
+    if v.eq_ignore_ascii_case(b"read") {
+        Some(Direction::Pull)
+    } else if v.eq_ignore_ascii_case(b"write") {
+        Some(Direction::Push)
+    } else {
+        None
+    }
+}
+
+/// The passive end's headers on an `OPTIONS` with `Fatpipe-Ticket: write`
+/// for a file the request may write (checked by the caller as a `PUT`
+/// is): `Fatpipe-Copy`, and a ticket to push that one file (none when the
+/// book is full: the copy then goes over HTTP).
+pub fn answer_write(leg: &crate::Passive, export: &str, path: &[u8], h: &mut hyper::HeaderMap) {
+    let Some(&port) = leg.port.get() else {
+        return;
+    };
+    let copy = format!("v={VERSION}; port={port}");
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&copy) {
+        h.insert(COPY_HEADER, v);
+    }
+    issue(leg, port, Direction::Push, export, path, h);
+}
+
+fn issue(
+    leg: &crate::Passive,
+    port: u16,
+    direction: Direction,
+    export: &str,
+    path: &[u8],
+    h: &mut hyper::HeaderMap,
+) {
     let grant = Grant {
-        direction: fatpipe_transfer::wire::Direction::Pull,
+        direction,
         export: export.to_string(),
         path: path.to_vec(),
     };
@@ -334,7 +371,6 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 mod tests {
     use super::*;
     use fatpipe_proto::Tickets as _;
-    use fatpipe_transfer::wire::Direction;
 
     fn grant(path: &str) -> Grant {
         Grant {

@@ -136,10 +136,19 @@ mod tests {
         assert_eq!(parse_name(&n.to_ascii_uppercase()), Some(ID));
         assert_eq!(parse_name("fatpipe"), None);
         assert_eq!(parse_name(".ticket.fatpipe"), None);
-        assert_eq!(parse_name(&format!("{}.ticket.fatpipe", "5g".repeat(16))), None);
-        assert_eq!(parse_name(&format!("{}.ticket.fatpipe", "5a".repeat(17))), None);
+        assert_eq!(
+            parse_name(&format!("{}.ticket.fatpipe", "5g".repeat(16))),
+            None
+        );
+        assert_eq!(
+            parse_name(&format!("{}.ticket.fatpipe", "5a".repeat(17))),
+            None
+        );
         // A multi-byte character where hex belongs: no panic.
-        assert_eq!(parse_name(&format!("é{}.ticket.fatpipe", "5".repeat(30))), None);
+        assert_eq!(
+            parse_name(&format!("é{}.ticket.fatpipe", "5".repeat(30))),
+            None
+        );
         assert_ne!(material(&ID, &KEY), material(&[0; 16], &KEY));
     }
 
@@ -148,17 +157,13 @@ mod tests {
     fn serve_one(s: TcpStream) -> std::thread::JoinHandle<Result<Option<String>, String>> {
         std::thread::spawn(move || {
             let seen = std::sync::Mutex::new(None);
-            let r = server_handshake_by_name(
-                s,
-                Instant::now() + Duration::from_secs(10),
-                |name| {
-                    *seen.lock().unwrap() = name.map(str::to_string);
-                    match name.and_then(parse_name) {
-                        Some(id) if id == ID => ServerTls::ticket(&id, &KEY),
-                        _ => Err(TlsError::Identity("no such ticket".into())),
-                    }
-                },
-            );
+            let r = server_handshake_by_name(s, Instant::now() + Duration::from_secs(10), |name| {
+                *seen.lock().unwrap() = name.map(str::to_string);
+                match name.and_then(parse_name) {
+                    Some(id) if id == ID => ServerTls::ticket(&id, &KEY),
+                    _ => Err(TlsError::Identity("no such ticket".into())),
+                }
+            });
             let seen = seen.into_inner().unwrap();
             match r {
                 Ok(mut stream) => {

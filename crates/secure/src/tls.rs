@@ -198,7 +198,11 @@ fn fatpipe_provider() -> CryptoProvider {
 
 /// Drives the handshake to its end, then moves the traffic keys into a
 /// [`Stream`].
-pub(crate) fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result<Stream, TlsError> {
+pub(crate) fn finish(
+    mut conn: Connection,
+    mut tcp: TcpStream,
+    deadline: Instant,
+) -> Result<Stream, TlsError> {
     let mut record = Vec::with_capacity(HEADER + MAX_CIPHERTEXT);
     loop {
         while conn.wants_write() {
@@ -241,7 +245,11 @@ pub(crate) fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant
 }
 
 /// Reads exactly one TLS record (header and body) into `out`.
-pub(crate) fn read_record(tcp: &mut TcpStream, out: &mut Vec<u8>, deadline: Instant) -> Result<(), TlsError> {
+pub(crate) fn read_record(
+    tcp: &mut TcpStream,
+    out: &mut Vec<u8>,
+    deadline: Instant,
+) -> Result<(), TlsError> {
     out.clear();
     out.resize(HEADER, 0);
     read_exact_by(tcp, &mut out[..], deadline)?;

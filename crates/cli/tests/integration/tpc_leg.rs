@@ -351,3 +351,102 @@ fn tpc_leg_tickets_follow_the_token_and_open_one_session_for_one_file_and_direct
         std::fs::read(a.join("f.bin")).unwrap()
     );
 }
+
+/// Between two fatpipe servers on HTTPS the pull goes over the leg,
+/// encrypted with TLS 1.3 keyed by the ticket the source's HTTPS port
+/// issued (no pre-shared key between the two): both logs say so, the file
+/// and its adler32 are the source's.
+#[test]
+fn tpc_leg_https_pull_goes_over_the_leg_encrypted_with_the_tickets_key() {
+    if !have("curl") || !have("openssl") {
+        return skip("curl or openssl is not installed");
+    }
+    let dir = setup();
+    // Both servers present a certificate of a test CA; the active one
+    // trusts the CA (--http-tpc-ca), curl too.
+    let (ca, leaf, tls_key) = crate::http_client::test_ca(dir.path());
+    let (cert, leaf, tls_key) = (
+        ca.to_str().unwrap(),
+        leaf.to_str().unwrap(),
+        tls_key.to_str().unwrap(),
+    );
+    let key = dir.path().join("key");
+    write_key(&key, "a test key of enough length\n");
+    let a = mkdir(&dir.path().join("a"));
+    let b = mkdir(&dir.path().join("b"));
+    let spec_a = format!("a={}", a.display());
+    let spec_b = format!("b={}:public", b.display());
+    let tls = ["--tls-cert", leaf, "--tls-key", tls_key];
+    let mut sa = server(
+        &dir,
+        &[
+            &["--key-file", key.to_str().unwrap(), "--export", &spec_a][..],
+            &tls,
+        ]
+        .concat(),
+    );
+    let mut sb = server(
+        &dir,
+        &[
+            &["--export", &spec_b, "--http-tpc-allow", "loopback"][..],
+            &["--http-tpc-leg-min", "1M", "--http-tpc-ca", cert],
+            &tls,
+        ]
+        .concat(),
+    );
+    let token = mint(&dir, &key, &["--scope", "storage.read:/a"]);
+    random_file(&a.join("f.bin"), 12_000_007, 33);
+    let data = std::fs::read(a.join("f.bin")).unwrap();
+    let (code, body) = curl(&[
+        "--cacert",
+        cert,
+        "-X",
+        "COPY",
+        "-H",
+        &format!("Source: https://{}/a/f.bin", sa.addr),
+        "-H",
+        &format!("TransferHeaderAuthorization: Bearer {token}"),
+        &format!("https://{}/b/f.bin", sb.addr),
+    ]);
+    let body = head_str(&body);
+    assert_eq!(
+        (code, body.lines().last()),
+        (202, Some("success: Created")),
+        "{body}"
+    );
+    assert_eq!(std::fs::read(b.join("f.bin")).unwrap(), data);
+    sa.log.wait_for(
+        Duration::from_secs(10),
+        "copy session started (one-time ticket, encrypted with its key)",
+    );
+    let done = sb.log.wait_for(
+        Duration::from_secs(10),
+        "keyed by the ticket) from 127.0.0.1:",
+    );
+    assert!(
+        done.contains("over the fatpipe leg (encrypted: TLS 1.3, TLS13_"),
+        "{done}"
+    );
+    assert!(
+        done.contains(&format!("adler32={}", adler32(&data))),
+        "{done}"
+    );
+    let m = metrics_text(&sa.metrics);
+    assert!(
+        m.contains("fatpipe_sessions_total{service=\"copy\",outcome=\"ok\"} 1\n"),
+        "{m}"
+    );
+    let (code, head) = curl(&[
+        "--cacert",
+        cert,
+        "-I",
+        "-H",
+        "Want-Digest: adler32",
+        &format!("https://{}/b/f.bin", sb.addr),
+    ]);
+    assert_eq!(code, 200);
+    assert_eq!(
+        header(&head_str(&head), "digest"),
+        Some(format!("adler32={}", adler32(&data)).as_str())
+    );
+}
