@@ -352,12 +352,12 @@ fn tpc_leg_tickets_follow_the_token_and_open_one_session_for_one_file_and_direct
     );
 }
 
-/// Between two fatpipe servers on HTTPS the pull goes over the leg,
+/// Between two fatpipe servers on HTTPS a pull and a push go over the leg,
 /// encrypted with TLS 1.3 keyed by the ticket the source's HTTPS port
 /// issued (no pre-shared key between the two): both logs say so, the file
 /// and its adler32 are the source's.
 #[test]
-fn tpc_leg_https_pull_goes_over_the_leg_encrypted_with_the_tickets_key() {
+fn tpc_leg_https_pull_and_push_go_over_the_leg_encrypted_with_the_tickets_key() {
     if !have("curl") || !have("openssl") {
         return skip("curl or openssl is not installed");
     }
@@ -377,10 +377,13 @@ fn tpc_leg_https_pull_goes_over_the_leg_encrypted_with_the_tickets_key() {
     let spec_a = format!("a={}", a.display());
     let spec_b = format!("b={}:public", b.display());
     let tls = ["--tls-cert", leaf, "--tls-key", tls_key];
+    let active = ["--http-tpc-allow", "loopback", "--http-tpc-leg-min", "1M"];
     let mut sa = server(
         &dir,
         &[
             &["--key-file", key.to_str().unwrap(), "--export", &spec_a][..],
+            &active,
+            &["--http-tpc-ca", cert],
             &tls,
         ]
         .concat(),
@@ -388,8 +391,9 @@ fn tpc_leg_https_pull_goes_over_the_leg_encrypted_with_the_tickets_key() {
     let mut sb = server(
         &dir,
         &[
-            &["--export", &spec_b, "--http-tpc-allow", "loopback"][..],
-            &["--http-tpc-leg-min", "1M", "--http-tpc-ca", cert],
+            &["--export", &spec_b][..],
+            &active,
+            &["--http-tpc-ca", cert],
             &tls,
         ]
         .concat(),
@@ -448,6 +452,39 @@ fn tpc_leg_https_pull_goes_over_the_leg_encrypted_with_the_tickets_key() {
     assert_eq!(
         header(&head_str(&head), "digest"),
         Some(format!("adler32={}", adler32(&data)).as_str())
+    );
+    // The push, the other way round: sa pushes its file to sb, over the
+    // leg encrypted with sb's write ticket.
+    let (code, body) = curl(&[
+        "--cacert",
+        cert,
+        "-X",
+        "COPY",
+        "-H",
+        &format!("Destination: https://{}/b/pushed.bin", sb.addr),
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        &format!("https://{}/a/f.bin", sa.addr),
+    ]);
+    let body = head_str(&body);
+    assert_eq!(
+        (code, body.lines().last()),
+        (202, Some("success: Created")),
+        "{body}"
+    );
+    assert_eq!(std::fs::read(b.join("pushed.bin")).unwrap(), data);
+    sb.log.wait_for(
+        Duration::from_secs(10),
+        "copy session started (one-time ticket, encrypted with its key)",
+    );
+    let done = sa.log.wait_for(
+        Duration::from_secs(10),
+        "keyed by the ticket) to 127.0.0.1:",
+    );
+    assert!(
+        done.contains("over the fatpipe leg (encrypted: TLS 1.3, TLS13_")
+            && done.contains(&format!("adler32={} verified", adler32(&data))),
+        "{done}"
     );
 }
 
