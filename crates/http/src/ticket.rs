@@ -455,4 +455,54 @@ mod tests {
         assert!(Offer::parse(&vec![b'a'; MAX_OFFER + 1]).is_err());
         assert!(Offer::parse(b"\xff").is_err());
     }
+
+    #[test]
+    fn a_request_asks_to_read_or_to_write_and_nothing_else() {
+        let with = |v: &str| {
+            let mut h = hyper::HeaderMap::new();
+            h.insert(HEADER, hyper::header::HeaderValue::from_str(v).unwrap());
+            asked(&h)
+        };
+        assert_eq!(with("read"), Some(Direction::Pull));
+        assert_eq!(with(" Write "), Some(Direction::Push));
+        assert_eq!(with("readwrite"), None);
+        assert_eq!(asked(&hyper::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_write_ticket_grants_a_push_of_its_file_only() {
+        let leg = crate::Passive {
+            port: std::sync::Arc::new(std::sync::OnceLock::new()),
+            book: std::sync::Arc::new(Book::default()),
+        };
+        let mut h = hyper::HeaderMap::new();
+        answer_write(&leg, "data", b"f", &mut h);
+        assert!(h.is_empty(), "no port yet: nothing offered");
+        leg.port.set(5301).unwrap();
+        answer_write(&leg, "data", b"dir/f", &mut h);
+        assert_eq!(h.get(COPY_HEADER).unwrap(), "v=1; port=5301");
+        let offer = Offer::parse(h.get(HEADER).unwrap().as_bytes()).unwrap();
+        assert_eq!(h.get(hyper::header::CACHE_CONTROL).unwrap(), "no-store");
+        let g =
+            Grant::decode(&leg.book.redeem(&offer.id, SERVICE, Instant::now()).unwrap()).unwrap();
+        assert_eq!(g.direction, Direction::Push);
+        assert_eq!(
+            (g.export.as_str(), g.path.as_slice()),
+            ("data", &b"dir/f"[..])
+        );
+        // A read request on the same file gets a pull grant instead.
+        let mut req = hyper::HeaderMap::new();
+        req.insert(HEADER, hyper::header::HeaderValue::from_static("read"));
+        let mut h = hyper::HeaderMap::new();
+        answer(&leg, &req, "data", b"dir/f", &mut h);
+        let offer = Offer::parse(h.get(HEADER).unwrap().as_bytes()).unwrap();
+        let g =
+            Grant::decode(&leg.book.redeem(&offer.id, SERVICE, Instant::now()).unwrap()).unwrap();
+        assert_eq!(g.direction, Direction::Pull);
+        // A GET/HEAD never issues a write ticket.
+        req.insert(HEADER, hyper::header::HeaderValue::from_static("write"));
+        let mut h = hyper::HeaderMap::new();
+        answer(&leg, &req, "data", b"dir/f", &mut h);
+        assert!(h.get(HEADER).is_none());
+    }
 }
