@@ -178,7 +178,10 @@ impl Conn for LegConn {
 
 /// Plans probed for peers (the copy port's address), kept for
 /// [`PLAN_TTL`]: a warm pair's next leg starts without a probe. Bounded.
-static PLANS: Mutex<Vec<((SocketAddr, bool), Instant, CopyTuning)>> = Mutex::new(Vec::new());
+static PLANS: Mutex<Vec<Plan>> = Mutex::new(Vec::new());
+/// A kept plan: the peer's copy port and whether a push's, when probed,
+/// and the plan.
+type Plan = ((SocketAddr, bool), Instant, CopyTuning);
 /// How long a probed plan is used again.
 const PLAN_TTL: Duration = Duration::from_secs(600);
 /// The most peers whose plans are kept.
