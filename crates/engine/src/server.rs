@@ -1098,12 +1098,13 @@ fn secure_or_plain(
     let deadline = started + shared.config.preauth_timeout;
     let mut keyed = None;
     let mut keyless = false;
+    let mut unknown_ticket = false;
     let chosen = fatpipe_secure::ticket::server_handshake_by_name(tcp, deadline, |name| {
         if let Some(id) = name.and_then(fatpipe_secure::ticket::parse_name) {
-            let tls =
-                shared
-                    .running
-                    .identity(shared.config.tickets.as_ref(), &id, Instant::now())?;
+            let tls = shared
+                .running
+                .identity(shared.config.tickets.as_ref(), &id, Instant::now())
+                .inspect_err(|_| unknown_ticket = true)?;
             keyed = Some(Keyed {
                 id,
                 tls: tls.clone(),
@@ -1124,8 +1125,9 @@ fn secure_or_plain(
             None
         }
         Err(e) => {
-            if matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
-                // The client refused our identity: it holds another key.
+            // The client refused our identity (it holds another key), or
+            // named a ticket the server does not have.
+            if unknown_ticket || matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
                 shared.gate.observer.auth_failed();
             }
             if !matches!(e, fatpipe_secure::TlsError::Timeout) {
