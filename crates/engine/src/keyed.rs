@@ -99,6 +99,38 @@ pub(crate) fn only(config: &ServerConfig, id: TicketId) -> ServerConfig {
     }
 }
 
+/// The handshake configuration of a connection not keyed by a ticket
+/// (plain, or encrypted with the pre-shared key): it may prove no ticket
+/// that opens only sessions encrypted with its own key. `None` when the
+/// server takes no tickets (the shared configuration serves).
+pub(crate) fn unkeyed(config: &ServerConfig) -> Option<ServerConfig> {
+    let inner = config.tickets.clone()?;
+    Some(ServerConfig {
+        tickets: Some(Arc::new(Clear { inner })),
+        ..config.clone()
+    })
+}
+
+/// A ticket book without the tickets that open only encrypted sessions.
+#[derive(Debug)]
+struct Clear {
+    inner: Arc<dyn Tickets>,
+}
+
+impl Tickets for Clear {
+    fn key(&self, id: &TicketId, now: Instant) -> Option<Key> {
+        (!self.inner.encrypted_only(id))
+            .then(|| self.inner.key(id, now))
+            .flatten()
+    }
+
+    fn redeem(&self, id: &TicketId, service: &str, now: Instant) -> Option<Vec<u8>> {
+        (!self.inner.encrypted_only(id))
+            .then(|| self.inner.redeem(id, service, now))
+            .flatten()
+    }
+}
+
 /// A ticket book narrowed to one ticket.
 #[derive(Debug)]
 struct Only {
@@ -132,6 +164,9 @@ mod tests {
         fn redeem(&self, id: &TicketId, _: &str, _: Instant) -> Option<Vec<u8>> {
             (id[0] < 2).then(Vec::new)
         }
+        fn encrypted_only(&self, id: &TicketId) -> bool {
+            id[0] == 1
+        }
     }
 
     #[test]
@@ -151,6 +186,19 @@ mod tests {
         assert!(t.redeem(&[0; 16], "copy", now).is_none());
         assert!(t.redeem(&[1; 16], "copy", now).is_some());
         assert!(narrowed.keyless_services.is_empty());
+        // Not keyed by a ticket: the ticket that opens only encrypted
+        // sessions is not there, the other is.
+        let clear = unkeyed(&config).unwrap();
+        let t = clear.tickets.as_ref().unwrap();
+        assert!(t.key(&[1; 16], now).is_none());
+        assert!(t.redeem(&[1; 16], "copy", now).is_none());
+        assert!(t.key(&[0; 16], now).is_some());
+        assert_eq!(clear.keyless_services, config.keyless_services);
+        let none = ServerConfig {
+            tickets: None,
+            ..config.clone()
+        };
+        assert!(unkeyed(&none).is_none());
     }
 
     #[test]

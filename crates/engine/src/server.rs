@@ -738,10 +738,12 @@ fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
     let Some((mut stream, keyed)) = secure_or_plain(shared, stream, peer, started) else {
         return;
     };
-    // Keyed by a ticket: that ticket's proof is the only way in.
-    let narrowed = keyed
-        .as_ref()
-        .map(|k| crate::keyed::only(&shared.config, k.id));
+    // Keyed by a ticket: that ticket's proof is the only way in; not
+    // keyed: no ticket that opens only sessions encrypted with its key.
+    let narrowed = match &keyed {
+        Some(k) => Some(crate::keyed::only(&shared.config, k.id)),
+        None => crate::keyed::unkeyed(&shared.config),
+    };
     let config = narrowed.as_ref().unwrap_or(&shared.config);
     let mut conn = ServerConn::new(config, started, random_bytes());
     let _ = stream.set_nodelay(true);

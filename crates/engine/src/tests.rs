@@ -813,6 +813,7 @@ struct OneTicket {
     id: fatpipe_proto::TicketId,
     key: [u8; 32],
     spent: std::sync::atomic::AtomicBool,
+    encrypted_only: bool,
 }
 
 impl fatpipe_proto::Tickets for OneTicket {
@@ -827,6 +828,10 @@ impl fatpipe_proto::Tickets for OneTicket {
             && !self.spent.swap(true, std::sync::atomic::Ordering::Relaxed))
         .then(|| b"grant".to_vec())
     }
+
+    fn encrypted_only(&self, _: &fatpipe_proto::TicketId) -> bool {
+        self.encrypted_only
+    }
 }
 
 fn one_ticket() -> Arc<OneTicket> {
@@ -834,6 +839,7 @@ fn one_ticket() -> Arc<OneTicket> {
         id: [0x42; 16],
         key: [9; 32],
         spent: false.into(),
+        encrypted_only: true,
     })
 }
 
@@ -885,6 +891,32 @@ fn a_wrong_ticket_key_cannot_open_the_encrypted_session() {
     assert!(!book.spent.load(std::sync::atomic::Ordering::Relaxed));
     let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
     assert!(s.encryption().is_some());
+    stop.trigger();
+}
+
+/// A ticket issued over HTTPS opens no plain session (nor one encrypted
+/// with the pre-shared key), and is not spent by trying; a ticket issued
+/// over plain HTTP opens one.
+#[test]
+fn an_encrypted_only_ticket_opens_no_plain_session() {
+    let book = one_ticket();
+    let k = key(b"sesame-sesame");
+    let (addr, stop) = start(Server::builder().key(Some(k.clone())).tickets(book.clone()));
+    let mut plain = ticket_options(book.id, book.key);
+    plain.encrypt = false;
+    let err = connect_with(addr, &plain, "echo", b"t").unwrap_err();
+    assert!(err.is_auth(), "{err}");
+    assert!(!book.spent.load(std::sync::atomic::Ordering::Relaxed));
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
+    assert!(s.encryption().is_some());
+    stop.trigger();
+    let clear = Arc::new(OneTicket {
+        encrypted_only: false,
+        ..Arc::into_inner(one_ticket()).unwrap()
+    });
+    let (addr, stop) = start(Server::builder().tickets(clear.clone()));
+    let s = connect_with(addr, &plain, "echo", b"t").unwrap();
+    assert!(s.encryption().is_none());
     stop.trigger();
 }
 

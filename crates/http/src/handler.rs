@@ -415,7 +415,15 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
     let etag = digest::etag(&meta);
     let mut h = HeaderMap::new();
     if let (Some(leg), Some(rel)) = (&sh.cfg.leg, &t.rel) {
-        crate::ticket::answer(leg, req.headers(), &f.export.name, rel.as_bytes(), &mut h);
+        let https = sh.cfg.tls.is_some();
+        crate::ticket::answer(
+            leg,
+            req.headers(),
+            &f.export.name,
+            rel.as_bytes(),
+            https,
+            &mut h,
+        );
     }
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     insert(&mut h, header::ETAG, &etag);
@@ -678,7 +686,14 @@ fn options_for(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
         return options();
     };
     let mut r = options();
-    crate::ticket::answer_write(leg, &w.f.export.name, rel.as_bytes(), r.headers_mut());
+    let https = sh.cfg.tls.is_some();
+    crate::ticket::answer_write(
+        leg,
+        &w.f.export.name,
+        rel.as_bytes(),
+        https,
+        r.headers_mut(),
+    );
     r
 }
 

@@ -58,6 +58,8 @@ struct Entry {
     copy: bool,
     /// Probe sessions left.
     probes: u8,
+    /// Issued over HTTPS: opens only sessions encrypted with its key.
+    encrypted: bool,
 }
 
 /// The server's live tickets (the HTTP port issues, the protocol port
@@ -93,6 +95,17 @@ impl Book {
     /// [`MAX_TICKETS`] are alive (expired ones are dropped first) or the
     /// system has no randomness.
     pub fn issue(&self, grant: &Grant, now: Instant) -> Option<(Id, [u8; 32])> {
+        self.issue_with(grant, now, false)
+    }
+
+    /// [`Book::issue`]; `encrypted`: the ticket opens only sessions
+    /// encrypted with its key (it was issued over HTTPS).
+    pub fn issue_with(
+        &self,
+        grant: &Grant,
+        now: Instant,
+        encrypted: bool,
+    ) -> Option<(Id, [u8; 32])> {
         let mut live = self.lock();
         live.retain(|_, e| now < e.until);
         if live.len() >= self.max {
@@ -110,6 +123,7 @@ impl Book {
                 until: now + self.ttl,
                 copy: true,
                 probes: MAX_PROBES,
+                encrypted,
             },
         );
         Some((id, key))
@@ -127,6 +141,10 @@ impl Book {
 }
 
 impl fatpipe_proto::Tickets for Book {
+    fn encrypted_only(&self, id: &Id) -> bool {
+        self.lock().get(id).is_some_and(|e| e.encrypted)
+    }
+
     fn key(&self, id: &Id, now: Instant) -> Option<Key> {
         let live = self.lock();
         let e = live.get(id).filter(|e| now < e.until)?;
@@ -270,12 +288,14 @@ impl Offer {
 /// The passive end's headers on a `HEAD` or `GET` of a file the request
 /// may read: `Fatpipe-Copy` always, and a ticket to read it when asked
 /// with `Fatpipe-Ticket: read` (none when the book is full: the copy then
-/// goes over HTTP).
+/// goes over HTTP). `https`: the request came over HTTPS, so the ticket
+/// opens only sessions encrypted with its key.
 pub fn answer(
     leg: &crate::Passive,
     req: &hyper::HeaderMap,
     export: &str,
     path: &[u8],
+    https: bool,
     h: &mut hyper::HeaderMap,
 ) {
     let Some(&port) = leg.port.get() else {
@@ -288,7 +308,7 @@ pub fn answer(
     if asked(req) != Some(Direction::Pull) {
         return;
     }
-    issue(leg, port, Direction::Pull, export, path, h);
+    issue(leg, port, Direction::Pull, export, path, https, h);
 }
 
 /// What a request's `Fatpipe-Ticket` asks for: `read` a ticket to pull
@@ -308,7 +328,13 @@ pub fn asked(req: &hyper::HeaderMap) -> Option<Direction> {
 /// for a file the request may write (checked by the caller as a `PUT`
 /// is): `Fatpipe-Copy`, and a ticket to push that one file (none when the
 /// book is full: the copy then goes over HTTP).
-pub fn answer_write(leg: &crate::Passive, export: &str, path: &[u8], h: &mut hyper::HeaderMap) {
+pub fn answer_write(
+    leg: &crate::Passive,
+    export: &str,
+    path: &[u8],
+    https: bool,
+    h: &mut hyper::HeaderMap,
+) {
     let Some(&port) = leg.port.get() else {
         return;
     };
@@ -316,7 +342,7 @@ pub fn answer_write(leg: &crate::Passive, export: &str, path: &[u8], h: &mut hyp
     if let Ok(v) = hyper::header::HeaderValue::from_str(&copy) {
         h.insert(COPY_HEADER, v);
     }
-    issue(leg, port, Direction::Push, export, path, h);
+    issue(leg, port, Direction::Push, export, path, https, h);
 }
 
 fn issue(
@@ -325,6 +351,7 @@ fn issue(
     direction: Direction,
     export: &str,
     path: &[u8],
+    https: bool,
     h: &mut hyper::HeaderMap,
 ) {
     let grant = Grant {
@@ -332,7 +359,7 @@ fn issue(
         export: export.to_string(),
         path: path.to_vec(),
     };
-    let Some((id, key)) = leg.book.issue(&grant, Instant::now()) else {
+    let Some((id, key)) = leg.book.issue_with(&grant, Instant::now(), https) else {
         return;
     };
     let offer = Offer {
@@ -476,13 +503,17 @@ mod tests {
             book: std::sync::Arc::new(Book::default()),
         };
         let mut h = hyper::HeaderMap::new();
-        answer_write(&leg, "data", b"f", &mut h);
+        answer_write(&leg, "data", b"f", false, &mut h);
         assert!(h.is_empty(), "no port yet: nothing offered");
         leg.port.set(5301).unwrap();
-        answer_write(&leg, "data", b"dir/f", &mut h);
+        answer_write(&leg, "data", b"dir/f", false, &mut h);
         assert_eq!(h.get(COPY_HEADER).unwrap(), "v=1; port=5301");
         let offer = Offer::parse(h.get(HEADER).unwrap().as_bytes()).unwrap();
         assert_eq!(h.get(hyper::header::CACHE_CONTROL).unwrap(), "no-store");
+        assert!(
+            !leg.book.encrypted_only(&offer.id),
+            "issued over plain HTTP"
+        );
         let g =
             Grant::decode(&leg.book.redeem(&offer.id, SERVICE, Instant::now()).unwrap()).unwrap();
         assert_eq!(g.direction, Direction::Push);
@@ -494,15 +525,17 @@ mod tests {
         let mut req = hyper::HeaderMap::new();
         req.insert(HEADER, hyper::header::HeaderValue::from_static("read"));
         let mut h = hyper::HeaderMap::new();
-        answer(&leg, &req, "data", b"dir/f", &mut h);
+        answer(&leg, &req, "data", b"dir/f", true, &mut h);
         let offer = Offer::parse(h.get(HEADER).unwrap().as_bytes()).unwrap();
         let g =
             Grant::decode(&leg.book.redeem(&offer.id, SERVICE, Instant::now()).unwrap()).unwrap();
         assert_eq!(g.direction, Direction::Pull);
+        // Over HTTPS: it opens only encrypted sessions (an HTTP one not).
+        assert!(leg.book.encrypted_only(&offer.id));
         // A GET/HEAD never issues a write ticket.
         req.insert(HEADER, hyper::header::HeaderValue::from_static("write"));
         let mut h = hyper::HeaderMap::new();
-        answer(&leg, &req, "data", b"dir/f", &mut h);
+        answer(&leg, &req, "data", b"dir/f", true, &mut h);
         assert!(h.get(HEADER).is_none());
     }
 }
