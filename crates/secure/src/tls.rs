@@ -190,6 +190,12 @@ fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result
             return Err(classify(e));
         }
     }
+    into_stream(conn, tcp)
+}
+
+/// Moves a finished handshake's traffic keys into a [`Stream`] on `tcp`,
+/// whose read and write timeouts are cleared.
+fn into_stream(conn: Connection, tcp: TcpStream) -> Result<Stream, TlsError> {
     let suite = conn
         .negotiated_cipher_suite()
         .and_then(|s| s.suite().as_str())
@@ -208,6 +214,125 @@ fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result
             suite,
         },
     ))
+}
+
+/// What a non-blocking handshake waits for before it can go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// The socket to be readable.
+    Read,
+    /// The socket to be writable.
+    Write,
+    /// Nothing: the handshake is over ([`ClientHandshake::into_stream`]).
+    Done,
+}
+
+/// The client's handshake on a non-blocking socket, for a caller that
+/// drives many at once on one thread (the engine's dialer): call
+/// [`advance`](Self::advance) whenever the socket is ready for what it
+/// last wanted, then [`into_stream`](Self::into_stream). It ends in the
+/// same [`Stream`] as [`client_handshake`] and, like it, reads whole
+/// records one at a time, so nothing after the handshake is left inside
+/// rustls. The caller keeps the time limit (its error is
+/// [`TlsError::Timeout`]).
+pub struct ClientHandshake {
+    conn: Connection,
+    /// The record being read: `record[..have]` has arrived.
+    record: Vec<u8>,
+    have: usize,
+}
+
+impl std::fmt::Debug for ClientHandshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientHandshake")
+    }
+}
+
+impl ClientHandshake {
+    /// A handshake with the server identity of `tls`; nothing is sent
+    /// before the first [`advance`](Self::advance).
+    pub fn new(tls: &ClientTls) -> Result<ClientHandshake, TlsError> {
+        let name = ServerName::try_from(SERVER_NAME)
+            .map_err(|e| TlsError::Identity(e.to_string()))?
+            .to_owned();
+        let conn = ClientConnection::new(tls.config(), name).map_err(TlsError::Tls)?;
+        Ok(ClientHandshake {
+            conn: Connection::Client(conn),
+            record: vec![0; HEADER],
+            have: 0,
+        })
+    }
+
+    /// Goes as far as `io` (a non-blocking socket) lets it: writes what
+    /// rustls has to send, reads and processes whole records, and says
+    /// what it waits for next. An error ends the handshake (an alert
+    /// telling the peer why has been tried).
+    pub fn advance(&mut self, mut io: impl Read + io::Write) -> Result<Want, TlsError> {
+        loop {
+            while self.conn.wants_write() {
+                match self.conn.write_tls(&mut io) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Want::Write),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(TlsError::Io(e)),
+                }
+            }
+            if !self.conn.is_handshaking() {
+                return Ok(Want::Done);
+            }
+            let need = if self.have < HEADER {
+                HEADER
+            } else {
+                self.record.len()
+            };
+            match io.read(&mut self.record[self.have..need]) {
+                Ok(0) => {
+                    return Err(TlsError::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection during the TLS handshake",
+                    )))
+                }
+                Ok(n) => self.have += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Want::Read),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(TlsError::Io(e)),
+            }
+            if self.have == HEADER && self.record.len() == HEADER {
+                let len = usize::from(u16::from_be_bytes([self.record[3], self.record[4]]));
+                if len > MAX_CIPHERTEXT {
+                    return Err(RecordError::Oversized(len).into());
+                }
+                self.record.resize(HEADER + len, 0);
+            }
+            if self.have < HEADER || self.have < self.record.len() {
+                continue;
+            }
+            // A whole record: rustls takes all of it.
+            self.conn.read_tls(&mut self.record.as_slice())?;
+            self.record.truncate(HEADER);
+            self.have = 0;
+            if let Err(e) = self.conn.process_new_packets() {
+                while self.conn.wants_write() {
+                    if self.conn.write_tls(&mut io).is_err() {
+                        break;
+                    }
+                }
+                return Err(classify(e));
+            }
+        }
+    }
+
+    /// The encrypted stream on `tcp` once [`advance`](Self::advance) said
+    /// [`Want::Done`] (an error before). `tcp` keeps its blocking mode;
+    /// its timeouts are cleared.
+    pub fn into_stream(self, tcp: TcpStream) -> Result<Stream, TlsError> {
+        if self.conn.is_handshaking() || self.conn.wants_write() {
+            return Err(TlsError::Tls(rustls::Error::General(
+                "the handshake is not over".into(),
+            )));
+        }
+        into_stream(self.conn, tcp)
+    }
 }
 
 /// Reads exactly one TLS record (header and body) into `out`.
@@ -446,6 +571,72 @@ mod tests {
         }
         let got = reader.join().unwrap().expect("the reader saw a clean end");
         assert_eq!(got, sent);
+    }
+
+    /// Drives a non-blocking client handshake on `c` to its end (or error).
+    fn drive(hs: &mut ClientHandshake, c: &TcpStream) -> Result<Vec<Want>, TlsError> {
+        c.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut wants = Vec::new();
+        loop {
+            let w = hs.advance(c)?;
+            wants.push(w);
+            if w == Want::Done {
+                return Ok(wants);
+            }
+            assert!(Instant::now() < deadline, "the handshake never finished");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_non_blocking_handshake_ends_in_the_same_stream() {
+        let (c, s) = pair();
+        let server_tls = ServerTls::new(KEY).unwrap();
+        let server = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut s = server_handshake(&server_tls, s, deadline).unwrap();
+            let mut got = vec![0u8; 5];
+            s.read_exact(&mut got).unwrap();
+            s.write_all(b"world").unwrap();
+            got
+        });
+        let mut hs = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        // Not over yet: no stream.
+        let early = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        assert!(early.into_stream(c.try_clone().unwrap()).is_err());
+        let wants = drive(&mut hs, &c).unwrap();
+        // It waited for the server's flight at least once.
+        assert!(wants.contains(&Want::Read), "{wants:?}");
+        c.set_nonblocking(false).unwrap();
+        let mut stream = hs.into_stream(c).unwrap();
+        assert_eq!(stream.encryption().map(|e| e.protocol), Some("TLS 1.3"));
+        stream.write_all(b"hello").unwrap();
+        let mut back = [0u8; 5];
+        stream.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"world");
+        assert_eq!(server.join().unwrap(), b"hello");
+    }
+
+    #[test]
+    fn a_non_blocking_handshake_refuses_another_key_and_a_closed_peer() {
+        let (c, s) = pair();
+        let server_tls = ServerTls::new(b"the server's other key").unwrap();
+        let server = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            server_handshake(&server_tls, s, deadline).map(|_| ())
+        });
+        let mut hs = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        let err = drive(&mut hs, &c).unwrap_err();
+        assert!(matches!(err, TlsError::WrongServerKey), "{err}");
+        let server_err = server.join().unwrap().unwrap_err();
+        assert!(matches!(server_err, TlsError::PeerAlert(_)), "{server_err}");
+
+        let (c, s) = pair();
+        drop(s);
+        let mut hs = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        let err = drive(&mut hs, &c).unwrap_err();
+        assert!(matches!(err, TlsError::Io(_)), "{err}");
     }
 
     #[test]
