@@ -8,7 +8,7 @@
 //! dialer threads, `test -P 1024` 64). [`ClientSession::open_data_many`]
 //! drives every connection in flight as a state machine on one mio poll
 //! on the calling thread: non-blocking connects (socket options applied
-//! before connecting), [`ClientHandshake`], the hello written and the
+//! before connecting), [`Handshake`], the hello written and the
 //! acknowledgement read as the socket allows, each step with the time
 //! limit and the error of its blocking twin in `client.rs`.
 //!
@@ -22,7 +22,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use fatpipe_proto::{ConnError, Message, VERSION};
-use fatpipe_secure::{ClientHandshake, Stream, TlsError, Want};
+use fatpipe_secure::{Handshake, Stream, TlsError, Want};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -237,7 +237,7 @@ enum Step {
     },
     Tls {
         tcp: TcpStream,
-        hs: Box<ClientHandshake>,
+        hs: Box<Handshake>,
         deadline: Instant,
     },
     Hello {
@@ -627,7 +627,7 @@ impl<'s, 'd> Driver<'s, 'd> {
         }
         match &self.session.tls {
             None => self.hello(tag, Stream::plain_tcp(tcp), now),
-            Some(tls) => match ClientHandshake::new(tls) {
+            Some(tls) => match Handshake::client(tls) {
                 Ok(hs) => Next(Step::Tls {
                     tcp,
                     hs: Box::new(hs),

@@ -223,44 +223,55 @@ pub enum Want {
     Read,
     /// The socket to be writable.
     Write,
-    /// Nothing: the handshake is over ([`ClientHandshake::into_stream`]).
+    /// Nothing: the handshake is over ([`Handshake::into_stream`]).
     Done,
 }
 
-/// The client's handshake on a non-blocking socket, for a caller that
-/// drives many at once on one thread (the engine's dialer): call
-/// [`advance`](Self::advance) whenever the socket is ready for what it
-/// last wanted, then [`into_stream`](Self::into_stream). It ends in the
-/// same [`Stream`] as [`client_handshake`] and, like it, reads whole
-/// records one at a time, so nothing after the handshake is left inside
-/// rustls. The caller keeps the time limit (its error is
+/// A TLS handshake on a non-blocking socket, for a caller that drives
+/// many at once on one thread (the engine's dialer and its server's
+/// pre-authentication driver): call [`advance`](Self::advance) whenever
+/// the socket is ready for what it last wanted, then
+/// [`into_stream`](Self::into_stream). It ends in the same [`Stream`] as
+/// [`client_handshake`] and [`server_handshake`] and, like them, reads
+/// whole records one at a time, so nothing after the handshake is left
+/// inside rustls. The caller keeps the time limit (its error is
 /// [`TlsError::Timeout`]).
-pub struct ClientHandshake {
+pub struct Handshake {
     conn: Connection,
     /// The record being read: `record[..have]` has arrived.
     record: Vec<u8>,
     have: usize,
 }
 
-impl std::fmt::Debug for ClientHandshake {
+impl std::fmt::Debug for Handshake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClientHandshake")
+        f.write_str("Handshake")
     }
 }
 
-impl ClientHandshake {
-    /// A handshake with the server identity of `tls`; nothing is sent
-    /// before the first [`advance`](Self::advance).
-    pub fn new(tls: &ClientTls) -> Result<ClientHandshake, TlsError> {
+impl Handshake {
+    /// The client's handshake, trusting the server identity of `tls`;
+    /// nothing is sent before the first [`advance`](Self::advance).
+    pub fn client(tls: &ClientTls) -> Result<Handshake, TlsError> {
         let name = ServerName::try_from(SERVER_NAME)
             .map_err(|e| TlsError::Identity(e.to_string()))?
             .to_owned();
         let conn = ClientConnection::new(tls.config(), name).map_err(TlsError::Tls)?;
-        Ok(ClientHandshake {
-            conn: Connection::Client(conn),
+        Ok(Handshake::of(Connection::Client(conn)))
+    }
+
+    /// The server's handshake, presenting the identity of `tls`.
+    pub fn server(tls: &ServerTls) -> Result<Handshake, TlsError> {
+        let conn = ServerConnection::new(tls.config()).map_err(TlsError::Tls)?;
+        Ok(Handshake::of(Connection::Server(conn)))
+    }
+
+    fn of(conn: Connection) -> Handshake {
+        Handshake {
+            conn,
             record: vec![0; HEADER],
             have: 0,
-        })
+        }
     }
 
     /// Goes as far as `io` (a non-blocking socket) lets it: writes what
@@ -574,7 +585,7 @@ mod tests {
     }
 
     /// Drives a non-blocking client handshake on `c` to its end (or error).
-    fn drive(hs: &mut ClientHandshake, c: &TcpStream) -> Result<Vec<Want>, TlsError> {
+    fn drive(hs: &mut Handshake, c: &TcpStream) -> Result<Vec<Want>, TlsError> {
         c.set_nonblocking(true).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut wants = Vec::new();
@@ -601,9 +612,9 @@ mod tests {
             s.write_all(b"world").unwrap();
             got
         });
-        let mut hs = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        let mut hs = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
         // Not over yet: no stream.
-        let early = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        let early = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
         assert!(early.into_stream(c.try_clone().unwrap()).is_err());
         let wants = drive(&mut hs, &c).unwrap();
         // It waited for the server's flight at least once.
@@ -619,6 +630,28 @@ mod tests {
     }
 
     #[test]
+    fn a_non_blocking_server_handshake_ends_in_the_same_stream() {
+        let (c, s) = pair();
+        let client = thread::spawn(move || {
+            let tls = ClientTls::new(KEY).unwrap();
+            let mut c = client_handshake(&tls, c, Duration::from_secs(10)).unwrap();
+            c.write_all(b"hello").unwrap();
+            let mut got = vec![0u8; 5];
+            c.read_exact(&mut got).unwrap();
+            got
+        });
+        let mut hs = Handshake::server(&ServerTls::new(KEY).unwrap()).unwrap();
+        drive(&mut hs, &s).unwrap();
+        s.set_nonblocking(false).unwrap();
+        let mut stream = hs.into_stream(s).unwrap();
+        let mut got = [0u8; 5];
+        stream.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello");
+        stream.write_all(b"world").unwrap();
+        assert_eq!(client.join().unwrap(), b"world");
+    }
+
+    #[test]
     fn a_non_blocking_handshake_refuses_another_key_and_a_closed_peer() {
         let (c, s) = pair();
         let server_tls = ServerTls::new(b"the server's other key").unwrap();
@@ -626,7 +659,7 @@ mod tests {
             let deadline = Instant::now() + Duration::from_secs(10);
             server_handshake(&server_tls, s, deadline).map(|_| ())
         });
-        let mut hs = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        let mut hs = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
         let err = drive(&mut hs, &c).unwrap_err();
         assert!(matches!(err, TlsError::WrongServerKey), "{err}");
         let server_err = server.join().unwrap().unwrap_err();
@@ -634,7 +667,7 @@ mod tests {
 
         let (c, s) = pair();
         drop(s);
-        let mut hs = ClientHandshake::new(&ClientTls::new(KEY).unwrap()).unwrap();
+        let mut hs = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
         let err = drive(&mut hs, &c).unwrap_err();
         assert!(matches!(err, TlsError::Io(_)), "{err}");
     }
