@@ -66,6 +66,8 @@ use fatpipe_proto::{Cookie, ErrorCode, Key, ServerConfig, ServerConn, ServerEven
 use fatpipe_secure::tls::ServerTls;
 use fatpipe_secure::{Encryption, Stream};
 
+mod preauth;
+
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
 use crate::front::{
@@ -482,7 +484,13 @@ impl ServerBuilder {
             self.logger,
             self.observer,
         ));
-        let protocol = Arc::new(Protocol {
+        let lanes = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(preauth::LANES);
+        let protocol = Arc::new_cyclic(|me| Protocol {
+            me: me.clone(),
+            preauth: (0..lanes).map(|_| Mutex::new(None)).collect(),
+            next_lane: std::sync::atomic::AtomicUsize::new(0),
             gate: Arc::clone(&gate),
             tls,
             services,
@@ -543,6 +551,12 @@ pub struct Server {
 /// cookies routing data connections to their sessions, and the deadline
 /// for a session to start.
 struct Protocol {
+    /// Itself, for the pre-authentication lanes' threads.
+    me: std::sync::Weak<Protocol>,
+    /// Connections not yet a session or a data connection, a few
+    /// threads' polls ([`preauth`]); each started on first use.
+    preauth: Vec<Mutex<Option<preauth::Lane>>>,
+    next_lane: std::sync::atomic::AtomicUsize,
     gate: Arc<Gate>,
     /// The TLS identity of the key, for clients that `--encrypt`.
     tls: Option<ServerTls>,
@@ -567,7 +581,11 @@ impl FrontEnd for Protocol {
     }
 
     fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
-        attach_inline(self, tcp, conn)
+        // A data hello already here is attached at once; anything else
+        // waits on a pre-authentication lane (a thread of its own only if
+        // none can take it).
+        let (tcp, conn) = attach_inline(self, tcp, conn)?;
+        preauth::hand_over(self, tcp, conn)
     }
 
     fn tick(&self, now: Instant) {
