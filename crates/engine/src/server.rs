@@ -8,14 +8,20 @@
 //! particular to the fatpipe protocol. [`ServerBuilder::front_end`] adds
 //! another port (iperf3, metrics, HTTP) to the same server.
 //!
-//! One thread per connection, blocking I/O. A connection's first frame says
-//! what it is: a control connection runs the handshake (under the pre-auth
-//! deadline) and, once the client opens a service, becomes that session's
-//! thread for as long as [`Service::serve`] runs; a data connection presents
-//! a cookie and is handed, already acknowledged, to the session holding it.
-//! Nothing one connection does (garbage, giant frames, stalling, vanishing)
-//! can block another: each has its own thread, deadline and buffers, and
-//! the shared state is a session counter and the cookie table.
+//! A connection's first frame says what it is: a control connection runs
+//! the handshake (under the pre-auth deadline) and, once the client opens
+//! a service, gets a thread that is that session's for as long as
+//! [`Service::serve`] runs (blocking I/O); a data connection presents a
+//! cookie and is handed, already acknowledged, to the session holding it.
+//! Before that a connection has no thread of its own: a data hello that
+//! is there at accept is attached on the accept thread, and everything
+//! else (its first byte, the TLS handshake, the protocol's handshake) is
+//! a state machine on one of a few pre-authentication lanes (`preauth`,
+//! one mio poll per core, at most 4), so a client dialling a thousand
+//! connections at once costs no thousand threads. Nothing one connection
+//! does (garbage, giant frames, stalling, vanishing) can block another:
+//! each has its own deadline and buffers, the lanes never wait on one
+//! socket, and the shared state is a session counter and the cookie table.
 //!
 //! Shutting down ([`Shutdown::trigger`], which `fatpipe server` calls on
 //! SIGTERM or SIGINT) is a drain of every port, not a cut: the accept
@@ -29,8 +35,8 @@
 //!
 //! # What a peer can make it spend
 //!
-//! Every connection costs a thread (with a [`CONN_STACK`] stack) and, before
-//! authentication, at most one frame of buffer (4 bytes more than
+//! Every session costs a thread (with a [`CONN_STACK`] stack); every
+//! connection, before authentication, at most one frame of buffer (4 bytes more than
 //! [`fatpipe_proto::MAX_FRAME`]). Connections still handshaking are capped in total
 //! (`max_handshakes`) and per source address (`max_handshakes_per_source`;
 //! IPv6 sources count by /64, since one host holds a whole /64), so one
