@@ -282,7 +282,7 @@ impl Conn for EngineConn {
                 Attach::Then(hello)
             },
             configure: None,
-            at_once: session::DIALERS,
+            at_once: session::AT_ONCE,
         };
         self.0.open_data_many(&dial, &mut |tag, r| {
             ready(r.map_err(classify).and_then(|s| {

@@ -280,8 +280,14 @@ pub trait Conn: Send + Sync {
     }
 }
 
-/// Most data connections a client sets up at once.
+/// Most threads [`Conn::open_many`]'s default opens connections on.
 pub const DIALERS: usize = 32;
+
+/// Most data connections the engine's link sets up at once (on one
+/// thread): 256 streams in two waves of a few round trips each, and half
+/// the server's per-source handshake cap (256) left to another client on
+/// the same host.
+pub const AT_ONCE: usize = 128;
 
 /// Opens data connections `tags` and hands each to the callback as it is
 /// ready ([`Conn::open_many`] with the session's direction and hello).
