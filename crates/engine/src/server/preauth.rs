@@ -122,7 +122,7 @@ enum Step {
     /// The protocol's handshake; `out[sent..]` is still to be written.
     Proto {
         stream: Stream,
-        conn: ServerConn,
+        conn: Box<ServerConn>,
         out: Vec<u8>,
         sent: usize,
     },
@@ -389,7 +389,7 @@ fn advance(
                                     authenticated,
                                     ticket: grant,
                                 };
-                                open_session(&shared, t, conn, stream, open)
+                                open_session(&shared, t, *conn, stream, open)
                             });
                         // On failure the closure, with the ticket in it,
                         // is dropped: the connection closes.
@@ -400,7 +400,7 @@ fn advance(
                         forget();
                         let Some(t) = ticket.take() else { return Done };
                         if blocking(shared, &stream).is_ok() {
-                            attach_data(shared, t, conn, stream, cookie, tag);
+                            attach_data(shared, t, *conn, stream, cookie, tag);
                         }
                         return Done;
                     }
@@ -478,7 +478,7 @@ fn proto(shared: &Protocol, stream: Stream, started: Instant) -> Step {
     let _ = stream.set_nodelay(true);
     Step::Proto {
         stream,
-        conn: ServerConn::new(&shared.config, started, random_bytes()),
+        conn: Box::new(ServerConn::new(&shared.config, started, random_bytes())),
         out: Vec::new(),
         sent: 0,
     }
