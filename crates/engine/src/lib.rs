@@ -67,6 +67,7 @@
 pub mod client;
 pub mod control;
 pub mod dataplane;
+pub mod dial;
 pub mod error;
 pub mod front;
 mod keyed;

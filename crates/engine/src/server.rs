@@ -8,14 +8,20 @@
 //! particular to the fatpipe protocol. [`ServerBuilder::front_end`] adds
 //! another port (iperf3, metrics, HTTP) to the same server.
 //!
-//! One thread per connection, blocking I/O. A connection's first frame says
-//! what it is: a control connection runs the handshake (under the pre-auth
-//! deadline) and, once the client opens a service, becomes that session's
-//! thread for as long as [`Service::serve`] runs; a data connection presents
-//! a cookie and is handed, already acknowledged, to the session holding it.
-//! Nothing one connection does (garbage, giant frames, stalling, vanishing)
-//! can block another: each has its own thread, deadline and buffers, and
-//! the shared state is a session counter and the cookie table.
+//! A connection's first frame says what it is: a control connection runs
+//! the handshake (under the pre-auth deadline) and, once the client opens
+//! a service, gets a thread that is that session's for as long as
+//! [`Service::serve`] runs (blocking I/O); a data connection presents a
+//! cookie and is handed, already acknowledged, to the session holding it.
+//! Before that a connection has no thread of its own: a data hello that
+//! is there at accept is attached on the accept thread, and everything
+//! else (its first byte, the TLS handshake, the protocol's handshake) is
+//! a state machine on one of a few pre-authentication lanes (`preauth`,
+//! one mio poll per core, at most 4), so a client dialling a thousand
+//! connections at once costs no thousand threads. Nothing one connection
+//! does (garbage, giant frames, stalling, vanishing) can block another:
+//! each has its own deadline and buffers, the lanes never wait on one
+//! socket, and the shared state is a session counter and the cookie table.
 //!
 //! Shutting down ([`Shutdown::trigger`], which `fatpipe server` calls on
 //! SIGTERM or SIGINT) is a drain of every port, not a cut: the accept
@@ -29,8 +35,8 @@
 //!
 //! # What a peer can make it spend
 //!
-//! Every connection costs a thread (with a [`CONN_STACK`] stack) and, before
-//! authentication, at most one frame of buffer (4 bytes more than
+//! Every session costs a thread (with a [`CONN_STACK`] stack); every
+//! connection, before authentication, at most one frame of buffer (4 bytes more than
 //! [`fatpipe_proto::MAX_FRAME`]). Connections still handshaking are capped in total
 //! (`max_handshakes`) and per source address (`max_handshakes_per_source`;
 //! IPv6 sources count by /64, since one host holds a whole /64), so one
@@ -65,6 +71,8 @@ use std::time::{Duration, Instant};
 use fatpipe_proto::{Cookie, ErrorCode, Key, ServerConfig, ServerConn, ServerEvent};
 use fatpipe_secure::tls::ServerTls;
 use fatpipe_secure::{Encryption, Stream};
+
+mod preauth;
 
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
@@ -483,7 +491,13 @@ impl ServerBuilder {
             self.logger,
             self.observer,
         ));
-        let protocol = Arc::new(Protocol {
+        let lanes = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(preauth::LANES);
+        let protocol = Arc::new_cyclic(|me| Protocol {
+            me: me.clone(),
+            preauth: (0..lanes).map(|_| Mutex::new(None)).collect(),
+            next_lane: std::sync::atomic::AtomicUsize::new(0),
             gate: Arc::clone(&gate),
             tls,
             services,
@@ -545,6 +559,12 @@ pub struct Server {
 /// cookies routing data connections to their sessions, and the deadline
 /// for a session to start.
 struct Protocol {
+    /// Itself, for the pre-authentication lanes' threads.
+    me: std::sync::Weak<Protocol>,
+    /// Connections not yet a session or a data connection, a few
+    /// threads' polls ([`preauth`]); each started on first use.
+    preauth: Vec<Mutex<Option<preauth::Lane>>>,
+    next_lane: std::sync::atomic::AtomicUsize,
     gate: Arc<Gate>,
     /// The TLS identity of the key, for clients that `--encrypt`.
     tls: Option<ServerTls>,
@@ -572,7 +592,11 @@ impl FrontEnd for Protocol {
     }
 
     fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
-        attach_inline(self, tcp, conn)
+        // A data hello already here is attached at once; anything else
+        // waits on a pre-authentication lane (a thread of its own only if
+        // none can take it).
+        let (tcp, conn) = attach_inline(self, tcp, conn)?;
+        preauth::hand_over(self, tcp, conn)
     }
 
     fn tick(&self, now: Instant) {
@@ -740,12 +764,7 @@ fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
     };
     // Keyed by a ticket: that ticket's proof is the only way in; not
     // keyed: no ticket that opens only sessions encrypted with its key.
-    let narrowed = match &keyed {
-        Some(k) => Some(crate::keyed::only(&shared.config, k.id)),
-        None => crate::keyed::unkeyed(&shared.config),
-    };
-    let config = narrowed.as_ref().unwrap_or(&shared.config);
-    let mut conn = ServerConn::new(config, started, random_bytes());
+    let mut conn = server_conn(shared, keyed.as_ref(), started);
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
     let mut buf = [0u8; 4096];
@@ -1099,47 +1118,106 @@ fn secure_or_plain(
     }
     let deadline = started + shared.config.preauth_timeout;
     let mut keyed = None;
-    let mut keyless = false;
-    let mut unknown_ticket = false;
-    let chosen = fatpipe_secure::ticket::server_handshake_by_name(tcp, deadline, |name| {
-        if let Some(id) = name.and_then(fatpipe_secure::ticket::parse_name) {
-            let tls = shared
-                .running
-                .identity(shared.config.tickets.as_ref(), &id, Instant::now())
-                .inspect_err(|_| unknown_ticket = true)?;
-            keyed = Some(Keyed {
-                id,
-                tls: tls.clone(),
-            });
-            return Ok(tls);
-        }
-        shared.tls.clone().ok_or_else(|| {
-            keyless = true;
-            fatpipe_secure::TlsError::Identity("no key".into())
-        })
-    });
+    let mut why = None;
+    let chosen =
+        fatpipe_secure::ticket::server_handshake_by_name(tcp, deadline, |name| match identity_for(
+            shared, name,
+        ) {
+            Ok((tls, k)) => {
+                keyed = k;
+                Ok(tls)
+            }
+            Err(w) => {
+                let e = w.error();
+                why = Some(w);
+                Err(e)
+            }
+        });
     match chosen {
         Ok(s) => Some((s, keyed)),
-        Err(_) if keyless => {
-            shared.gate.log(&format!(
-                "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
-            ));
-            None
-        }
         Err(e) => {
-            // The client refused our identity (it holds another key), or
-            // named a ticket the server does not have.
-            if unknown_ticket || matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
-                shared.gate.observer.auth_failed();
-            }
-            if !matches!(e, fatpipe_secure::TlsError::Timeout) {
-                shared
-                    .gate
-                    .log(&format!("{peer}: TLS handshake failed: {e}"));
-            }
+            tls_refused(shared, peer, &e, why.as_ref());
             None
         }
     }
+}
+
+/// Why a connection's `ClientHello` got no TLS identity.
+enum NoIdentity {
+    /// No ticket named, and the server has no key.
+    Keyless,
+    /// It named a ticket that is neither live nor running.
+    UnknownTicket(fatpipe_secure::TlsError),
+}
+
+impl NoIdentity {
+    fn error(&self) -> fatpipe_secure::TlsError {
+        match self {
+            NoIdentity::Keyless => fatpipe_secure::TlsError::Identity("no key".into()),
+            NoIdentity::UnknownTicket(e) => fatpipe_secure::TlsError::Identity(e.to_string()),
+        }
+    }
+}
+
+/// The TLS identity for a `ClientHello` that asked for server name
+/// `name`: a one-time ticket's when it names one ([`crate::keyed`]; the
+/// ticket comes back too), else the pre-shared key's.
+fn identity_for(
+    shared: &Protocol,
+    name: Option<&str>,
+) -> std::result::Result<(ServerTls, Option<Keyed>), NoIdentity> {
+    if let Some(id) = name.and_then(fatpipe_secure::ticket::parse_name) {
+        let tls = shared
+            .running
+            .identity(shared.config.tickets.as_ref(), &id, Instant::now())
+            .map_err(NoIdentity::UnknownTicket)?;
+        return Ok((tls.clone(), Some(Keyed { id, tls })));
+    }
+    shared
+        .tls
+        .clone()
+        .map(|t| (t, None))
+        .ok_or(NoIdentity::Keyless)
+}
+
+/// Logs (and counts) a TLS handshake that failed with `e`; `why` when no
+/// identity could be chosen for it.
+fn tls_refused(
+    shared: &Protocol,
+    peer: SocketAddr,
+    e: &fatpipe_secure::TlsError,
+    why: Option<&NoIdentity>,
+) {
+    if matches!(why, Some(NoIdentity::Keyless)) {
+        shared.gate.log(&format!(
+            "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
+        ));
+        return;
+    }
+    // The client refused our identity (it holds another key), or named a
+    // ticket the server does not have.
+    if matches!(why, Some(NoIdentity::UnknownTicket(_)))
+        || matches!(e, fatpipe_secure::TlsError::PeerAlert(_))
+    {
+        shared.gate.observer.auth_failed();
+    }
+    if !matches!(e, fatpipe_secure::TlsError::Timeout) {
+        shared
+            .gate
+            .log(&format!("{peer}: TLS handshake failed: {e}"));
+    }
+}
+
+/// The protocol's server side for a connection keyed by `keyed` (or by
+/// none): a ticket's connection may prove only that ticket, any other
+/// none that opens only sessions encrypted with its key.
+fn server_conn(shared: &Protocol, keyed: Option<&Keyed>, started: Instant) -> ServerConn {
+    let narrowed = match keyed {
+        Some(k) => Some(crate::keyed::only(&shared.config, k.id)),
+        None => crate::keyed::unkeyed(&shared.config),
+    };
+    let config = narrowed.as_ref().unwrap_or(&shared.config);
+    ServerConn::new(config, started, random_bytes())
 }
 
 fn flush(conn: &mut ServerConn, stream: &mut Stream) -> io::Result<()> {

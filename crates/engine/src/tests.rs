@@ -40,6 +40,20 @@ impl Service for Echo {
                     d.stream.write_all(&buf)?;
                 }
                 b"sleep" => std::thread::sleep(Duration::from_millis(500)),
+                m if m.starts_with(b"many ") => {
+                    // As "data", for each of that many connections.
+                    let n: usize = std::str::from_utf8(&m[5..])
+                        .ok()
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(0);
+                    for _ in 0..n {
+                        let mut d = session.accept_data(Duration::from_secs(5))?;
+                        let mut buf = [0u8; 5];
+                        d.stream.read_exact(&mut buf)?;
+                        d.stream.write_all(&d.tag.to_be_bytes())?;
+                        d.stream.write_all(&buf)?;
+                    }
+                }
                 _ => control.send(&msg)?,
             }
         }
@@ -957,5 +971,158 @@ fn a_ticket_session_takes_only_data_connections_keyed_by_its_ticket() {
         err.to_string().contains("with the key its session"),
         "{err}"
     );
+    stop.trigger();
+}
+
+/// Sets up `tags` with [`ClientSession::open_data_many`]; each answer by tag.
+fn dial_many(
+    s: &ClientSession,
+    tags: &[u32],
+    attach: crate::dial::Attach<'_>,
+    configure: Option<&crate::dial::Configure<'_>>,
+) -> std::collections::BTreeMap<u32, Result<Stream>> {
+    let mut got = std::collections::BTreeMap::new();
+    let dial = crate::dial::DataDial {
+        tags,
+        attach,
+        configure,
+        at_once: 16,
+    };
+    s.open_data_many(&dial, &mut |tag, r| {
+        assert!(got.insert(tag, r).is_none(), "tag {tag} answered twice");
+    });
+    assert_eq!(got.len(), tags.len(), "every tag answered");
+    got
+}
+
+/// Many data connections set up on the calling thread, sixteen in flight,
+/// plain and encrypted, each attached (the service echoes on every one),
+/// and each socket configured before its connect.
+#[test]
+fn issue_34_many_data_connections_are_set_up_on_one_thread() {
+    for encrypt in [false, true] {
+        let k = key(b"sesame-sesame");
+        let (addr, stop) = start(Server::builder().key(Some(k.clone())));
+        let options = ClientOptions {
+            key: Some(k),
+            encrypt,
+            ..ClientOptions::default()
+        };
+        let s = connect_with(addr, &options, "echo", b"x").unwrap();
+        let c = s.control();
+        assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+        c.send(b"many 100").unwrap();
+        let tags: Vec<u32> = (1..=100).collect();
+        let configured = std::sync::Mutex::new(Vec::new());
+        let configure = |tag: u32, sock: &socket2::Socket| {
+            configured.lock().unwrap().push(tag);
+            sock.set_recv_buffer_size(256 * 1024)
+        };
+        let before = std::fs::read_dir("/proc/self/task").unwrap().count();
+        let got = dial_many(&s, &tags, crate::dial::Attach::Acked, Some(&configure));
+        let mut streams = Vec::new();
+        for (tag, r) in got {
+            let d = r.unwrap_or_else(|e| panic!("tag {tag}: {e}"));
+            assert_eq!(d.is_encrypted(), encrypt);
+            streams.push((tag, d));
+        }
+        let mut seen = configured.into_inner().unwrap();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, tags, "every socket configured");
+        // Blocking again, as a blocking set-up leaves them.
+        for (tag, d) in &mut streams {
+            d.write_all(b"hello").unwrap();
+            let _ = tag;
+        }
+        for (tag, d) in streams {
+            expect_echo(d, tag, b"hello");
+        }
+        let after = std::fs::read_dir("/proc/self/task").unwrap().count();
+        // Other tests run beside this one: no more than a few threads came.
+        assert!(
+            after <= before + 8,
+            "{before} threads before, {after} after"
+        );
+        c.send(b"bye").unwrap();
+        stop.trigger();
+    }
+}
+
+/// `Attach::Then`'s bytes follow the hello; `Attach::Early` hands the
+/// connection over before its acknowledgement, the session's watcher
+/// reads it.
+#[test]
+fn issue_34_many_data_connections_with_bytes_behind_the_hello_or_early() {
+    for encrypt in [false, true] {
+        let k = key(b"sesame-sesame");
+        let (addr, stop) = start(Server::builder().key(Some(k.clone())));
+        let options = ClientOptions {
+            key: Some(k),
+            encrypt,
+            ..ClientOptions::default()
+        };
+        let s = connect_with(addr, &options, "echo", b"x").unwrap();
+        let c = s.control();
+        assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+        c.send(b"many 40").unwrap();
+        let tags: Vec<u32> = (1..=20).collect();
+        for (tag, r) in dial_many(&s, &tags, crate::dial::Attach::Then(b"first"), None) {
+            expect_echo(r.unwrap(), tag, b"first");
+        }
+        let tags: Vec<u32> = (21..=40).collect();
+        let mut early: Vec<_> = dial_many(&s, &tags, crate::dial::Attach::Early, None)
+            .into_iter()
+            .map(|(tag, r)| (tag, r.unwrap()))
+            .collect();
+        for (_, d) in &mut early {
+            d.write_all(b"quick").unwrap();
+        }
+        // The service answers the next control message once it has read
+        // all 40 (each `accept_data` only yields an attached connection).
+        c.send(b"ping").unwrap();
+        assert_eq!(
+            c.recv(Some(Duration::from_secs(10))).unwrap().unwrap(),
+            b"ping"
+        );
+        drop(early);
+        c.send(b"bye").unwrap();
+        stop.trigger();
+    }
+}
+
+/// Failures: a port nobody listens on is a connect error for every tag;
+/// a listener that never answers times each hello out at the handshake
+/// limit (or, encrypted, the TLS handshake).
+#[test]
+fn issue_34_many_data_connections_fail_with_the_errors_of_one() {
+    let (addr, stop) = start(Server::builder());
+    let options = ClientOptions {
+        handshake_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    };
+    let mut s = connect_with(addr, &options, "echo", b"x").unwrap();
+    s.peer = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let tags: Vec<u32> = (1..=10).collect();
+    for (_, r) in dial_many(&s, &tags, crate::dial::Attach::Acked, None) {
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("connect data stream"), "{e}");
+    }
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    s.peer = silent.local_addr().unwrap();
+    let t0 = Instant::now();
+    for (_, r) in dial_many(&s, &tags, crate::dial::Attach::Acked, None) {
+        let e = r.unwrap_err();
+        assert!(matches!(e, EngineError::Timeout(_)), "{e}");
+    }
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    drop(silent);
     stop.trigger();
 }
