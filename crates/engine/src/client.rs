@@ -56,11 +56,11 @@ pub struct ClientSession {
     pub(crate) cookie: Cookie,
     pub(crate) peer: SocketAddr,
     local: SocketAddr,
-    options: ClientOptions,
-    tls: Option<ClientTls>,
+    pub(crate) options: ClientOptions,
+    pub(crate) tls: Option<ClientTls>,
     /// How long the control connection's TCP connect took: a round trip,
     /// which times the redials of a data connection's connect.
-    connect_rtt: Duration,
+    pub(crate) connect_rtt: Duration,
     /// Hands early data connections to the session's one attach watcher
     /// ([`ClientSession::open_data_early`]); started on first use.
     attach: std::sync::Mutex<Option<mpsc::Sender<Early>>>,
@@ -264,7 +264,7 @@ impl ClientSession {
 
     /// Hands `early` to the session's attach watcher, starting it if it
     /// is not running.
-    fn watch_attach(&self, early: Early) -> Result<()> {
+    pub(crate) fn watch_attach(&self, early: Early) -> Result<()> {
         let mut tx = self.attach.lock().unwrap_or_else(|p| p.into_inner());
         let early = match tx.as_ref() {
             Some(t) => match t.send(early) {
@@ -345,10 +345,10 @@ impl ClientSession {
 
 /// An early data connection whose acknowledgement is awaited.
 #[derive(Debug)]
-struct Early {
+pub(crate) struct Early {
     /// A clone of the caller's stream.
-    stream: Stream,
-    deadline: Instant,
+    pub(crate) stream: Stream,
+    pub(crate) deadline: Instant,
 }
 
 /// Longest the attach watcher waits before looking for new connections
@@ -486,7 +486,7 @@ fn attached(mut stream: Stream) -> Result<Stream> {
 const SESSION_REDIAL: Duration = Duration::from_millis(500);
 
 /// Connect attempts a connection may race (see `connect_racing`).
-const MAX_DIALS: u32 = 3;
+pub(crate) const MAX_DIALS: u32 = 3;
 
 /// Connects to `peer`: attempt n = 1, 2, … is a non-blocking connect
 /// started [`redial_wait`] after the one before while none has completed
@@ -582,13 +582,13 @@ fn race(peer: SocketAddr, redial: Duration, limit: Duration) -> io::Result<TcpSt
 /// How long after attempt `attempt` (1, 2, …) the next is dialled when
 /// none has completed: `redial × attempt` (so the third follows twice as
 /// long after the second).
-fn redial_wait(attempt: u32, redial: Duration) -> Duration {
+pub(crate) fn redial_wait(attempt: u32, redial: Duration) -> Duration {
     redial.saturating_mul(attempt)
 }
 
 /// When a data connection's connect is dialled again: two round trips of
 /// the control connection's connect, and 100 ms for a busy host.
-fn redial_after(rtt: Duration) -> Duration {
+pub(crate) fn redial_after(rtt: Duration) -> Duration {
     rtt.saturating_mul(2)
         .saturating_add(Duration::from_millis(100))
 }
@@ -636,7 +636,13 @@ fn read_data_ack(stream: &mut impl Read) -> Result<()> {
     }
     let mut body = vec![0u8; len];
     read_exact(stream, &mut body)?;
-    match Message::decode(&body)? {
+    ack_of(&body)
+}
+
+/// The server's answer to a data hello (a frame's body): `Ok` for
+/// `DataAck`, the refusal or the decoding error otherwise.
+pub(crate) fn ack_of(body: &[u8]) -> Result<()> {
+    match Message::decode(body)? {
         Message::DataAck => Ok(()),
         Message::Reject { code, reason } => Err(ConnError::Rejected { code, reason }.into()),
         _ => Err(ConnError::Unexpected {
@@ -668,7 +674,12 @@ fn client_tls(options: &ClientOptions) -> Result<Option<ClientTls>> {
     let Some(key) = &options.key else {
         return Err(EngineError::EncryptWithoutKey);
     };
-    Ok(Some(ClientTls::new(key.as_bytes())?))
+    // A one-time ticket's session: the identity derived from the ticket,
+    // named in the ClientHello (docs/protocol.md, "Tickets").
+    Ok(Some(match key.ticket_id() {
+        Some(id) => ClientTls::ticket(id, key.as_bytes())?,
+        None => ClientTls::new(key.as_bytes())?,
+    }))
 }
 
 /// A connected socket as a [`Stream`]: through the TLS handshake if `tls`.

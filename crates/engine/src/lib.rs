@@ -67,8 +67,10 @@
 pub mod client;
 pub mod control;
 pub mod dataplane;
+pub mod dial;
 pub mod error;
 pub mod front;
+mod keyed;
 pub mod logsum;
 pub mod observe;
 pub mod server;

@@ -8,14 +8,20 @@
 //! particular to the fatpipe protocol. [`ServerBuilder::front_end`] adds
 //! another port (iperf3, metrics, HTTP) to the same server.
 //!
-//! One thread per connection, blocking I/O. A connection's first frame says
-//! what it is: a control connection runs the handshake (under the pre-auth
-//! deadline) and, once the client opens a service, becomes that session's
-//! thread for as long as [`Service::serve`] runs; a data connection presents
-//! a cookie and is handed, already acknowledged, to the session holding it.
-//! Nothing one connection does (garbage, giant frames, stalling, vanishing)
-//! can block another: each has its own thread, deadline and buffers, and
-//! the shared state is a session counter and the cookie table.
+//! A connection's first frame says what it is: a control connection runs
+//! the handshake (under the pre-auth deadline) and, once the client opens
+//! a service, gets a thread that is that session's for as long as
+//! [`Service::serve`] runs (blocking I/O); a data connection presents a
+//! cookie and is handed, already acknowledged, to the session holding it.
+//! Before that a connection has no thread of its own: a data hello that
+//! is there at accept is attached on the accept thread, and everything
+//! else (its first byte, the TLS handshake, the protocol's handshake) is
+//! a state machine on one of a few pre-authentication lanes (`preauth`,
+//! one mio poll per core, at most 4), so a client dialling a thousand
+//! connections at once costs no thousand threads. Nothing one connection
+//! does (garbage, giant frames, stalling, vanishing) can block another:
+//! each has its own deadline and buffers, the lanes never wait on one
+//! socket, and the shared state is a session counter and the cookie table.
 //!
 //! Shutting down ([`Shutdown::trigger`], which `fatpipe server` calls on
 //! SIGTERM or SIGINT) is a drain of every port, not a cut: the accept
@@ -29,8 +35,8 @@
 //!
 //! # What a peer can make it spend
 //!
-//! Every connection costs a thread (with a [`CONN_STACK`] stack) and, before
-//! authentication, at most one frame of buffer (4 bytes more than
+//! Every session costs a thread (with a [`CONN_STACK`] stack); every
+//! connection, before authentication, at most one frame of buffer (4 bytes more than
 //! [`fatpipe_proto::MAX_FRAME`]). Connections still handshaking are capped in total
 //! (`max_handshakes`) and per source address (`max_handshakes_per_source`;
 //! IPv6 sources count by /64, since one host holds a whole /64), so one
@@ -66,11 +72,14 @@ use fatpipe_proto::{Cookie, ErrorCode, Key, ServerConfig, ServerConn, ServerEven
 use fatpipe_secure::tls::ServerTls;
 use fatpipe_secure::{Encryption, Stream};
 
+mod preauth;
+
 use crate::control::{is_timeout, lock, Control};
 use crate::error::{EngineError, Result};
 use crate::front::{
     accept_loop, watchdog, Conn, FrontEnd, Gate, GateCaps, Listening, Port, PortCaps, SHUTTING_DOWN,
 };
+use crate::keyed::{Keyed, Running};
 use crate::logsum::Event;
 use crate::observe::{NoObserver, Observer, Outcome, Refusal, Report};
 
@@ -482,7 +491,13 @@ impl ServerBuilder {
             self.logger,
             self.observer,
         ));
-        let protocol = Arc::new(Protocol {
+        let lanes = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(preauth::LANES);
+        let protocol = Arc::new_cyclic(|me| Protocol {
+            me: me.clone(),
+            preauth: (0..lanes).map(|_| Mutex::new(None)).collect(),
+            next_lane: std::sync::atomic::AtomicUsize::new(0),
             gate: Arc::clone(&gate),
             tls,
             services,
@@ -495,6 +510,7 @@ impl ServerBuilder {
             start_timeout: self.start_timeout,
             cookies: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
+            running: Running::default(),
         });
         let mut ports = vec![Listening {
             listener,
@@ -543,6 +559,12 @@ pub struct Server {
 /// cookies routing data connections to their sessions, and the deadline
 /// for a session to start.
 struct Protocol {
+    /// Itself, for the pre-authentication lanes' threads.
+    me: std::sync::Weak<Protocol>,
+    /// Connections not yet a session or a data connection, a few
+    /// threads' polls ([`preauth`]); each started on first use.
+    preauth: Vec<Mutex<Option<preauth::Lane>>>,
+    next_lane: std::sync::atomic::AtomicUsize,
     gate: Arc<Gate>,
     /// The TLS identity of the key, for clients that `--encrypt`.
     tls: Option<ServerTls>,
@@ -555,6 +577,9 @@ struct Protocol {
     /// Every running session, to end it if it does not start in time
     /// (at most `max_sessions`).
     live: Mutex<HashMap<Cookie, Live>>,
+    /// The TLS identities of one-time tickets whose sessions run (their
+    /// data connections are keyed by them; [`crate::keyed`]).
+    running: Running,
 }
 
 impl FrontEnd for Protocol {
@@ -567,7 +592,11 @@ impl FrontEnd for Protocol {
     }
 
     fn serve_inline(&self, tcp: TcpStream, conn: Conn) -> Option<(TcpStream, Conn)> {
-        attach_inline(self, tcp, conn)
+        // A data hello already here is attached at once; anything else
+        // waits on a pre-authentication lane (a thread of its own only if
+        // none can take it).
+        let (tcp, conn) = attach_inline(self, tcp, conn)?;
+        preauth::hand_over(self, tcp, conn)
     }
 
     fn tick(&self, now: Instant) {
@@ -582,6 +611,9 @@ impl FrontEnd for Protocol {
 struct Route {
     queue: SyncSender<DataConn>,
     encrypted: bool,
+    /// The ticket whose TLS identity keyed the session's control
+    /// connection: its data connections must be keyed by it too.
+    keyed: Option<fatpipe_proto::TicketId>,
     order: Arc<Mutex<()>>,
 }
 
@@ -715,7 +747,7 @@ fn attach_inline(shared: &Protocol, tcp: TcpStream, ticket: Conn) -> Option<(Tcp
     let stream = Stream::plain_tcp(tcp);
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
-    attach_data(shared, ticket, conn, stream, cookie, tag);
+    attach_data(shared, ticket, conn, stream, cookie, tag, None);
     None
 }
 
@@ -727,10 +759,12 @@ const INLINE_PEEK: usize = 512;
 fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
     let peer = ticket.peer();
     let started = ticket.accepted();
-    let Some(mut stream) = secure_or_plain(shared, stream, peer, started) else {
+    let Some((mut stream, keyed)) = secure_or_plain(shared, stream, peer, started) else {
         return;
     };
-    let mut conn = ServerConn::new(&shared.config, started, random_bytes());
+    // Keyed by a ticket: that ticket's proof is the only way in; not
+    // keyed: no ticket that opens only sessions encrypted with its key.
+    let mut conn = server_conn(shared, keyed.as_ref(), started);
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(shared.config.preauth_timeout));
     let mut buf = [0u8; 4096];
@@ -751,11 +785,13 @@ fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
                         params,
                         authenticated,
                         ticket: grant,
+                        keyed,
                     };
                     return open_session(shared, ticket, conn, stream, open);
                 }
                 ServerEvent::DataHello { cookie, tag } => {
-                    return attach_data(shared, ticket, conn, stream, cookie, tag);
+                    let keyed = keyed.map(|k| k.id);
+                    return attach_data(shared, ticket, conn, stream, cookie, tag, keyed);
                 }
                 ServerEvent::Closed(err) => {
                     let _ = flush(&mut conn, &mut stream);
@@ -811,6 +847,8 @@ struct Opened<'a> {
     params: Vec<u8>,
     authenticated: bool,
     ticket: Option<Vec<u8>>,
+    /// The ticket whose TLS identity the connection has, if any.
+    keyed: Option<Keyed>,
 }
 
 fn open_session(
@@ -826,7 +864,17 @@ fn open_session(
         params,
         authenticated,
         ticket: grant,
+        keyed,
     } = open;
+    if keyed.is_some() && grant.is_none() {
+        conn.reject(
+            ErrorCode::AuthRequired,
+            "a connection encrypted for a one-time ticket opens only that ticket's session",
+        );
+        let _ = flush(&mut conn, &mut stream);
+        ticket.observer().auth_failed();
+        return;
+    }
     let Some(service) = shared.services.get(name).cloned() else {
         let mut names: Vec<_> = shared.services.keys().copied().collect();
         names.sort_unstable();
@@ -873,10 +921,14 @@ fn open_session(
         Route {
             queue: tx,
             encrypted,
+            keyed: keyed.as_ref().map(|k| k.id),
             order: Arc::new(Mutex::new(())),
         },
     );
     let _cookie_guard = CookieGuard(shared, cookie);
+    // The ticket's identity stays for the data connections while the
+    // session runs (the ticket itself may expire meanwhile).
+    let _held = keyed.as_ref().map(|k| shared.running.hold(k));
     conn.accept(Instant::now(), cookie);
     if flush(&mut conn, &mut stream).is_err() {
         return;
@@ -925,10 +977,10 @@ fn open_session(
             control.abort();
         });
     }
-    let by = if session.ticket.is_some() {
-        " (one-time ticket)"
-    } else {
-        ""
+    let by = match (&session.ticket, &keyed) {
+        (Some(_), Some(_)) => " (one-time ticket, encrypted with its key)",
+        (Some(_), None) => " (one-time ticket)",
+        _ => "",
     };
     ticket.log(&format!("{peer}: {name} session started{by}"));
     let started = Instant::now();
@@ -965,12 +1017,14 @@ fn attach_data(
     mut stream: Stream,
     cookie: Cookie,
     tag: u32,
+    keyed: Option<fatpipe_proto::TicketId>,
 ) {
     let peer = ticket.peer();
     let route = lock(&shared.cookies).get(&cookie).cloned();
     let Some(Route {
         queue: tx,
         encrypted,
+        keyed: session_keyed,
         order,
     }) = route
     else {
@@ -982,6 +1036,14 @@ fn attach_data(
         conn.reject(
             ErrorCode::Protocol,
             "the session is encrypted: its data connections must be too",
+        );
+        let _ = flush(&mut conn, &mut stream);
+        return;
+    }
+    if keyed != session_keyed {
+        conn.reject(
+            ErrorCode::Protocol,
+            "a data connection must be encrypted with the key its session's was",
         );
         let _ = flush(&mut conn, &mut stream);
         return;
@@ -1032,14 +1094,16 @@ fn attach_data(
 
 /// A new connection as a [`Stream`]: through the TLS handshake (by the
 /// pre-auth deadline) if its first byte starts one, plain otherwise (a
-/// fatpipe frame starts with 0; docs/encryption.md). `None` if the
-/// handshake failed; that is logged.
+/// fatpipe frame starts with 0; docs/encryption.md). The TLS identity is
+/// the pre-shared key's, or a one-time ticket's when the `ClientHello`
+/// names one ([`crate::keyed`]; then the ticket is returned too). `None`
+/// if the handshake failed; that is logged.
 fn secure_or_plain(
     shared: &Protocol,
     tcp: TcpStream,
     peer: SocketAddr,
     started: Instant,
-) -> Option<Stream> {
+) -> Option<(Stream, Option<Keyed>)> {
     let _ = tcp.set_read_timeout(Some(shared.config.preauth_timeout));
     let mut first = [0u8; 1];
     let peeked = loop {
@@ -1050,30 +1114,110 @@ fn secure_or_plain(
     };
     // Silence, an error or the end: the plain path reports it as before.
     if !matches!(peeked, Ok(1)) || !fatpipe_secure::is_tls_start(first[0]) {
-        return Some(Stream::plain_tcp(tcp));
+        return Some((Stream::plain_tcp(tcp), None));
     }
-    let Some(tls) = &shared.tls else {
-        shared.gate.log(&format!(
-            "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
-        ));
-        return None;
-    };
     let deadline = started + shared.config.preauth_timeout;
-    match fatpipe_secure::server_handshake(tls, tcp, deadline) {
-        Ok(s) => Some(s),
+    let mut keyed = None;
+    let mut why = None;
+    let chosen =
+        fatpipe_secure::ticket::server_handshake_by_name(tcp, deadline, |name| match identity_for(
+            shared, name,
+        ) {
+            Ok((tls, k)) => {
+                keyed = k;
+                Ok(tls)
+            }
+            Err(w) => {
+                let e = w.error();
+                why = Some(w);
+                Err(e)
+            }
+        });
+    match chosen {
+        Ok(s) => Some((s, keyed)),
         Err(e) => {
-            if matches!(e, fatpipe_secure::TlsError::PeerAlert(_)) {
-                // The client refused our identity: it holds another key.
-                shared.gate.observer.auth_failed();
-            }
-            if !matches!(e, fatpipe_secure::TlsError::Timeout) {
-                shared
-                    .gate
-                    .log(&format!("{peer}: TLS handshake failed: {e}"));
-            }
+            tls_refused(shared, peer, &e, why.as_ref());
             None
         }
     }
+}
+
+/// Why a connection's `ClientHello` got no TLS identity.
+enum NoIdentity {
+    /// No ticket named, and the server has no key.
+    Keyless,
+    /// It named a ticket that is neither live nor running.
+    UnknownTicket(fatpipe_secure::TlsError),
+}
+
+impl NoIdentity {
+    fn error(&self) -> fatpipe_secure::TlsError {
+        match self {
+            NoIdentity::Keyless => fatpipe_secure::TlsError::Identity("no key".into()),
+            NoIdentity::UnknownTicket(e) => fatpipe_secure::TlsError::Identity(e.to_string()),
+        }
+    }
+}
+
+/// The TLS identity for a `ClientHello` that asked for server name
+/// `name`: a one-time ticket's when it names one ([`crate::keyed`]; the
+/// ticket comes back too), else the pre-shared key's.
+fn identity_for(
+    shared: &Protocol,
+    name: Option<&str>,
+) -> std::result::Result<(ServerTls, Option<Keyed>), NoIdentity> {
+    if let Some(id) = name.and_then(fatpipe_secure::ticket::parse_name) {
+        let tls = shared
+            .running
+            .identity(shared.config.tickets.as_ref(), &id, Instant::now())
+            .map_err(NoIdentity::UnknownTicket)?;
+        return Ok((tls.clone(), Some(Keyed { id, tls })));
+    }
+    shared
+        .tls
+        .clone()
+        .map(|t| (t, None))
+        .ok_or(NoIdentity::Keyless)
+}
+
+/// Logs (and counts) a TLS handshake that failed with `e`; `why` when no
+/// identity could be chosen for it.
+fn tls_refused(
+    shared: &Protocol,
+    peer: SocketAddr,
+    e: &fatpipe_secure::TlsError,
+    why: Option<&NoIdentity>,
+) {
+    if matches!(why, Some(NoIdentity::Keyless)) {
+        shared.gate.log(&format!(
+            "{peer}: encrypted connection refused: the server has no key (--key-file) to prove"
+        ));
+        return;
+    }
+    // The client refused our identity (it holds another key), or named a
+    // ticket the server does not have.
+    if matches!(why, Some(NoIdentity::UnknownTicket(_)))
+        || matches!(e, fatpipe_secure::TlsError::PeerAlert(_))
+    {
+        shared.gate.observer.auth_failed();
+    }
+    if !matches!(e, fatpipe_secure::TlsError::Timeout) {
+        shared
+            .gate
+            .log(&format!("{peer}: TLS handshake failed: {e}"));
+    }
+}
+
+/// The protocol's server side for a connection keyed by `keyed` (or by
+/// none): a ticket's connection may prove only that ticket, any other
+/// none that opens only sessions encrypted with its key.
+fn server_conn(shared: &Protocol, keyed: Option<&Keyed>, started: Instant) -> ServerConn {
+    let narrowed = match keyed {
+        Some(k) => Some(crate::keyed::only(&shared.config, k.id)),
+        None => crate::keyed::unkeyed(&shared.config),
+    };
+    let config = narrowed.as_ref().unwrap_or(&shared.config);
+    ServerConn::new(config, started, random_bytes())
 }
 
 fn flush(conn: &mut ServerConn, stream: &mut Stream) -> io::Result<()> {

@@ -40,6 +40,20 @@ impl Service for Echo {
                     d.stream.write_all(&buf)?;
                 }
                 b"sleep" => std::thread::sleep(Duration::from_millis(500)),
+                m if m.starts_with(b"many ") => {
+                    // As "data", for each of that many connections.
+                    let n: usize = std::str::from_utf8(&m[5..])
+                        .ok()
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(0);
+                    for _ in 0..n {
+                        let mut d = session.accept_data(Duration::from_secs(5))?;
+                        let mut buf = [0u8; 5];
+                        d.stream.read_exact(&mut buf)?;
+                        d.stream.write_all(&d.tag.to_be_bytes())?;
+                        d.stream.write_all(&buf)?;
+                    }
+                }
                 _ => control.send(&msg)?,
             }
         }
@@ -805,4 +819,310 @@ fn a_front_end_shares_the_session_cap_with_the_protocol_port_and_is_drained() {
     assert!(seen.iter().any(|l| l == "start toy"), "{seen:?}");
     assert!(seen.iter().any(|l| l == "end toy aborted"), "{seen:?}");
     assert!(seen.iter().any(|l| l == "refused busy"), "{seen:?}");
+}
+
+/// A book of one ticket, spent by its one "echo" session.
+#[derive(Debug)]
+struct OneTicket {
+    id: fatpipe_proto::TicketId,
+    key: [u8; 32],
+    spent: std::sync::atomic::AtomicBool,
+    encrypted_only: bool,
+}
+
+impl fatpipe_proto::Tickets for OneTicket {
+    fn key(&self, id: &fatpipe_proto::TicketId, _: Instant) -> Option<Key> {
+        (*id == self.id && !self.spent.load(std::sync::atomic::Ordering::Relaxed))
+            .then(|| Key::ticket(self.id, self.key.to_vec()).ok())?
+    }
+
+    fn redeem(&self, id: &fatpipe_proto::TicketId, service: &str, _: Instant) -> Option<Vec<u8>> {
+        (*id == self.id
+            && service == "echo"
+            && !self.spent.swap(true, std::sync::atomic::Ordering::Relaxed))
+        .then(|| b"grant".to_vec())
+    }
+
+    fn encrypted_only(&self, _: &fatpipe_proto::TicketId) -> bool {
+        self.encrypted_only
+    }
+}
+
+fn one_ticket() -> Arc<OneTicket> {
+    Arc::new(OneTicket {
+        id: [0x42; 16],
+        key: [9; 32],
+        spent: false.into(),
+        encrypted_only: true,
+    })
+}
+
+fn ticket_options(id: [u8; 16], key: [u8; 32]) -> ClientOptions {
+    ClientOptions {
+        key: Some(Key::ticket(id, key.to_vec()).unwrap()),
+        encrypt: true,
+        ..ClientOptions::default()
+    }
+}
+
+/// The leg of an `https` copy: a session opened with a one-time ticket,
+/// encrypted with the ticket's key (no pre-shared key on either side); its
+/// data connection joins after the ticket is spent.
+#[test]
+fn a_ticket_session_is_encrypted_with_the_tickets_key() {
+    let book = one_ticket();
+    let (addr, stop) = start(
+        Server::builder()
+            .key(Some(key(b"the server's own key")))
+            .tickets(book.clone()),
+    );
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
+    assert!(s.encryption().is_some());
+    let c = s.control();
+    assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"t");
+    assert!(book.spent.load(std::sync::atomic::Ordering::Relaxed));
+    c.send(b"data").unwrap();
+    let mut d = s.open_data(3).unwrap();
+    assert!(d.is_encrypted());
+    d.write_all(b"legit").unwrap();
+    expect_echo(d, 3, b"legit");
+    // Spent: a second session with it is refused.
+    assert!(connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").is_err());
+    stop.trigger();
+}
+
+/// A client holding a wrong key for a live ticket's id gets no session:
+/// the server's identity (the real key's) is refused before anything is
+/// sent; and the ticket is still there for its holder.
+#[test]
+fn a_wrong_ticket_key_cannot_open_the_encrypted_session() {
+    let book = one_ticket();
+    let (addr, stop) = start(Server::builder().tickets(book.clone()));
+    let err = connect_with(addr, &ticket_options(book.id, [8; 32]), "echo", b"t").unwrap_err();
+    assert!(err.to_string().contains("does not hold"), "{err}");
+    // An id the server never issued: no identity to present.
+    assert!(connect_with(addr, &ticket_options([1; 16], book.key), "echo", b"t").is_err());
+    assert!(!book.spent.load(std::sync::atomic::Ordering::Relaxed));
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
+    assert!(s.encryption().is_some());
+    stop.trigger();
+}
+
+/// A ticket issued over HTTPS opens no plain session (nor one encrypted
+/// with the pre-shared key), and is not spent by trying; a ticket issued
+/// over plain HTTP opens one.
+#[test]
+fn an_encrypted_only_ticket_opens_no_plain_session() {
+    let book = one_ticket();
+    let k = key(b"sesame-sesame");
+    let (addr, stop) = start(Server::builder().key(Some(k.clone())).tickets(book.clone()));
+    let mut plain = ticket_options(book.id, book.key);
+    plain.encrypt = false;
+    let err = connect_with(addr, &plain, "echo", b"t").unwrap_err();
+    assert!(err.is_auth(), "{err}");
+    assert!(!book.spent.load(std::sync::atomic::Ordering::Relaxed));
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"t").unwrap();
+    assert!(s.encryption().is_some());
+    stop.trigger();
+    let clear = Arc::new(OneTicket {
+        encrypted_only: false,
+        ..Arc::into_inner(one_ticket()).unwrap()
+    });
+    let (addr, stop) = start(Server::builder().tickets(clear.clone()));
+    let s = connect_with(addr, &plain, "echo", b"t").unwrap();
+    assert!(s.encryption().is_none());
+    stop.trigger();
+}
+
+/// Data connections join a ticket's session only encrypted with that
+/// ticket: not plain, not under the pre-shared key; nor does a session
+/// opened with the key take one encrypted with a ticket.
+#[test]
+fn a_ticket_session_takes_only_data_connections_keyed_by_its_ticket() {
+    let book = one_ticket();
+    let k = key(b"sesame-sesame");
+    let (addr, stop) = start(Server::builder().key(Some(k.clone())).tickets(book.clone()));
+    let s = connect_with(addr, &ticket_options(book.id, book.key), "echo", b"x").unwrap();
+    let psk = ClientOptions {
+        key: Some(k.clone()),
+        encrypt: true,
+        ..ClientOptions::default()
+    };
+    let mut other = connect_with(addr, &psk, "echo", b"y").unwrap();
+    let (ticket_cookie, psk_cookie) = (s.cookie, other.cookie);
+    other.cookie = ticket_cookie;
+    let err = other.open_data(1).unwrap_err();
+    assert!(
+        err.to_string().contains("with the key its session"),
+        "{err}"
+    );
+    let mut plain = connect(addr, Some(&k), "echo", b"z").unwrap();
+    plain.cookie = ticket_cookie;
+    assert!(plain
+        .open_data(1)
+        .unwrap_err()
+        .to_string()
+        .contains("must be too"));
+    // The ticket session's identity onto the key's session.
+    let mut s = s;
+    s.cookie = psk_cookie;
+    let err = s.open_data(1).unwrap_err();
+    assert!(
+        err.to_string().contains("with the key its session"),
+        "{err}"
+    );
+    stop.trigger();
+}
+
+/// Sets up `tags` with [`ClientSession::open_data_many`]; each answer by tag.
+fn dial_many(
+    s: &ClientSession,
+    tags: &[u32],
+    attach: crate::dial::Attach<'_>,
+    configure: Option<&crate::dial::Configure<'_>>,
+) -> std::collections::BTreeMap<u32, Result<Stream>> {
+    let mut got = std::collections::BTreeMap::new();
+    let dial = crate::dial::DataDial {
+        tags,
+        attach,
+        configure,
+        at_once: 16,
+    };
+    s.open_data_many(&dial, &mut |tag, r| {
+        assert!(got.insert(tag, r).is_none(), "tag {tag} answered twice");
+    });
+    assert_eq!(got.len(), tags.len(), "every tag answered");
+    got
+}
+
+/// Many data connections set up on the calling thread, sixteen in flight,
+/// plain and encrypted, each attached (the service echoes on every one),
+/// and each socket configured before its connect.
+#[test]
+fn issue_34_many_data_connections_are_set_up_on_one_thread() {
+    for encrypt in [false, true] {
+        let k = key(b"sesame-sesame");
+        let (addr, stop) = start(Server::builder().key(Some(k.clone())));
+        let options = ClientOptions {
+            key: Some(k),
+            encrypt,
+            ..ClientOptions::default()
+        };
+        let s = connect_with(addr, &options, "echo", b"x").unwrap();
+        let c = s.control();
+        assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+        c.send(b"many 100").unwrap();
+        let tags: Vec<u32> = (1..=100).collect();
+        let configured = std::sync::Mutex::new(Vec::new());
+        let configure = |tag: u32, sock: &socket2::Socket| {
+            configured.lock().unwrap().push(tag);
+            sock.set_recv_buffer_size(256 * 1024)
+        };
+        let before = std::fs::read_dir("/proc/self/task").unwrap().count();
+        let got = dial_many(&s, &tags, crate::dial::Attach::Acked, Some(&configure));
+        let mut streams = Vec::new();
+        for (tag, r) in got {
+            let d = r.unwrap_or_else(|e| panic!("tag {tag}: {e}"));
+            assert_eq!(d.is_encrypted(), encrypt);
+            streams.push((tag, d));
+        }
+        let mut seen = configured.into_inner().unwrap();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, tags, "every socket configured");
+        // Blocking again, as a blocking set-up leaves them.
+        for (tag, d) in &mut streams {
+            d.write_all(b"hello").unwrap();
+            let _ = tag;
+        }
+        for (tag, d) in streams {
+            expect_echo(d, tag, b"hello");
+        }
+        let after = std::fs::read_dir("/proc/self/task").unwrap().count();
+        // Other tests run beside this one: no more than a few threads came.
+        assert!(
+            after <= before + 8,
+            "{before} threads before, {after} after"
+        );
+        c.send(b"bye").unwrap();
+        stop.trigger();
+    }
+}
+
+/// `Attach::Then`'s bytes follow the hello; `Attach::Early` hands the
+/// connection over before its acknowledgement, the session's watcher
+/// reads it.
+#[test]
+fn issue_34_many_data_connections_with_bytes_behind_the_hello_or_early() {
+    for encrypt in [false, true] {
+        let k = key(b"sesame-sesame");
+        let (addr, stop) = start(Server::builder().key(Some(k.clone())));
+        let options = ClientOptions {
+            key: Some(k),
+            encrypt,
+            ..ClientOptions::default()
+        };
+        let s = connect_with(addr, &options, "echo", b"x").unwrap();
+        let c = s.control();
+        assert_eq!(c.recv(Some(Duration::from_secs(5))).unwrap().unwrap(), b"x");
+        c.send(b"many 40").unwrap();
+        let tags: Vec<u32> = (1..=20).collect();
+        for (tag, r) in dial_many(&s, &tags, crate::dial::Attach::Then(b"first"), None) {
+            expect_echo(r.unwrap(), tag, b"first");
+        }
+        let tags: Vec<u32> = (21..=40).collect();
+        let mut early: Vec<_> = dial_many(&s, &tags, crate::dial::Attach::Early, None)
+            .into_iter()
+            .map(|(tag, r)| (tag, r.unwrap()))
+            .collect();
+        for (_, d) in &mut early {
+            d.write_all(b"quick").unwrap();
+        }
+        // The service answers the next control message once it has read
+        // all 40 (each `accept_data` only yields an attached connection).
+        c.send(b"ping").unwrap();
+        assert_eq!(
+            c.recv(Some(Duration::from_secs(10))).unwrap().unwrap(),
+            b"ping"
+        );
+        drop(early);
+        c.send(b"bye").unwrap();
+        stop.trigger();
+    }
+}
+
+/// Failures: a port nobody listens on is a connect error for every tag;
+/// a listener that never answers times each hello out at the handshake
+/// limit (or, encrypted, the TLS handshake).
+#[test]
+fn issue_34_many_data_connections_fail_with_the_errors_of_one() {
+    let (addr, stop) = start(Server::builder());
+    let options = ClientOptions {
+        handshake_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    };
+    let mut s = connect_with(addr, &options, "echo", b"x").unwrap();
+    s.peer = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let tags: Vec<u32> = (1..=10).collect();
+    for (_, r) in dial_many(&s, &tags, crate::dial::Attach::Acked, None) {
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("connect data stream"), "{e}");
+    }
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    s.peer = silent.local_addr().unwrap();
+    let t0 = Instant::now();
+    for (_, r) in dial_many(&s, &tags, crate::dial::Attach::Acked, None) {
+        let e = r.unwrap_err();
+        assert!(matches!(e, EngineError::Timeout(_)), "{e}");
+    }
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    drop(silent);
+    stop.trigger();
 }

@@ -159,7 +159,7 @@ async fn dispatch(sh: &Rc<Shared>, method: Method, req: Request<Incoming>) -> Re
         Err(e) => return text(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     match method {
-        Method::Options => options(),
+        Method::Options => options_for(sh, &target, req.headers()),
         Method::Get | Method::Head => get(sh, &target, &req, method == Method::Head),
         Method::Put => put(sh, &target, req).await,
         Method::Propfind => propfind(sh, &target, req).await,
@@ -415,7 +415,15 @@ fn get(sh: &Shared, t: &Target, req: &Request<Incoming>, head: bool) -> Resp {
     let etag = digest::etag(&meta);
     let mut h = HeaderMap::new();
     if let (Some(leg), Some(rel)) = (&sh.cfg.leg, &t.rel) {
-        crate::ticket::answer(leg, req.headers(), &f.export.name, rel.as_bytes(), &mut h);
+        let https = sh.cfg.tls.is_some();
+        crate::ticket::answer(
+            leg,
+            req.headers(),
+            &f.export.name,
+            rel.as_bytes(),
+            https,
+            &mut h,
+        );
     }
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     insert(&mut h, header::ETAG, &etag);
@@ -562,91 +570,143 @@ fn add_digests(
     Ok(())
 }
 
-async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
-    let f = match export_of(sh, t) {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
+/// What a `PUT` (or a request checked as one) may write: the export, the
+/// parent directory, the name and whether it existed.
+pub(crate) struct Writable<'a> {
+    pub(crate) f: Found<'a>,
+    pub(crate) parent: Dir,
+    pub(crate) name: Vec<u8>,
+    pub(crate) existed: bool,
+}
+
+/// The checks of a `PUT` of `t` before its body: the name, the export
+/// writable, the parent there, the token's right to create or modify,
+/// a regular file if anything, and the preconditions (`If-None-Match: *`,
+/// `If-Match: *`). Also what an `OPTIONS` asking for a ticket to write
+/// `t` meets.
+pub(crate) fn writable<'a>(
+    sh: &'a Shared,
+    t: &Target,
+    headers: &HeaderMap,
+) -> Result<Writable<'a>, Resp> {
+    let f = export_of(sh, t)?;
     let Some(rel) = &t.rel else {
-        return text(
+        return Err(text(
             StatusCode::METHOD_NOT_ALLOWED,
             "cannot PUT onto an export itself",
-        );
+        ));
     };
     if t.slash {
-        return text(
+        return Err(text(
             StatusCode::BAD_REQUEST,
             "a PUT names a file, not a directory (trailing '/')",
-        );
+        ));
     }
-    if req.headers().contains_key(header::CONTENT_RANGE) {
-        return text(
+    if headers.contains_key(header::CONTENT_RANGE) {
+        return Err(text(
             StatusCode::BAD_REQUEST,
             "partial PUT (Content-Range) is not served",
-        );
+        ));
     }
     let name = rel.split_last().1.to_vec();
     if hidden(&name) {
-        return text(
+        return Err(text(
             StatusCode::FORBIDDEN,
             "names starting '.fatpipe-' are the server's own",
-        );
+        ));
     }
     // Refuse before the body is read (and before `100 Continue` is sent):
     // read-only first, so a writer learns that without a token too.
     if f.export.read_only {
-        return text(
+        return Err(text(
             StatusCode::FORBIDDEN,
             &format!("export '{}' is read-only", f.export.name),
-        );
+        ));
     }
     let parent = match parent_of(&f.root, rel) {
         Ok(p) => p,
         Err(r) => {
             // A missing parent is 409 only to whom may know it.
-            if let Err(a) = authorize(sh, req.headers(), f.export, t, Perm::Create) {
-                return a;
-            }
-            return r;
+            authorize(sh, headers, f.export, t, Perm::Create)?;
+            return Err(r);
         }
     };
-    let existing = match parent.stat_at(&name) {
-        Ok(m) => m,
-        Err(e) => return io_resp(&e),
-    };
+    let existing = parent.stat_at(&name).map_err(|e| io_resp(&e))?;
     let perm = if existing.is_some() {
         Perm::Modify
     } else {
         Perm::Create
     };
-    if let Err(r) = authorize(sh, req.headers(), f.export, t, perm) {
-        return r;
-    }
+    authorize(sh, headers, f.export, t, perm)?;
     if matches!(existing, Some(m) if m.kind != Kind::File) {
-        return text(
+        return Err(text(
             StatusCode::CONFLICT,
             "the name exists and is not a regular file",
-        );
+        ));
     }
     // RFC 9110 preconditions: `If-None-Match: *` creates only,
     // `If-Match: *` replaces only.
-    let star = |name| {
-        req.headers()
-            .get(name)
-            .is_some_and(|v| v.as_bytes() == b"*")
-    };
+    let star = |name| headers.get(name).is_some_and(|v| v.as_bytes() == b"*");
     if existing.is_some() && star(header::IF_NONE_MATCH) {
-        return text(
+        return Err(text(
             StatusCode::PRECONDITION_FAILED,
             "the file exists (If-None-Match: *)",
-        );
+        ));
     }
     if existing.is_none() && star(header::IF_MATCH) {
-        return text(
+        return Err(text(
             StatusCode::PRECONDITION_FAILED,
             "no such file to replace (If-Match: *)",
-        );
+        ));
     }
+    Ok(Writable {
+        f,
+        parent,
+        name,
+        existed: existing.is_some(),
+    })
+}
+
+/// `OPTIONS`: what the server serves; with `Fatpipe-Ticket: write` (the
+/// push of a third-party copy from another fatpipe server, docs/http.md
+/// "The leg"), checked as a `PUT` of the target and answered with a
+/// ticket to push that file over the copy protocol.
+fn options_for(sh: &Shared, t: &Target, headers: &HeaderMap) -> Resp {
+    let Some(leg) = &sh.cfg.leg else {
+        return options();
+    };
+    if crate::ticket::asked(headers) != Some(fatpipe_transfer::wire::Direction::Push) {
+        return options();
+    }
+    let w = match writable(sh, t, headers) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    let Some(rel) = &t.rel else {
+        return options();
+    };
+    let mut r = options();
+    let https = sh.cfg.tls.is_some();
+    crate::ticket::answer_write(
+        leg,
+        &w.f.export.name,
+        rel.as_bytes(),
+        https,
+        r.headers_mut(),
+    );
+    r
+}
+
+async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
+    let Writable {
+        parent,
+        name,
+        existed,
+        ..
+    } = match writable(sh, t, req.headers()) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
     let declared: Option<u64> = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -758,7 +818,7 @@ async fn put(sh: &Shared, t: &Target, req: Request<Incoming>) -> Resp {
         return io_resp(&e);
     }
     let mut r = Response::new(Body::empty());
-    *r.status_mut() = if existing.is_some() {
+    *r.status_mut() = if existed {
         StatusCode::NO_CONTENT
     } else {
         StatusCode::CREATED

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use fatpipe_proto::Key;
 use fatpipe_transfer::grant::Grant;
+use fatpipe_transfer::wire::Direction;
 
 /// The request header that asks for a ticket, and the answer's.
 pub const HEADER: &str = "fatpipe-ticket";
@@ -57,6 +58,8 @@ struct Entry {
     copy: bool,
     /// Probe sessions left.
     probes: u8,
+    /// Issued over HTTPS: opens only sessions encrypted with its key.
+    encrypted: bool,
 }
 
 /// The server's live tickets (the HTTP port issues, the protocol port
@@ -92,6 +95,17 @@ impl Book {
     /// [`MAX_TICKETS`] are alive (expired ones are dropped first) or the
     /// system has no randomness.
     pub fn issue(&self, grant: &Grant, now: Instant) -> Option<(Id, [u8; 32])> {
+        self.issue_with(grant, now, false)
+    }
+
+    /// [`Book::issue`]; `encrypted`: the ticket opens only sessions
+    /// encrypted with its key (it was issued over HTTPS).
+    pub fn issue_with(
+        &self,
+        grant: &Grant,
+        now: Instant,
+        encrypted: bool,
+    ) -> Option<(Id, [u8; 32])> {
         let mut live = self.lock();
         live.retain(|_, e| now < e.until);
         if live.len() >= self.max {
@@ -109,6 +123,7 @@ impl Book {
                 until: now + self.ttl,
                 copy: true,
                 probes: MAX_PROBES,
+                encrypted,
             },
         );
         Some((id, key))
@@ -126,6 +141,10 @@ impl Book {
 }
 
 impl fatpipe_proto::Tickets for Book {
+    fn encrypted_only(&self, id: &Id) -> bool {
+        self.lock().get(id).is_some_and(|e| e.encrypted)
+    }
+
     fn key(&self, id: &Id, now: Instant) -> Option<Key> {
         let live = self.lock();
         let e = live.get(id).filter(|e| now < e.until)?;
@@ -269,12 +288,14 @@ impl Offer {
 /// The passive end's headers on a `HEAD` or `GET` of a file the request
 /// may read: `Fatpipe-Copy` always, and a ticket to read it when asked
 /// with `Fatpipe-Ticket: read` (none when the book is full: the copy then
-/// goes over HTTP).
+/// goes over HTTP). `https`: the request came over HTTPS, so the ticket
+/// opens only sessions encrypted with its key.
 pub fn answer(
     leg: &crate::Passive,
     req: &hyper::HeaderMap,
     export: &str,
     path: &[u8],
+    https: bool,
     h: &mut hyper::HeaderMap,
 ) {
     let Some(&port) = leg.port.get() else {
@@ -284,18 +305,61 @@ pub fn answer(
     if let Ok(v) = hyper::header::HeaderValue::from_str(&copy) {
         h.insert(COPY_HEADER, v);
     }
-    let asked = req
-        .get(HEADER)
-        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"read"));
-    if !asked {
+    if asked(req) != Some(Direction::Pull) {
         return;
     }
+    issue(leg, port, Direction::Pull, export, path, https, h);
+}
+
+/// What a request's `Fatpipe-Ticket` asks for: `read` a ticket to pull
+/// the file, `write` one to push it; `None` for anything else.
+pub fn asked(req: &hyper::HeaderMap) -> Option<Direction> {
+    let v = req.get(HEADER)?.as_bytes().trim_ascii();
+    if v.eq_ignore_ascii_case(b"read") {
+        Some(Direction::Pull)
+    } else if v.eq_ignore_ascii_case(b"write") {
+        Some(Direction::Push)
+    } else {
+        None
+    }
+}
+
+/// The passive end's headers on an `OPTIONS` with `Fatpipe-Ticket: write`
+/// for a file the request may write (checked by the caller as a `PUT`
+/// is): `Fatpipe-Copy`, and a ticket to push that one file (none when the
+/// book is full: the copy then goes over HTTP).
+pub fn answer_write(
+    leg: &crate::Passive,
+    export: &str,
+    path: &[u8],
+    https: bool,
+    h: &mut hyper::HeaderMap,
+) {
+    let Some(&port) = leg.port.get() else {
+        return;
+    };
+    let copy = format!("v={VERSION}; port={port}");
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&copy) {
+        h.insert(COPY_HEADER, v);
+    }
+    issue(leg, port, Direction::Push, export, path, https, h);
+}
+
+fn issue(
+    leg: &crate::Passive,
+    port: u16,
+    direction: Direction,
+    export: &str,
+    path: &[u8],
+    https: bool,
+    h: &mut hyper::HeaderMap,
+) {
     let grant = Grant {
-        direction: fatpipe_transfer::wire::Direction::Pull,
+        direction,
         export: export.to_string(),
         path: path.to_vec(),
     };
-    let Some((id, key)) = leg.book.issue(&grant, Instant::now()) else {
+    let Some((id, key)) = leg.book.issue_with(&grant, Instant::now(), https) else {
         return;
     };
     let offer = Offer {
@@ -334,7 +398,6 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 mod tests {
     use super::*;
     use fatpipe_proto::Tickets as _;
-    use fatpipe_transfer::wire::Direction;
 
     fn grant(path: &str) -> Grant {
         Grant {
@@ -418,5 +481,61 @@ mod tests {
         assert!(Offer::parse(h.replace("path=dir", "path=../dir").as_bytes()).is_err());
         assert!(Offer::parse(&vec![b'a'; MAX_OFFER + 1]).is_err());
         assert!(Offer::parse(b"\xff").is_err());
+    }
+
+    #[test]
+    fn a_request_asks_to_read_or_to_write_and_nothing_else() {
+        let with = |v: &str| {
+            let mut h = hyper::HeaderMap::new();
+            h.insert(HEADER, hyper::header::HeaderValue::from_str(v).unwrap());
+            asked(&h)
+        };
+        assert_eq!(with("read"), Some(Direction::Pull));
+        assert_eq!(with(" Write "), Some(Direction::Push));
+        assert_eq!(with("readwrite"), None);
+        assert_eq!(asked(&hyper::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_write_ticket_grants_a_push_of_its_file_only() {
+        let leg = crate::Passive {
+            port: std::sync::Arc::new(std::sync::OnceLock::new()),
+            book: std::sync::Arc::new(Book::default()),
+        };
+        let mut h = hyper::HeaderMap::new();
+        answer_write(&leg, "data", b"f", false, &mut h);
+        assert!(h.is_empty(), "no port yet: nothing offered");
+        leg.port.set(5301).unwrap();
+        answer_write(&leg, "data", b"dir/f", false, &mut h);
+        assert_eq!(h.get(COPY_HEADER).unwrap(), "v=1; port=5301");
+        let offer = Offer::parse(h.get(HEADER).unwrap().as_bytes()).unwrap();
+        assert_eq!(h.get(hyper::header::CACHE_CONTROL).unwrap(), "no-store");
+        assert!(
+            !leg.book.encrypted_only(&offer.id),
+            "issued over plain HTTP"
+        );
+        let g =
+            Grant::decode(&leg.book.redeem(&offer.id, SERVICE, Instant::now()).unwrap()).unwrap();
+        assert_eq!(g.direction, Direction::Push);
+        assert_eq!(
+            (g.export.as_str(), g.path.as_slice()),
+            ("data", &b"dir/f"[..])
+        );
+        // A read request on the same file gets a pull grant instead.
+        let mut req = hyper::HeaderMap::new();
+        req.insert(HEADER, hyper::header::HeaderValue::from_static("read"));
+        let mut h = hyper::HeaderMap::new();
+        answer(&leg, &req, "data", b"dir/f", true, &mut h);
+        let offer = Offer::parse(h.get(HEADER).unwrap().as_bytes()).unwrap();
+        let g =
+            Grant::decode(&leg.book.redeem(&offer.id, SERVICE, Instant::now()).unwrap()).unwrap();
+        assert_eq!(g.direction, Direction::Pull);
+        // Over HTTPS: it opens only encrypted sessions (an HTTP one not).
+        assert!(leg.book.encrypted_only(&offer.id));
+        // A GET/HEAD never issues a write ticket.
+        req.insert(HEADER, hyper::header::HeaderValue::from_static("write"));
+        let mut h = hyper::HeaderMap::new();
+        answer(&leg, &req, "data", b"dir/f", true, &mut h);
+        assert!(h.get(HEADER).is_none());
     }
 }

@@ -54,39 +54,59 @@ pub(super) fn open_tcp_streams(
 
 /// Dials the data connections `ids` (with this end's role on each), in
 /// parallel, configured by `p`; sorted by id.
+///
+/// Up to [`DIALERS`] are set up at once, all on the calling thread (the
+/// engine's [`open_data_many`](ClientSession::open_data_many)): one at a
+/// time, a thousand streams over a 250 ms path would take minutes of round
+/// trips before the test even starts, and a thread each in flight made
+/// the client's set-up its thread peak.
 pub(super) fn dial_tcp_streams(
     session: &ClientSession,
     p: &TestParams,
     ids: &[(u32, Role)],
 ) -> Result<Vec<Dialed>> {
-    // Dial in parallel: one at a time, a thousand streams over a 250 ms
-    // path would take minutes of round trips before the test even starts.
-    let dialers = (ids.len() as u32).clamp(1, DIALERS) as usize;
-    let results: Vec<Result<Vec<Dialed>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..dialers)
-            .map(|first| {
-                scope.spawn(move || {
-                    ids.iter()
-                        .skip(first)
-                        .step_by(dialers)
-                        .map(|&(id, role)| open_tcp_stream(session, p, id, role))
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(EngineError::Service("a dialing thread panicked".into()))
-                })
-            })
-            .collect()
+    let roles: HashMap<u32, Role> = ids.iter().copied().collect();
+    let tags: Vec<u32> = ids.iter().map(|&(id, _)| id).collect();
+    // Each socket's warnings, from its last configuration (a slow connect
+    // is dialled again on a fresh socket).
+    let warned = std::sync::Mutex::new(HashMap::<u32, Vec<String>>::new());
+    let configure = |id: u32, sock: &socket2::Socket| {
+        let mut w = Vec::new();
+        if let Some(&role) = roles.get(&id) {
+            data::configure_tcp(sock, p, role, &mut w);
+        }
+        warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, w);
+        Ok(())
+    };
+    let dial = fatpipe_engine::dial::DataDial {
+        tags: &tags,
+        attach: fatpipe_engine::dial::Attach::Acked,
+        configure: Some(&configure),
+        at_once: DIALERS as usize,
+    };
+    let mut opened = Vec::with_capacity(ids.len());
+    let mut failed = None;
+    session.open_data_many(&dial, &mut |id, r| match r {
+        Ok(tcp) => opened.push((id, tcp)),
+        Err(e) => {
+            failed.get_or_insert((id, e));
+        }
     });
-    let mut streams = Vec::with_capacity(ids.len());
-    for r in results {
-        streams.extend(r?);
+    if let Some((_, e)) = failed {
+        return Err(e);
     }
+    let mut warned = warned.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut streams: Vec<Dialed> = opened
+        .into_iter()
+        .map(|(id, tcp)| {
+            let role = roles.get(&id).copied().unwrap_or(Role::Send);
+            let w = warned.remove(&id).unwrap_or_default();
+            (new_stream(id, role, Sock::Tcp(tcp), p), w)
+        })
+        .collect();
     streams.sort_by_key(|(s, _)| s.id);
     Ok(streams)
 }
@@ -94,22 +114,10 @@ pub(super) fn dial_tcp_streams(
 /// A dialed stream and the warnings its socket options raised.
 pub(super) type Dialed = (Stream, Vec<String>);
 
-/// Most data connections a client dials at once.
-pub(super) const DIALERS: u32 = 64;
-
-pub(super) fn open_tcp_stream(
-    session: &ClientSession,
-    p: &TestParams,
-    id: u32,
-    role: Role,
-) -> Result<Dialed> {
-    let mut w = Vec::new();
-    let tcp = session.open_data_with(id, |sock| {
-        data::configure_tcp(sock, p, role, &mut w);
-        Ok(())
-    })?;
-    Ok((new_stream(id, role, Sock::Tcp(tcp), p), w))
-}
+/// Most data connections a client sets up at once (on one thread: 1,024
+/// streams in eight waves of a few round trips; half the server's
+/// per-source handshake cap, 256, left to another client on the host).
+pub(super) const DIALERS: u32 = 128;
 
 /// UDP: one socket per stream connected to the server's port for it; hellos
 /// carrying the cookie tell the server where the client is, repeated until

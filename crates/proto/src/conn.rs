@@ -256,6 +256,13 @@ pub trait Tickets: Send + Sync + std::fmt::Debug {
     /// Spends the ticket on a session of `service`: what it grants, or
     /// `None` if it is unknown, expired, spent or not for this service.
     fn redeem(&self, id: &TicketId, service: &str, now: Instant) -> Option<Vec<u8>>;
+    /// Whether the ticket opens only sessions encrypted with its own key
+    /// (one issued over HTTPS: its sessions must not travel in the clear;
+    /// docs/protocol.md, "Encrypted with a ticket"). The engine enforces
+    /// it. Default: no.
+    fn encrypted_only(&self, _id: &TicketId) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

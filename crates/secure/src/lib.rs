@@ -27,8 +27,9 @@
 pub mod keys;
 pub mod record;
 mod stream;
+pub mod ticket;
 pub mod tls;
 
 pub use record::RecordError;
 pub use stream::{Encryption, Stream};
-pub use tls::{client_handshake, is_tls_start, server_handshake, TlsError};
+pub use tls::{client_handshake, is_tls_start, server_handshake, Handshake, TlsError, Want};

@@ -55,9 +55,10 @@ pub enum TlsError {
     Record(#[from] RecordError),
 }
 
-/// The client's TLS setup for one pre-shared key; cheap to clone.
+/// The client's TLS setup for one pre-shared key (or one-time ticket),
+/// and the server name its `ClientHello` sends; cheap to clone.
 #[derive(Clone)]
-pub struct ClientTls(Arc<ClientConfig>);
+pub struct ClientTls(Arc<ClientConfig>, ServerName<'static>);
 
 /// The server's TLS setup for one pre-shared key; cheap to clone.
 #[derive(Clone)]
@@ -78,6 +79,23 @@ impl std::fmt::Debug for ServerTls {
 impl ClientTls {
     /// A client that accepts only the server identity of `psk`.
     pub fn new(psk: &[u8]) -> Result<ClientTls, TlsError> {
+        ClientTls::with_name(psk, SERVER_NAME)
+    }
+
+    /// A client of the session a one-time ticket opens: it accepts only
+    /// the identity derived from the ticket, and names the ticket's id in
+    /// its `ClientHello` (SNI) so that the server finds the key
+    /// ([`crate::ticket`]).
+    pub fn ticket(id: &[u8; 16], key: &[u8]) -> Result<ClientTls, TlsError> {
+        ClientTls::with_name(
+            &crate::ticket::material(id, key),
+            &crate::ticket::server_name(id),
+        )
+    }
+
+    fn with_name(psk: &[u8], name: &str) -> Result<ClientTls, TlsError> {
+        let name = ServerName::try_from(name.to_string())
+            .map_err(|e| TlsError::Identity(e.to_string()))?;
         let identity = Identity::derive(psk)?;
         let provider = Arc::new(fatpipe_provider());
         let verifier = Arc::new(PskVerifier {
@@ -92,13 +110,28 @@ impl ClientTls {
             .with_no_client_auth();
         config.enable_secret_extraction = true;
         config.resumption = rustls::client::Resumption::disabled();
-        Ok(ClientTls(Arc::new(config)))
+        Ok(ClientTls(Arc::new(config), name))
+    }
+
+    /// The server name the `ClientHello` sends (SNI).
+    pub fn server_name(&self) -> ServerName<'static> {
+        self.1.clone()
     }
 }
 
 impl ServerTls {
     /// A server presenting the identity of `psk`.
     pub fn new(psk: &[u8]) -> Result<ServerTls, TlsError> {
+        ServerTls::derived(psk)
+    }
+
+    /// A server presenting the identity of one-time ticket `id` (key
+    /// `key`): what [`ClientTls::ticket`] accepts.
+    pub fn ticket(id: &[u8; 16], key: &[u8]) -> Result<ServerTls, TlsError> {
+        ServerTls::derived(&crate::ticket::material(id, key))
+    }
+
+    fn derived(psk: &[u8]) -> Result<ServerTls, TlsError> {
         let identity = Identity::derive(psk)?;
         let mut config = ServerConfig::builder_with_provider(Arc::new(fatpipe_provider()))
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -138,10 +171,7 @@ pub fn client_handshake(
     tcp: TcpStream,
     timeout: Duration,
 ) -> Result<Stream, TlsError> {
-    let name = ServerName::try_from(SERVER_NAME)
-        .map_err(|e| TlsError::Identity(e.to_string()))?
-        .to_owned();
-    let conn = ClientConnection::new(tls.config(), name).map_err(TlsError::Tls)?;
+    let conn = ClientConnection::new(tls.config(), tls.server_name()).map_err(TlsError::Tls)?;
     finish(Connection::Client(conn), tcp, Instant::now() + timeout)
 }
 
@@ -168,7 +198,11 @@ fn fatpipe_provider() -> CryptoProvider {
 
 /// Drives the handshake to its end, then moves the traffic keys into a
 /// [`Stream`].
-fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result<Stream, TlsError> {
+pub(crate) fn finish(
+    mut conn: Connection,
+    mut tcp: TcpStream,
+    deadline: Instant,
+) -> Result<Stream, TlsError> {
     let mut record = Vec::with_capacity(HEADER + MAX_CIPHERTEXT);
     loop {
         while conn.wants_write() {
@@ -190,6 +224,12 @@ fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result
             return Err(classify(e));
         }
     }
+    into_stream(conn, tcp)
+}
+
+/// Moves a finished handshake's traffic keys into a [`Stream`] on `tcp`,
+/// whose read and write timeouts are cleared.
+fn into_stream(conn: Connection, tcp: TcpStream) -> Result<Stream, TlsError> {
     let suite = conn
         .negotiated_cipher_suite()
         .and_then(|s| s.suite().as_str())
@@ -210,8 +250,241 @@ fn finish(mut conn: Connection, mut tcp: TcpStream, deadline: Instant) -> Result
     ))
 }
 
+/// What a non-blocking handshake waits for before it can go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// The socket to be readable.
+    Read,
+    /// The socket to be writable.
+    Write,
+    /// Nothing: the handshake is over ([`Handshake::into_stream`]).
+    Done,
+    /// The server's identity: the `ClientHello` is in
+    /// ([`Handshake::accept`], then [`Handshake::choose`]).
+    Identity,
+}
+
+/// A TLS handshake on a non-blocking socket, for a caller that drives
+/// many at once on one thread (the engine's dialer and its server's
+/// pre-authentication driver): call [`advance`](Self::advance) whenever
+/// the socket is ready for what it last wanted, then
+/// [`into_stream`](Self::into_stream). It ends in the same [`Stream`] as
+/// [`client_handshake`] and [`server_handshake`] and, like them, reads
+/// whole records one at a time, so nothing after the handshake is left
+/// inside rustls. The caller keeps the time limit (its error is
+/// [`TlsError::Timeout`]).
+pub struct Handshake {
+    phase: Phase,
+    /// The record being read: `record[..have]` has arrived.
+    record: Vec<u8>,
+    have: usize,
+}
+
+/// Where a [`Handshake`] is.
+enum Phase {
+    /// A server reading the `ClientHello` before it chooses its identity
+    /// ([`Handshake::accept`]).
+    Accepting(Box<rustls::server::Acceptor>),
+    /// The `ClientHello` is in: [`Handshake::choose`] is next.
+    Accepted(Box<rustls::server::Accepted>),
+    /// Between the two, and after a failed choice.
+    Gone,
+    /// Running, with its identity.
+    Running(Box<Connection>),
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handshake")
+    }
+}
+
+impl Handshake {
+    /// The client's handshake, trusting the server identity of `tls`;
+    /// nothing is sent before the first [`advance`](Self::advance).
+    pub fn client(tls: &ClientTls) -> Result<Handshake, TlsError> {
+        let conn = ClientConnection::new(tls.config(), tls.server_name()).map_err(TlsError::Tls)?;
+        Ok(Handshake::of(Phase::Running(Box::new(Connection::Client(
+            conn,
+        )))))
+    }
+
+    /// The server's handshake, presenting the identity of `tls`.
+    pub fn server(tls: &ServerTls) -> Result<Handshake, TlsError> {
+        let conn = ServerConnection::new(tls.config()).map_err(TlsError::Tls)?;
+        Ok(Handshake::of(Phase::Running(Box::new(Connection::Server(
+            conn,
+        )))))
+    }
+
+    /// The server's handshake when its identity depends on the server
+    /// name the client asks for (a one-time ticket's, [`crate::ticket`]):
+    /// [`advance`](Self::advance) says [`Want::Identity`] once the
+    /// `ClientHello` is in; then [`server_name`](Self::server_name) and
+    /// [`choose`](Self::choose), and on.
+    pub fn accept() -> Handshake {
+        Handshake::of(Phase::Accepting(Box::default()))
+    }
+
+    /// The server name (SNI) of the `ClientHello`, once
+    /// [`advance`](Self::advance) said [`Want::Identity`].
+    pub fn server_name(&self) -> Option<String> {
+        match &self.phase {
+            Phase::Accepted(a) => a.client_hello().server_name().map(str::to_string),
+            _ => None,
+        }
+    }
+
+    /// Goes on with the identity of `tls` after [`Want::Identity`]; a
+    /// refusal's alert is written to `io`.
+    pub fn choose(&mut self, tls: &ServerTls, mut io: impl io::Write) -> Result<(), TlsError> {
+        let Phase::Accepted(a) = std::mem::replace(&mut self.phase, Phase::Gone) else {
+            return Err(TlsError::Tls(rustls::Error::General(
+                "no ClientHello to answer".into(),
+            )));
+        };
+        match a.into_connection(tls.config()) {
+            Ok(c) => {
+                self.phase = Phase::Running(Box::new(Connection::Server(c)));
+                Ok(())
+            }
+            Err((e, mut alert)) => {
+                let _ = alert.write_all(&mut io);
+                Err(classify(e))
+            }
+        }
+    }
+
+    fn of(phase: Phase) -> Handshake {
+        Handshake {
+            phase,
+            record: vec![0; HEADER],
+            have: 0,
+        }
+    }
+
+    /// Goes as far as `io` (a non-blocking socket) lets it: writes what
+    /// rustls has to send, reads and processes whole records, and says
+    /// what it waits for next. An error ends the handshake (an alert
+    /// telling the peer why has been tried).
+    pub fn advance(&mut self, mut io: impl Read + io::Write) -> Result<Want, TlsError> {
+        loop {
+            match &mut self.phase {
+                Phase::Running(conn) => {
+                    while conn.wants_write() {
+                        match conn.write_tls(&mut io) {
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(Want::Write)
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(TlsError::Io(e)),
+                        }
+                    }
+                    if !conn.is_handshaking() {
+                        return Ok(Want::Done);
+                    }
+                }
+                Phase::Accepting(_) => {}
+                Phase::Accepted(_) => return Ok(Want::Identity),
+                Phase::Gone => {
+                    return Err(TlsError::Tls(rustls::Error::General(
+                        "the handshake was refused".into(),
+                    )))
+                }
+            }
+            let need = if self.have < HEADER {
+                HEADER
+            } else {
+                self.record.len()
+            };
+            match io.read(&mut self.record[self.have..need]) {
+                Ok(0) => {
+                    return Err(TlsError::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection during the TLS handshake",
+                    )))
+                }
+                Ok(n) => self.have += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Want::Read),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(TlsError::Io(e)),
+            }
+            if self.have == HEADER && self.record.len() == HEADER {
+                let len = usize::from(u16::from_be_bytes([self.record[3], self.record[4]]));
+                if len > MAX_CIPHERTEXT {
+                    return Err(RecordError::Oversized(len).into());
+                }
+                self.record.resize(HEADER + len, 0);
+            }
+            if self.have < HEADER || self.have < self.record.len() {
+                continue;
+            }
+            // A whole record: rustls takes all of it.
+            let record = std::mem::take(&mut self.record);
+            let taken = self.take_record(&record, &mut io);
+            self.record = record;
+            self.record.truncate(HEADER);
+            self.have = 0;
+            taken?;
+        }
+    }
+
+    /// Hands one whole record to rustls (or to the acceptor).
+    fn take_record(&mut self, record: &[u8], io: &mut impl io::Write) -> Result<(), TlsError> {
+        match &mut self.phase {
+            Phase::Running(conn) => {
+                conn.read_tls(&mut &record[..])?;
+                if let Err(e) = conn.process_new_packets() {
+                    while conn.wants_write() {
+                        if conn.write_tls(io).is_err() {
+                            break;
+                        }
+                    }
+                    return Err(classify(e));
+                }
+                Ok(())
+            }
+            Phase::Accepting(acceptor) => {
+                acceptor.read_tls(&mut &record[..])?;
+                match acceptor.accept() {
+                    Ok(Some(a)) => {
+                        self.phase = Phase::Accepted(Box::new(a));
+                        Ok(())
+                    }
+                    Ok(None) => Ok(()),
+                    Err((e, mut alert)) => {
+                        let _ = alert.write_all(io);
+                        self.phase = Phase::Gone;
+                        Err(classify(e))
+                    }
+                }
+            }
+            Phase::Accepted(_) | Phase::Gone => Ok(()),
+        }
+    }
+
+    /// The encrypted stream on `tcp` once [`advance`](Self::advance) said
+    /// [`Want::Done`] (an error before). `tcp` keeps its blocking mode;
+    /// its timeouts are cleared.
+    pub fn into_stream(self, tcp: TcpStream) -> Result<Stream, TlsError> {
+        match self.phase {
+            Phase::Running(conn) if !conn.is_handshaking() && !conn.wants_write() => {
+                into_stream(*conn, tcp)
+            }
+            _ => Err(TlsError::Tls(rustls::Error::General(
+                "the handshake is not over".into(),
+            ))),
+        }
+    }
+}
+
 /// Reads exactly one TLS record (header and body) into `out`.
-fn read_record(tcp: &mut TcpStream, out: &mut Vec<u8>, deadline: Instant) -> Result<(), TlsError> {
+pub(crate) fn read_record(
+    tcp: &mut TcpStream,
+    out: &mut Vec<u8>,
+    deadline: Instant,
+) -> Result<(), TlsError> {
     out.clear();
     out.resize(HEADER, 0);
     read_exact_by(tcp, &mut out[..], deadline)?;
@@ -266,7 +539,7 @@ fn timeout_or(e: io::Error) -> TlsError {
     }
 }
 
-fn classify(e: rustls::Error) -> TlsError {
+pub(crate) fn classify(e: rustls::Error) -> TlsError {
     match e {
         rustls::Error::InvalidCertificate(_) => TlsError::WrongServerKey,
         rustls::Error::AlertReceived(a) => TlsError::PeerAlert(format!("{a:?}")),
@@ -446,6 +719,164 @@ mod tests {
         }
         let got = reader.join().unwrap().expect("the reader saw a clean end");
         assert_eq!(got, sent);
+    }
+
+    /// Drives a non-blocking client handshake on `c` to its end (or error).
+    fn drive(hs: &mut Handshake, c: &TcpStream) -> Result<Vec<Want>, TlsError> {
+        c.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut wants = Vec::new();
+        loop {
+            let w = hs.advance(c)?;
+            wants.push(w);
+            if w == Want::Done {
+                return Ok(wants);
+            }
+            assert!(Instant::now() < deadline, "the handshake never finished");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_non_blocking_handshake_ends_in_the_same_stream() {
+        let (c, s) = pair();
+        let server_tls = ServerTls::new(KEY).unwrap();
+        let server = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut s = server_handshake(&server_tls, s, deadline).unwrap();
+            let mut got = vec![0u8; 5];
+            s.read_exact(&mut got).unwrap();
+            s.write_all(b"world").unwrap();
+            got
+        });
+        let mut hs = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
+        // Not over yet: no stream.
+        let early = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
+        assert!(early.into_stream(c.try_clone().unwrap()).is_err());
+        let wants = drive(&mut hs, &c).unwrap();
+        // It waited for the server's flight at least once.
+        assert!(wants.contains(&Want::Read), "{wants:?}");
+        c.set_nonblocking(false).unwrap();
+        let mut stream = hs.into_stream(c).unwrap();
+        assert_eq!(stream.encryption().map(|e| e.protocol), Some("TLS 1.3"));
+        stream.write_all(b"hello").unwrap();
+        let mut back = [0u8; 5];
+        stream.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"world");
+        assert_eq!(server.join().unwrap(), b"hello");
+    }
+
+    #[test]
+    fn a_non_blocking_server_handshake_ends_in_the_same_stream() {
+        let (c, s) = pair();
+        let client = thread::spawn(move || {
+            let tls = ClientTls::new(KEY).unwrap();
+            let mut c = client_handshake(&tls, c, Duration::from_secs(10)).unwrap();
+            c.write_all(b"hello").unwrap();
+            let mut got = vec![0u8; 5];
+            c.read_exact(&mut got).unwrap();
+            got
+        });
+        let mut hs = Handshake::server(&ServerTls::new(KEY).unwrap()).unwrap();
+        drive(&mut hs, &s).unwrap();
+        s.set_nonblocking(false).unwrap();
+        let mut stream = hs.into_stream(s).unwrap();
+        let mut got = [0u8; 5];
+        stream.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello");
+        stream.write_all(b"world").unwrap();
+        assert_eq!(client.join().unwrap(), b"world");
+    }
+
+    /// Drives a non-blocking accepting server handshake on `s`, choosing
+    /// the identity with `choose` from the name the client asked for.
+    fn drive_accept(
+        s: &TcpStream,
+        choose: impl Fn(Option<&str>) -> ServerTls,
+    ) -> Result<(Handshake, Option<String>), TlsError> {
+        s.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut hs = Handshake::accept();
+        let mut named = None;
+        loop {
+            match hs.advance(s)? {
+                Want::Done => return Ok((hs, named)),
+                Want::Identity => {
+                    named = hs.server_name();
+                    hs.choose(&choose(named.as_deref()), s)?;
+                }
+                Want::Read | Want::Write => {
+                    assert!(Instant::now() < deadline, "the handshake never finished");
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_non_blocking_server_chooses_its_identity_by_the_name_asked_for() {
+        const ID: [u8; 16] = [9; 16];
+        const TICKET_KEY: [u8; 32] = [3; 32];
+        let (c, s) = pair();
+        let client = thread::spawn(move || {
+            let tls = ClientTls::ticket(&ID, &TICKET_KEY).unwrap();
+            let mut c = client_handshake(&tls, c, Duration::from_secs(10)).unwrap();
+            c.write_all(b"hello").unwrap();
+            let mut got = vec![0u8; 5];
+            c.read_exact(&mut got).unwrap();
+            got
+        });
+        let (hs, named) = drive_accept(&s, |name| {
+            let id = name.and_then(crate::ticket::parse_name).unwrap();
+            ServerTls::ticket(&id, &TICKET_KEY).unwrap()
+        })
+        .unwrap();
+        assert_eq!(named, Some(crate::ticket::server_name(&ID)));
+        s.set_nonblocking(false).unwrap();
+        let mut stream = hs.into_stream(s).unwrap();
+        let mut got = [0u8; 5];
+        stream.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello");
+        stream.write_all(b"world").unwrap();
+        assert_eq!(client.join().unwrap(), b"world");
+
+        // The pre-shared key's client names no ticket; an identity of
+        // another key is refused by the client.
+        let (c, s) = pair();
+        let client = thread::spawn(move || {
+            client_handshake(&ClientTls::new(KEY).unwrap(), c, Duration::from_secs(10)).map(|_| ())
+        });
+        let r = drive_accept(&s, |name| {
+            assert!(
+                name.and_then(crate::ticket::parse_name).is_none(),
+                "{name:?}"
+            );
+            ServerTls::new(b"another key").unwrap()
+        });
+        assert!(r.is_err());
+        let err = client.join().unwrap().unwrap_err();
+        assert!(matches!(err, TlsError::WrongServerKey), "{err}");
+    }
+
+    #[test]
+    fn a_non_blocking_handshake_refuses_another_key_and_a_closed_peer() {
+        let (c, s) = pair();
+        let server_tls = ServerTls::new(b"the server's other key").unwrap();
+        let server = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            server_handshake(&server_tls, s, deadline).map(|_| ())
+        });
+        let mut hs = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
+        let err = drive(&mut hs, &c).unwrap_err();
+        assert!(matches!(err, TlsError::WrongServerKey), "{err}");
+        let server_err = server.join().unwrap().unwrap_err();
+        assert!(matches!(server_err, TlsError::PeerAlert(_)), "{server_err}");
+
+        let (c, s) = pair();
+        drop(s);
+        let mut hs = Handshake::client(&ClientTls::new(KEY).unwrap()).unwrap();
+        let err = drive(&mut hs, &c).unwrap_err();
+        assert!(matches!(err, TlsError::Io(_)), "{err}");
     }
 
     #[test]

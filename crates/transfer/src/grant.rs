@@ -112,5 +112,16 @@ mod tests {
         assert_eq!(Grant::decode(b"read\0data\0x"), None);
         assert_eq!(Grant::decode(b"pull\0data"), None);
         assert_eq!(Grant::decode(b"pull\0\0x"), None);
+        // A ticket to write (a push over the leg) does not read, nor
+        // write into its name as a directory, nor another file.
+        let w = Grant {
+            direction: Direction::Push,
+            ..g
+        };
+        assert_eq!(Grant::decode(&w.encode()), Some(w.clone()));
+        assert!(w.allows(&req(Direction::Push, "data", &["a/b.bin"], false)));
+        assert!(!w.allows(&req(Direction::Pull, "data", &["a/b.bin"], false)));
+        assert!(!w.allows(&req(Direction::Push, "data", &["a/b.bin/"], false)));
+        assert!(!w.allows(&req(Direction::Push, "data", &["a/c.bin"], false)));
     }
 }

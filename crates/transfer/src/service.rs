@@ -262,6 +262,38 @@ impl Conn for EngineConn {
         let s = self.0.open_data_then(tag, hello).map_err(classify)?;
         Ok(self.tuned(tag, s))
     }
+
+    /// All on the calling thread: the engine drives every connection's
+    /// set-up in flight on one poll (a thread each made a `copy -P 256`
+    /// client's set-up its thread peak).
+    fn open_many(
+        &self,
+        tags: &[u32],
+        push: bool,
+        hello: &[u8],
+        ready: &mut dyn FnMut(Result<Stream, CopyError>),
+    ) {
+        use fatpipe_engine::dial::{Attach, DataDial};
+        let dial = DataDial {
+            tags,
+            attach: if push {
+                Attach::Early
+            } else {
+                Attach::Then(hello)
+            },
+            configure: None,
+            at_once: session::AT_ONCE,
+        };
+        self.0.open_data_many(&dial, &mut |tag, r| {
+            ready(r.map_err(classify).and_then(|s| {
+                let mut s = self.tuned(tag, s);
+                if push {
+                    std::io::Write::write_all(&mut s, hello).map_err(session::net)?;
+                }
+                Ok(s)
+            }))
+        });
+    }
 }
 
 /// What auto-tuning sets on this end's data sockets; the server's share

@@ -149,6 +149,8 @@ fn issue_34_a_thousand_streams_each_way_run_on_a_few_threads_and_all_move_data()
     let streams = STREAMS.to_string();
     let big = Client::spawn(&dir, port, &["--bidir", "-P", &streams, "-t", "3"]);
     let client_pid = big.guard.0.id();
+    // From the start: the set-up (2,048 connections dialled, attached) too.
+    let peak = Peak::watch(&[client_pid, server_pid]);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let bound = 4 * cores + 16;
     // Read at every interval line: data flows then, every stream attached.
@@ -174,6 +176,7 @@ fn issue_34_a_thousand_streams_each_way_run_on_a_few_threads_and_all_move_data()
         most.0,
         most.1
     );
+    peak.end().within(bound);
     assert_eq!(end.streams.len(), 2 * STREAMS as usize);
     let bytes: Vec<u64> = end.streams.iter().map(|s| s.bytes).collect();
     let mean = bytes.iter().sum::<u64>() / bytes.len() as u64;
@@ -211,6 +214,8 @@ fn issue_34_encrypted_test_streams_run_on_the_same_few_threads_and_all_move_data
         &[&args[..], &["--bidir", "-P", "256", "-t", "3"]].concat(),
     );
     let client_pid = big.guard.0.id();
+    // From the start: 512 TLS handshakes at set-up.
+    let peak = Peak::watch(&[client_pid, server_pid]);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let bound = 4 * cores + 16;
     let mut most = (0, 0);
@@ -235,6 +240,7 @@ fn issue_34_encrypted_test_streams_run_on_the_same_few_threads_and_all_move_data
         most.0,
         most.1
     );
+    peak.end().within(bound);
     assert_eq!(end.streams.len(), 512);
     let bytes: Vec<u64> = end.streams.iter().map(|s| s.bytes).collect();
     let mean = bytes.iter().sum::<u64>() / bytes.len() as u64;
@@ -322,6 +328,16 @@ fn issue_34_an_encrypted_256_stream_copy_runs_on_the_same_few_threads() {
     // TLS streams are the same tasks: the record layer works on a
     // non-blocking socket (a write that would block keeps what it sealed).
     copy_256(true);
+}
+
+#[test]
+fn issue_34_a_256_stream_pull_sets_up_on_a_few_threads_each_end() {
+    copy_256_pull(false);
+}
+
+#[test]
+fn issue_34_an_encrypted_256_stream_pull_sets_up_on_a_few_threads_each_end() {
+    copy_256_pull(true);
 }
 
 #[test]
@@ -417,6 +433,9 @@ fn copy_256(encrypt: bool) {
         .stderr(Stdio::piped());
     let client = Guard(copy.spawn().expect("spawn fatpipe copy"));
     let client_pid = client.0.id();
+    // From the start: the set-up dialled 256 connections (with a thread
+    // each in flight, up to 32, before the dialer).
+    let peak = Peak::watch(&[client_pid, server_pid]);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let bound = 4 * cores + 16;
     // Data flows on every connection once the server attached each: it
@@ -456,6 +475,7 @@ fn copy_256(encrypt: bool) {
         }
     }
     let out = client.wait();
+    let peak = peak.end();
     assert_exit(&out, 0);
     let j = json(&out);
     assert_eq!(j["files_verified"], 1, "{j}");
@@ -470,6 +490,7 @@ fn copy_256(encrypt: bool) {
         "threads while data flowed ({samples} samples): client {}, server {} (bound {bound})",
         most.0, most.1
     );
+    peak.within(bound);
     assert!(samples > 0, "never saw every connection moving data");
     assert!(
         most.0 <= bound && most.1 <= bound,
@@ -494,6 +515,104 @@ fn copy_256(encrypt: bool) {
         "a data connection moved only {} bytes (mean {mean})",
         data[0]
     );
+}
+
+/// `copy -P 256` pulling 64 MiB from a server's export, with `--encrypt`
+/// or not: each end's thread peak from the client's start to its exit
+/// (the set-up dials, handshakes and waits for 256 acknowledgements)
+/// within 4 x cores + 16, the copy whole.
+fn copy_256_pull(encrypt: bool) {
+    let dir = setup();
+    let exp = mkdir(&dir.path().join("export"));
+    let to = mkdir(&dir.path().join("to"));
+    random_file(&exp.join("f.bin"), 64 << 20, 35);
+    let key = dir.path().join("key");
+    crate::util::write_key(&key, "copy-256-pull-key-0123456789\n");
+    let mut cmd = dir.cmd();
+    cmd.args(["server", "--bind", "127.0.0.1", "--port", "0", "--quiet"])
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--export")
+        .arg(format!("data={}", exp.display()));
+    let (srv, port) = spawn_server(cmd);
+    let mut copy = dir.cmd();
+    copy.args(["copy", "--port", &port.to_string(), "--json", "-P", "256"])
+        .args(["--chunk-size", "64K", "--no-auto"])
+        .arg("--key-file")
+        .arg(&key)
+        .args(encrypt.then_some("--encrypt"))
+        .arg("127.0.0.1:data/f.bin")
+        .arg(&to)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let client = Guard(copy.spawn().expect("spawn fatpipe copy"));
+    let peak = Peak::watch(&[client.0.id(), srv.0.id()]);
+    let until = std::time::Instant::now() + DEADLINE;
+    while !client_exited(&client) {
+        assert!(std::time::Instant::now() < until, "the pull did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = client.wait();
+    let peak = peak.end();
+    assert_exit(&out, 0);
+    let j = json(&out);
+    assert_eq!(j["streams"], 256, "{j}");
+    assert_eq!(j["encryption"].is_object(), encrypt, "{j}");
+    assert_eq!(
+        std::fs::read(exp.join("f.bin")).ok(),
+        std::fs::read(to.join("f.bin")).ok(),
+        "the copy differs from its source"
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    peak.within(4 * cores + 16);
+}
+
+/// The most threads each of some processes ran, sampled from
+/// `/proc/PID/status` every millisecond on a thread of its own from
+/// [`Peak::watch`] to [`Peak::end`]: set-up included, where a thread per
+/// connection being dialled made the peak.
+struct Peak {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    watcher: std::thread::JoinHandle<Vec<u64>>,
+}
+
+/// What [`Peak::end`] found: each process's most threads, in order.
+struct Peaks(Vec<u64>);
+
+impl Peak {
+    fn watch(pids: &[u32]) -> Peak {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (pids, halt) = (pids.to_vec(), std::sync::Arc::clone(&stop));
+        let watcher = std::thread::spawn(move || {
+            let mut most = vec![0; pids.len()];
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                for (m, &pid) in most.iter_mut().zip(&pids) {
+                    *m = (*m).max(status(pid, "Threads:"));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            most
+        });
+        Peak { stop, watcher }
+    }
+
+    fn end(self) -> Peaks {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        Peaks(self.watcher.join().expect("the thread watcher"))
+    }
+}
+
+impl Peaks {
+    /// Asserts each peak (client first, then server) is at most `bound`.
+    fn within(&self, bound: u64) {
+        eprintln!("thread peaks from the start (client, server): {:?}", self.0);
+        assert!(self.0.iter().all(|&n| n > 0), "never sampled: {:?}", self.0);
+        assert!(
+            self.0.iter().all(|&n| n <= bound),
+            "thread peaks (client, server) {:?} over 4 x cores + 16 = {bound}",
+            self.0
+        );
+    }
 }
 
 /// A copy client beside the test.

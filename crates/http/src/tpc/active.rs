@@ -205,6 +205,9 @@ enum Local {
     Push {
         file: File,
         size: u64,
+        /// Where it is (the leg pushes it by name).
+        parent: Dir,
+        name: Vec<u8>,
     },
 }
 
@@ -228,6 +231,8 @@ struct Job {
     leg_min: u64,
     /// The ticket the source's `HEAD` answered with, if any.
     offer: Mutex<Option<Result<crate::ticket::Offer, String>>>,
+    /// A pull (only a pull's `HEAD` asks for a ticket to read).
+    pull: bool,
 }
 
 type Started = tokio::sync::oneshot::Sender<Result<(), (StatusCode, String)>>;
@@ -276,6 +281,7 @@ pub(crate) async fn start(sh: &Rc<Shared>, t: &Target, headers: &HeaderMap, c: C
         leg: set.leg,
         leg_min: set.leg_min,
         offer: Mutex::new(None),
+        pull: matches!(c.mode, Mode::Pull(_)),
     };
     if let Local::Pull {
         parent, name, tmp, ..
@@ -418,7 +424,7 @@ fn prepare_push(sh: &Shared, t: &Target, headers: &HeaderMap) -> Result<Local, R
     let f = export_of(sh, t)?;
     authorize(sh, headers, f.export, t, Perm::Read)?;
     let o = object(&f, t)?;
-    let (Some(parent), Some(meta)) = (&o.parent, o.meta) else {
+    let (Some(parent), Some(meta)) = (o.parent, o.meta) else {
         return Err(text(StatusCode::NOT_FOUND, "no such file"));
     };
     if hidden(&o.name) {
@@ -440,6 +446,8 @@ fn prepare_push(sh: &Shared, t: &Target, headers: &HeaderMap) -> Result<Local, R
     Ok(Local::Push {
         file,
         size: meta.size,
+        parent,
+        name: o.name,
     })
 }
 
@@ -464,12 +472,25 @@ fn run(job: Job, local: Local, started: Started) {
             let _ = started.send(Err((StatusCode::INTERNAL_SERVER_ERROR, why.clone())));
             Err(why)
         }
-        Local::Push { file, size } => {
+        Local::Push {
+            file,
+            size,
+            parent,
+            name,
+        } => {
             if let Ok(addrs) = resolve_allowed(&job.remote, &job.policy) {
                 lock(&job.state.remote).extend(addrs.into_iter().take(1));
             }
             let _ = started.send(Ok(()));
-            push(&job, file, size)
+            push(
+                &job,
+                file,
+                size,
+                leg::Src {
+                    parent: &parent,
+                    name: &name,
+                },
+            )
         }
     };
     state.end(result);
@@ -1230,10 +1251,22 @@ fn ranged(
     Ok(order.hasher.finish())
 }
 
-fn push(job: &Job, file: File, size: u64) -> Result<String, String> {
+fn push(job: &Job, file: File, size: u64, src: leg::Src<'_>) -> Result<String, String> {
     let rt = pool::runtime().ok_or("no runtime for the copy's connections")?;
     let url = &job.remote;
     let state = &job.state;
+    // Over the copy protocol when the destination is a fatpipe server
+    // that gives a ticket to write the file; else (or if that fails
+    // before a byte moved) HTTP.
+    let note = if job.leg && size >= job.leg_min {
+        match push_leg(job, rt, &file, src) {
+            PushLeg::Done(done) => return Ok(done),
+            PushLeg::Failed(why) => return Err(why),
+            PushLeg::NotUsed(note) => note,
+        }
+    } else {
+        None
+    };
     rt.block_on(async {
         let mut conn = match pool::take(url) {
             Some(c) => c,
@@ -1327,6 +1360,132 @@ fn push(job: &Job, file: File, size: u64) -> Result<String, String> {
             None => Ok(format!("{size} bytes")),
         }
     })
+    .map(|s| match note {
+        Some(n) => format!("{s} ({n})"),
+        None => s,
+    })
+}
+
+/// How a push over the leg ended.
+enum PushLeg {
+    /// The file is at the destination, verified: the copy's summary.
+    Done(String),
+    /// It failed after data moved: the copy fails.
+    Failed(String),
+    /// Not used (the destination is not fatpipe, refused, or the leg
+    /// failed before a byte moved): HTTP, with this note if any.
+    NotUsed(Option<String>),
+}
+
+/// A push over the leg: `OPTIONS` of the destination asking for a ticket
+/// to write it ([`leg::write_ticket_request`]; a fatpipe destination
+/// checks it as the `PUT`, so a refusal, `Overwrite: F` onto an existing
+/// file included, is left to the `PUT`, which meets the same answer);
+/// with one, the copy protocol pushes the file, and the destination's
+/// adler32 (its `HEAD` with `Want-Digest`) is compared with the source's.
+fn push_leg(job: &Job, rt: &tokio::runtime::Runtime, file: &File, src: leg::Src<'_>) -> PushLeg {
+    let url = &job.remote;
+    let asked = rt.block_on(async {
+        let mut conn = match pool::take(url) {
+            Some(c) => c,
+            None => client::connect(url, &job.opts)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        let req = leg::write_ticket_request(&mut conn, url, &job.opts, job.overwrite)
+            .body(client::empty())
+            .map_err(|e| e.to_string())?;
+        let res = conn.send(req).await.map_err(|e| e.to_string())?;
+        let status = res.status();
+        let offer = leg::offer_of(res.headers());
+        let mut body = res.into_body();
+        while client::next_frame(&mut body, url)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {}
+        Ok::<_, String>((conn, status, offer))
+    });
+    let (conn, status, offer) = match asked {
+        Ok(a) => a,
+        Err(why) => return PushLeg::NotUsed(Some(format!("leg not used: OPTIONS: {why}"))),
+    };
+    let offer = match offer {
+        _ if !status.is_success() => {
+            pool::put(conn);
+            return PushLeg::NotUsed(None);
+        }
+        None => {
+            pool::put(conn);
+            return PushLeg::NotUsed(None);
+        }
+        Some(Err(why)) => {
+            pool::put(conn);
+            return PushLeg::NotUsed(Some(format!("leg not used: its ticket: {why}")));
+        }
+        Some(Ok(o)) => o,
+    };
+    let summary = match leg::push(job, url, &conn, offer, src) {
+        leg::End::Done(s) => s,
+        leg::End::Failed(why) => return PushLeg::Failed(why),
+        leg::End::Fallback(why) => {
+            lock(&job.state.remote).clear();
+            return PushLeg::NotUsed(Some(format!("leg not used: {why}")));
+        }
+    };
+    // Every chunk was verified as it landed. With
+    // RequireChecksumVerification the end-to-end adler32 too, as over
+    // HTTP: the source's (kept with the file, else computed while the
+    // destination's HEAD runs) against the destination's (which it then
+    // keeps, for the client's own check).
+    if !job.verify {
+        return PushLeg::Done(summary);
+    }
+    let ours = std::thread::scope(|scope| {
+        let mine = scope.spawn(|| {
+            let kept = digest::load(src.parent, src.name, file);
+            match kept.get(Algo::Adler32) {
+                Some(v) => Ok(v.to_vec()),
+                None => digest::compute(file, &[Algo::Adler32])
+                    .map(|s| s.get(Algo::Adler32).map(<[u8]>::to_vec).unwrap_or_default()),
+            }
+        });
+        let theirs = rt.block_on(async {
+            let mut conn = client::connect(url, &job.opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (_, stat) = head(&mut conn, job).await.map_err(|e| e.1)?;
+            pool::put(conn);
+            Ok::<_, String>(stat)
+        });
+        (mine.join(), theirs)
+    });
+    let sent = match ours.0 {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return PushLeg::Failed(format!("reading the file for its adler32: {e}")),
+        Err(_) => return PushLeg::Failed("the checksum thread panicked".into()),
+    };
+    let stat = match ours.1 {
+        Ok(s) => s,
+        Err(why) => return PushLeg::Failed(why),
+    };
+    match stat.digests.iter().find(|(a, _)| *a == Algo::Adler32) {
+        Some((a, theirs)) if *theirs != sent => PushLeg::Failed(format!(
+            "checksum mismatch after the leg: the destination has {}, the file {}",
+            client::show_digest(*a, theirs),
+            client::show_digest(*a, &sent)
+        )),
+        Some((a, theirs)) => PushLeg::Done(format!(
+            "{summary}, {} verified",
+            client::show_digest(*a, theirs)
+        )),
+        None if job.verify => PushLeg::Failed(
+            "the destination offers no checksum after the leg (no Digest for adler32 on HEAD) \
+             and RequireChecksumVerification is true"
+                .into(),
+        ),
+        None => PushLeg::Done(summary),
+    }
 }
 
 /// A push's request body: the file read as hyper asks (on the copy's

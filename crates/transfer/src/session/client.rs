@@ -124,7 +124,7 @@ pub fn run_client_prepared(
 /// Client: opens the `n` streams the server granted and tells the tuner.
 pub(super) fn client_grow(
     n: u16,
-    open: &(dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
+    open: &OpenMany<'_>,
     live: &Live,
     pool: &Pool,
 ) -> Result<Vec<Stream>, CopyError> {
@@ -143,27 +143,23 @@ pub(super) fn client_grow(
     opened
 }
 
-/// Dials the data connections `tags` on threads of `scope` (at most 32 at
-/// once), each with its data hello, and yields each as it is ready.
+/// Dials the data connections `tags` on one thread of `scope` (the
+/// session's [`Conn::open_many`], which sets them up at once), each with
+/// its data hello, and yields each as it is ready.
 pub(super) fn dial_each<'scope, 'env>(
     scope: &'scope std::thread::Scope<'scope, 'env>,
-    open: &'env (dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
+    open: &'env OpenMany<'env>,
     tags: &'env [u32],
 ) -> mpsc::Receiver<Result<Stream, CopyError>> {
     let (tx, rx) = mpsc::channel();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for _ in 0..tags.len().min(32) {
-        let (tx, next) = (tx.clone(), Arc::clone(&next));
-        scope.spawn(move || {
-            while let Some(&tag) = tags.get(next.fetch_add(1, Ordering::Relaxed)) {
-                let r = open(tag);
-                // Nobody takes it once the session is over: it is shut.
-                if let Err(mpsc::SendError(r)) = tx.send(r) {
-                    shut(r);
-                }
+    scope.spawn(move || {
+        open(tags, &mut |r| {
+            // Nobody takes it once the session is over: it is shut.
+            if let Err(mpsc::SendError(r)) = tx.send(r) {
+                shut(r);
             }
         });
-    }
+    });
     rx
 }
 
@@ -294,14 +290,8 @@ pub(super) fn client_session(
     // the needs are back by then.
     let push = job.direction == Direction::Push;
     let hello = Hello::Data.encode();
-    let open = move |tag: u32| {
-        if push {
-            let mut s = conn.open_early(tag)?;
-            s.write_all(&hello).map_err(net)?;
-            Ok(s)
-        } else {
-            conn.open_greeted(tag, &hello)
-        }
+    let open = move |tags: &[u32], ready: &mut dyn FnMut(Result<Stream, CopyError>)| {
+        conn.open_many(tags, push, &hello, ready)
     };
     let tags: Vec<u32> = (1..=u32::from(streams)).collect();
     let data_open = std::sync::OnceLock::new();

@@ -115,8 +115,8 @@ pub enum Grow<'a> {
     /// The client: opens the connections the server granted with `open`
     /// (tags continue after the last one) and reports to `live`.
     Client {
-        /// Opens data connection `tag` (called from several threads at once).
-        open: &'a (dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
+        /// Opens data connections (one batch at a time).
+        open: &'a OpenMany<'a>,
         /// The tuner's handle on this session.
         live: Arc<Live>,
     },
@@ -235,7 +235,63 @@ pub trait Conn: Send + Sync {
         s.write_all(hello).map_err(net)?;
         Ok(s)
     }
+
+    /// Opens the data connections `tags` at once, each with `hello` behind
+    /// its opening handshake: for sending only (`push`) as
+    /// [`open_early`](Self::open_early) then `hello`, else as
+    /// [`open_greeted`](Self::open_greeted). Each is handed to `ready` as
+    /// soon as it is ready, in the order they get there; every tag is
+    /// answered once. By default up to [`DIALERS`] threads each open one
+    /// at a time; the engine's link sets them all up on the calling thread.
+    fn open_many(
+        &self,
+        tags: &[u32],
+        push: bool,
+        hello: &[u8],
+        ready: &mut dyn FnMut(Result<Stream, CopyError>),
+    ) {
+        let open = |tag: u32| {
+            if push {
+                let mut s = self.open_early(tag)?;
+                s.write_all(hello).map_err(net)?;
+                Ok(s)
+            } else {
+                self.open_greeted(tag, hello)
+            }
+        };
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
+            for _ in 0..tags.len().min(DIALERS) {
+                let (tx, next, open) = (tx.clone(), &next, &open);
+                scope.spawn(move || {
+                    while let Some(&tag) = tags.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if let Err(mpsc::SendError(r)) = tx.send(open(tag)) {
+                            shut(r);
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            for r in rx {
+                ready(r);
+            }
+        });
+    }
 }
+
+/// Most threads [`Conn::open_many`]'s default opens connections on.
+pub const DIALERS: usize = 32;
+
+/// Most data connections the engine's link sets up at once (on one
+/// thread): 256 streams in two waves of a few round trips each, and half
+/// the server's per-source handshake cap (256) left to another client on
+/// the same host.
+pub const AT_ONCE: usize = 128;
+
+/// Opens data connections `tags` and hands each to the callback as it is
+/// ready ([`Conn::open_many`] with the session's direction and hello).
+pub type OpenMany<'a> = dyn Fn(&[u32], &mut dyn FnMut(Result<Stream, CopyError>)) + Sync + 'a;
 
 /// What the client was asked to do.
 #[derive(Debug, Clone)]
@@ -350,10 +406,7 @@ fn shut(r: Result<Stream, CopyError>) {
 /// its data hello: every one costs a few round trips (connect, the
 /// engine's cookie check), which one after another would add seconds on a
 /// long path. The first failure is the result; the others are shut.
-fn open_data(
-    open: &(dyn Fn(u32) -> Result<Stream, CopyError> + Sync),
-    tags: &[u32],
-) -> Result<Vec<Stream>, CopyError> {
+fn open_data(open: &OpenMany<'_>, tags: &[u32]) -> Result<Vec<Stream>, CopyError> {
     std::thread::scope(|scope| dial_each(scope, open, tags).into_iter().collect())
 }
 
@@ -465,7 +518,7 @@ fn expect_hello(s: &mut Stream, want: Hello) -> Result<(), CopyError> {
     }
 }
 
-fn net(e: io::Error) -> CopyError {
+pub(crate) fn net(e: io::Error) -> CopyError {
     if e.kind() == io::ErrorKind::InvalidData {
         return CopyError::Failed(format!("protocol error: {e}"));
     }

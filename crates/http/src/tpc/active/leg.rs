@@ -1,5 +1,6 @@
-//! The leg: a `COPY` pull from another fatpipe server over the copy
-//! protocol instead of HTTP (docs/http.md, "The leg").
+//! The leg: a `COPY` pull from, or push to, another fatpipe server over
+//! the copy protocol instead of HTTP (docs/http.md, "The leg"); encrypted
+//! with the ticket's key when the peer's URL is `https`.
 //!
 //! The source's `HEAD` was asked `Fatpipe-Ticket: read` and answered with
 //! a one-time ticket for that file ([`crate::ticket`]). The copy then
@@ -53,11 +54,19 @@ const RETRIES: u32 = 5;
 /// Chunk size when the plan gives none.
 const CHUNK: u32 = 4 << 20;
 
-/// Whether a pull from `url` may go over the leg at all: enabled, and a
-/// plain-HTTP source (the leg is not encrypted: an `https` source stays
-/// on HTTPS).
-pub(super) fn wanted(job: &Job, url: &Url) -> bool {
-    job.leg && !url.tls
+/// Whether a pull from `url` may go over the leg at all (its `HEAD` asks
+/// for a ticket): enabled, and a pull (an `https` source's leg is
+/// encrypted, [`encrypted`]).
+pub(super) fn wanted(job: &Job, _url: &Url) -> bool {
+    job.leg && job.pull
+}
+
+/// Whether the leg to `url` is encrypted: for an `https`/`davs` URL, with
+/// TLS 1.3 keyed by the ticket (whose key came over HTTPS, so only the
+/// two servers know it; docs/protocol.md, "Tickets"). A plain-HTTP
+/// source's leg is plain, as its HTTP is.
+pub(super) fn encrypted(url: &Url) -> bool {
+    url.tls
 }
 
 /// The `Fatpipe-Ticket` of an answer: `None` without one, else the offer
@@ -67,24 +76,53 @@ pub(super) fn offer_of(h: &HeaderMap) -> Option<Result<Offer, String>> {
     Some(Offer::parse(v.as_bytes()))
 }
 
-/// A fresh ticket for `url` (a reconnecting leg's): a `HEAD` asking for one.
-async fn ask_ticket(url: &Url, opts: &Options) -> Result<Offer, String> {
+/// A fresh ticket for `url` (a reconnecting leg's): for a pull a `HEAD`
+/// asking for one, for a push an `OPTIONS` ([`write_ticket_request`]).
+async fn ask_ticket(url: &Url, opts: &Options, push: Option<bool>) -> Result<Offer, String> {
     let mut conn = client::connect(url, opts)
         .await
         .map_err(|e| e.to_string())?;
-    let req = conn
-        .request(Method::HEAD, &url.path, opts)
-        .header(ticket::HEADER, "read")
-        .body(client::empty())
-        .map_err(|e| e.to_string())?;
+    let (method, req) = match push {
+        None => (
+            Method::HEAD,
+            conn.request(Method::HEAD, &url.path, opts)
+                .header(ticket::HEADER, "read"),
+        ),
+        Some(overwrite) => (
+            Method::OPTIONS,
+            write_ticket_request(&mut conn, url, opts, overwrite),
+        ),
+    };
+    let req = req.body(client::empty()).map_err(|e| e.to_string())?;
     let res = conn.send(req).await.map_err(|e| e.to_string())?;
     if !res.status().is_success() {
-        return Err(format!("HEAD {}: {}", url.display(), res.status()));
+        return Err(format!("{method} {}: {}", url.display(), res.status()));
     }
     match offer_of(res.headers()) {
         Some(o) => o,
-        None => Err("the source issued no ticket".into()),
+        None => Err("the peer issued no ticket".into()),
     }
+}
+
+/// The request that asks a push's destination for a ticket to write it:
+/// `OPTIONS` of the destination URL itself (the file need not exist, and
+/// any WebDAV server answers `OPTIONS` for a name it does not have) with
+/// `Fatpipe-Ticket: write`, the forwarded `Authorization`, and
+/// `If-None-Match: *` for `Overwrite: F`. A fatpipe destination checks it
+/// as it would check the `PUT`.
+pub(super) fn write_ticket_request(
+    conn: &mut Connection,
+    url: &Url,
+    opts: &Options,
+    overwrite: bool,
+) -> hyper::http::request::Builder {
+    let mut rb = conn
+        .request(Method::OPTIONS, &url.path, opts)
+        .header(ticket::HEADER, "write");
+    if !overwrite {
+        rb = rb.header(header::IF_NONE_MATCH, "*");
+    }
+    rb
 }
 
 /// The engine's link, with every connection noted in the copy's state (a
@@ -140,27 +178,32 @@ impl Conn for LegConn {
 
 /// Plans probed for peers (the copy port's address), kept for
 /// [`PLAN_TTL`]: a warm pair's next leg starts without a probe. Bounded.
-static PLANS: Mutex<Vec<(SocketAddr, Instant, CopyTuning)>> = Mutex::new(Vec::new());
+static PLANS: Mutex<Vec<Plan>> = Mutex::new(Vec::new());
+/// A kept plan: the peer's copy port and whether a push's, when probed,
+/// and the plan.
+type Plan = ((SocketAddr, bool), Instant, CopyTuning);
 /// How long a probed plan is used again.
 const PLAN_TTL: Duration = Duration::from_secs(600);
 /// The most peers whose plans are kept.
 const MAX_PLANS: usize = 256;
 
-fn remembered(addr: SocketAddr) -> Option<CopyTuning> {
+/// The plan kept for `addr` in that direction (a push's plan is the
+/// sender's), if fresh.
+fn remembered(addr: SocketAddr, push: bool) -> Option<CopyTuning> {
     let mut p = lock(&PLANS);
     p.retain(|(_, at, _)| at.elapsed() < PLAN_TTL);
     p.iter()
-        .find(|(a, _, _)| *a == addr)
+        .find(|(a, _, _)| *a == (addr, push))
         .map(|(_, _, t)| t.clone())
 }
 
-fn remember(addr: SocketAddr, t: &CopyTuning) {
+fn remember(addr: SocketAddr, push: bool, t: &CopyTuning) {
     let mut p = lock(&PLANS);
-    p.retain(|(a, at, _)| *a != addr && at.elapsed() < PLAN_TTL);
+    p.retain(|(a, at, _)| *a != (addr, push) && at.elapsed() < PLAN_TTL);
     if p.len() >= MAX_PLANS {
         p.remove(0);
     }
-    p.push((addr, Instant::now(), t.clone()));
+    p.push(((addr, push), Instant::now(), t.clone()));
 }
 
 /// Where the leg pulls to.
@@ -169,33 +212,53 @@ pub(super) struct Dest<'a> {
     pub(super) name: &'a [u8],
 }
 
-/// Pulls the file `offer` names from `conn`'s server over the copy
-/// protocol into `dest` (which does not exist).
-pub(super) fn pull(
+/// The file a leg pushes.
+#[derive(Clone, Copy)]
+pub(super) struct Src<'a> {
+    pub(super) parent: &'a Dir,
+    pub(super) name: &'a [u8],
+}
+
+/// A leg's run: what the copy protocol reported, where it went, and how
+/// long it took.
+struct Ran {
+    report: session::Report,
+    addr: SocketAddr,
+    t0: Instant,
+    took: Duration,
+    encrypt: bool,
+}
+
+/// Runs `tj` over the copy protocol with the server that issued `offer`
+/// (at the address `conn` reached, on the ticket's port): auto-tuned, a
+/// reconnect with a fresh ticket. `Err` is how the leg ended without a
+/// report.
+fn run_leg(
     job: &Job,
     url: &Url,
     conn: &Connection,
-    offer: Offer,
-    stat: &Stat,
-    dest: Dest<'_>,
-) -> End {
-    // The address the HTTP connection reached (or, if the source closed
+    offer: &Offer,
+    mut tj: session::Job,
+    moved_nothing: &dyn Fn() -> bool,
+) -> Result<Ran, End> {
+    let push = tj.direction == Direction::Push;
+    // The address the HTTP connection reached (or, if the peer closed
     // it, the URL's, within the policy), on the ticket's port.
     let ip = match conn.socket.peer_addr() {
         Ok(p) => p.ip(),
         Err(_) => match resolve_allowed(url, &job.policy).map(|a| a.first().copied()) {
             Ok(Some(a)) => a.ip(),
-            Ok(None) => return End::Fallback(format!("{}: no address", url.display())),
-            Err(why) => return End::Fallback(why),
+            Ok(None) => return Err(End::Fallback(format!("{}: no address", url.display()))),
+            Err(why) => return Err(End::Fallback(why)),
         },
     };
     let addr = SocketAddr::new(ip, offer.port);
     if let Err(why) = job.policy.check(addr.ip()) {
-        return End::Fallback(format!("{addr}: {why}"));
+        return Err(End::Fallback(format!("{addr}: {why}")));
     }
     let t0 = Instant::now();
     let Some(first) = offer.key() else {
-        return End::Fallback("the ticket's key is unusable".into());
+        return Err(End::Fallback("the ticket's key is unusable".into()));
     };
     let rtt = fatpipe_sys::tcp::tcp_info(&conn.socket)
         .ok()
@@ -204,44 +267,25 @@ pub(super) fn pull(
             Duration::from_micros(u64::from(us))
         });
     // Auto-tuning as `fatpipe copy` runs it: the ticket also opens the
-    // source's path probe (a few sessions, no file); the plan comes
-    // while the copy's control session connects. Without a probe (it
-    // failed), the plan from the HTTP connection's round trip alone.
+    // peer's path probe (a few sessions, no file); the plan comes while
+    // the copy's control session connects. Without a probe (it failed),
+    // the plan from the HTTP connection's round trip alone.
+    let encrypt = encrypted(url);
     let options = fatpipe_engine::ClientOptions {
         key: Some(first.clone()),
+        encrypt,
         ..fatpipe_engine::ClientOptions::default()
     };
-    let pre = service::preflight_request(addr, options, false, None);
+    let pre = service::preflight_request(addr, options, push, None);
     let ceiling = job
         .ceiling
         .map(|c| u16::try_from(c).unwrap_or(u16::MAX).max(1));
-    let fd = dest.parent.as_fd().as_raw_fd();
-    let local_dest =
-        PathBuf::from(format!("/proc/self/fd/{fd}")).join(OsStr::from_bytes(dest.name));
-    let tj = session::Job {
-        direction: Direction::Pull,
-        export: offer.export.clone(),
-        remote: vec![offer.path.clone()],
-        local_sources: Vec::new(),
-        local_dest,
-        recursive: false,
-        // Durable before it is named: a COPY's success means on disk.
-        sync: true,
-        direct: true,
-        algo: ChunkAlgo::Xxh3,
-        streams: ceiling.unwrap_or(8),
-        chunk_size: CHUNK,
-        auto_chunk: true,
-        bwlimit: None,
-        tuning: SocketTuning::default(),
-        retries: RETRIES,
-        sendfile: true,
-        corrupt_chunk: None,
-    };
-    // The first session proves the HEAD's ticket; a reconnect asks for a
-    // new one (each is spent by one session).
+    tj.streams = ceiling.unwrap_or(8);
+    // The first session proves the answer's ticket; a reconnect asks for
+    // a new one (each is spent by one session).
     let first = Mutex::new(Some(first));
     let (u, o) = (url.clone(), job.opts.clone());
+    let again = push.then_some(job.overwrite);
     let draw: TicketSource = Arc::new(move || {
         if let Some(k) = lock(&first).take() {
             return Ok(k);
@@ -249,14 +293,16 @@ pub(super) fn pull(
         let rt = pool::runtime()
             .ok_or_else(|| CopyError::Failed("no runtime to ask for a ticket".into()))?;
         let offer = rt
-            .block_on(ask_ticket(&u, &o))
+            .block_on(ask_ticket(&u, &o, again))
             .map_err(|e| CopyError::Network(format!("a new ticket: {e}")))?;
         offer
             .key()
             .ok_or_else(|| CopyError::Failed("the new ticket's key is unusable".into()))
     });
     let link = LegLink {
-        inner: EngineLink::new(addr, None).with_tickets(draw),
+        inner: EngineLink::new(addr, None)
+            .with_tickets(draw)
+            .encrypted(encrypt),
         state: Arc::clone(&job.state),
     };
     {
@@ -271,37 +317,22 @@ pub(super) fn pull(
             t.run(live, &mut |_| {});
         }
     };
-    // The source's checksum, to carry: asked for meanwhile when its HEAD
-    // did not say it (the source keeps it once computed).
-    let rt = pool::runtime();
-    let asked = match (stat.digests.is_empty(), rt) {
-        (true, Some(rt)) => {
-            let (u, o) = (url.clone(), job.opts.clone());
-            Some(rt.spawn(async move {
-                let mut c = client::connect(&u, &o).await.ok()?;
-                let (_, st) = client::head(&mut c, &o).await.ok()?;
-                pool::put(c);
-                Some(st.digests)
-            }))
-        }
-        _ => None,
-    };
     let progress = Arc::clone(&job.state.progress);
     let quiet = |_: &str| {};
     // A warm pair: a plan probed for this peer in the last minutes is
     // used again, without a probe (FTS sends one COPY per file).
-    let mut warm = remembered(addr);
+    let mut warm = remembered(addr, push);
     let result = std::thread::scope(|scope| {
         let mut probe = warm.is_none().then(|| {
             scope.spawn(|| match auto::run(&pre) {
                 Ok(t) => {
-                    let t = CopyTuning::new(t, false, None);
-                    remember(addr, &t);
+                    let t = CopyTuning::new(t, push, None);
+                    remember(addr, push, &t);
                     Some(t)
                 }
                 Err(_) => auto::blind_live(rtt, 1500, &pre.preflight.policy)
                     .ok()
-                    .map(|p| CopyTuning::new(auto::settle_with(p, (&pre).into()), false, None)),
+                    .map(|p| CopyTuning::new(auto::settle_with(p, (&pre).into()), push, None)),
             })
         });
         let (tuner, link) = (&tuner, &link);
@@ -336,33 +367,142 @@ pub(super) fn pull(
             Some(&steer as &session::Tuner<'_>),
         )
     });
-    let ran = t0.elapsed();
-    let moved = progress.bytes.load(Ordering::Relaxed);
-    let cleanup = || {
-        let _ = dest.parent.unlink_at(&part_name(dest.name));
-        let _ = dest.parent.unlink_at(&journal_name(dest.name));
-    };
-    let report = match result {
-        Ok(r) if r.failures.is_empty() => r,
+    let took = t0.elapsed();
+    match result {
+        Ok(r) if r.failures.is_empty() => Ok(Ran {
+            report: r,
+            addr,
+            t0,
+            took,
+            encrypt,
+        }),
         Ok(r) => {
-            cleanup();
             let why = r
                 .failures
                 .first()
                 .map_or_else(|| "the file failed".to_string(), |f| f.message.clone());
-            return End::Failed(format!("over the fatpipe leg: {why}"));
+            Err(End::Failed(format!("over the fatpipe leg: {why}")))
         }
         Err(e) => {
-            cleanup();
             if job.state.cancelled() {
-                return End::Failed("cancelled".into());
+                return Err(End::Failed("cancelled".into()));
             }
             let why = format!("fatpipe leg to {addr}: {e}");
-            return if moved == 0 && !dest_exists(&dest) {
+            Err(if moved_nothing() {
                 End::Fallback(why)
             } else {
                 End::Failed(why)
-            };
+            })
+        }
+    }
+}
+
+/// The part of a leg's log line after "over the fatpipe leg".
+fn summary(ran: &Ran, way: &str, carried: &str) -> String {
+    let report = &ran.report;
+    let secs = report.elapsed.as_secs_f64();
+    let timing = format!(
+        "; {:.1} s to connect and plan, {:.1} s copying, {:.1} s to finish",
+        report
+            .marks
+            .prepared
+            .map_or(0.0, |p| p.saturating_duration_since(ran.t0).as_secs_f64()),
+        secs,
+        (ran.t0.elapsed() - ran.took).as_secs_f64()
+    );
+    let enc = match (&report.encryption, ran.encrypt) {
+        (Some(e), _) => format!(
+            " (encrypted: {}, {}, keyed by the ticket)",
+            e.protocol, e.suite
+        ),
+        (None, true) => " (encrypted: keyed by the ticket)".to_string(),
+        (None, false) => String::new(),
+    };
+    format!(
+        "{} bytes over the fatpipe leg{enc} {way} {} ({} streams, {:.2} Gbit/s, every chunk verified{}){carried}",
+        report.summary.bytes_written,
+        ran.addr,
+        report.streams,
+        if secs > 0.0 {
+            report.summary.bytes_written as f64 * 8.0 / secs / 1e9
+        } else {
+            0.0
+        },
+        if report.reconnects > 0 {
+            format!(", {} reconnects", report.reconnects)
+        } else {
+            String::new()
+        } + &timing
+    )
+}
+
+fn base_job(direction: Direction, offer: &Offer) -> session::Job {
+    session::Job {
+        direction,
+        export: offer.export.clone(),
+        remote: vec![offer.path.clone()],
+        local_sources: Vec::new(),
+        local_dest: PathBuf::new(),
+        recursive: false,
+        // Durable before it is named: a COPY's success means on disk.
+        sync: true,
+        direct: true,
+        algo: ChunkAlgo::Xxh3,
+        streams: 8,
+        chunk_size: CHUNK,
+        auto_chunk: true,
+        bwlimit: None,
+        tuning: SocketTuning::default(),
+        retries: RETRIES,
+        sendfile: true,
+        corrupt_chunk: None,
+    }
+}
+
+/// The path of `name` in the directory `parent` is open on.
+fn fd_path(parent: &Dir, name: &[u8]) -> PathBuf {
+    let fd = parent.as_fd().as_raw_fd();
+    PathBuf::from(format!("/proc/self/fd/{fd}")).join(OsStr::from_bytes(name))
+}
+
+/// Pulls the file `offer` names from `conn`'s server over the copy
+/// protocol into `dest` (which does not exist).
+pub(super) fn pull(
+    job: &Job,
+    url: &Url,
+    conn: &Connection,
+    offer: Offer,
+    stat: &Stat,
+    dest: Dest<'_>,
+) -> End {
+    let mut tj = base_job(Direction::Pull, &offer);
+    tj.local_dest = fd_path(dest.parent, dest.name);
+    // The source's checksum, to carry: asked for meanwhile when its HEAD
+    // did not say it (the source keeps it once computed).
+    let rt = pool::runtime();
+    let asked = match (stat.digests.is_empty(), rt) {
+        (true, Some(rt)) => {
+            let (u, o) = (url.clone(), job.opts.clone());
+            Some(rt.spawn(async move {
+                let mut c = client::connect(&u, &o).await.ok()?;
+                let (_, st) = client::head(&mut c, &o).await.ok()?;
+                pool::put(c);
+                Some(st.digests)
+            }))
+        }
+        _ => None,
+    };
+    let cleanup = || {
+        let _ = dest.parent.unlink_at(&part_name(dest.name));
+        let _ = dest.parent.unlink_at(&journal_name(dest.name));
+    };
+    let moved_nothing =
+        || job.state.progress.bytes.load(Ordering::Relaxed) == 0 && !dest_exists(&dest);
+    let ran = match run_leg(job, url, conn, &offer, tj, &moved_nothing) {
+        Ok(r) => r,
+        Err(end) => {
+            cleanup();
+            return end;
         }
     };
     // The source's checksums, carried along.
@@ -398,31 +538,22 @@ pub(super) fn pull(
     if let Err(e) = dest.parent.sync() {
         return End::Failed(format!("syncing the directory: {e}"));
     }
-    let secs = report.elapsed.as_secs_f64();
-    let timing = format!(
-        "; {:.1} s to connect and plan, {:.1} s copying, {:.1} s to finish",
-        report
-            .marks
-            .prepared
-            .map_or(0.0, |p| p.saturating_duration_since(t0).as_secs_f64()),
-        secs,
-        (t0.elapsed() - ran).as_secs_f64()
-    );
-    End::Done(format!(
-        "{} bytes over the fatpipe leg from {addr} ({} streams, {:.2} Gbit/s, every chunk verified{}){carried}",
-        report.summary.bytes_written,
-        report.streams,
-        if secs > 0.0 {
-            report.summary.bytes_written as f64 * 8.0 / secs / 1e9
-        } else {
-            0.0
-        },
-        if report.reconnects > 0 {
-            format!(", {} reconnects", report.reconnects)
-        } else {
-            String::new()
-        } + &timing
-    ))
+    End::Done(summary(&ran, "from", &carried))
+}
+
+/// Pushes `src` over the copy protocol to the server that issued `offer`
+/// (a ticket to write the file it names): auto-tuned streams, every chunk
+/// verified, resumed after a drop, the file named at the destination only
+/// once whole and flushed. Nothing moved when it fails early: the copy
+/// goes over HTTP.
+pub(super) fn push(job: &Job, url: &Url, conn: &Connection, offer: Offer, src: Src<'_>) -> End {
+    let mut tj = base_job(Direction::Push, &offer);
+    tj.local_sources = vec![fd_path(src.parent, src.name)];
+    let moved_nothing = || job.state.progress.bytes.load(Ordering::Relaxed) == 0;
+    match run_leg(job, url, conn, &offer, tj, &moved_nothing) {
+        Ok(ran) => End::Done(summary(&ran, "to", "")),
+        Err(end) => end,
+    }
 }
 
 fn dest_exists(dest: &Dest<'_>) -> bool {
