@@ -71,6 +71,10 @@ const RCV_LOWAT: u64 = 512 << 10;
 /// The least mark, however many streams share the total.
 const RCV_LOWAT_MIN: u64 = 16 * 1024;
 
+/// Most bytes a TCP receiver under `-w` lets accumulate: what it leaves
+/// queued shrinks the window the sender sees, which `-w` sets exactly.
+const RCV_LOWAT_HELD: u64 = 256 * 1024;
+
 /// Bytes all TCP receivers of one end may park below their marks together.
 const RCV_LOWAT_TOTAL: u64 = 32 << 20;
 
@@ -318,13 +322,13 @@ fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::Win
 /// [`RCV_LOWAT`] for a few streams; with hundreds the parked bytes add up
 /// against the host's TCP memory limit (tcp_mem), so the mark shrinks to
 /// a share of [`RCV_LOWAT_TOTAL`] (at least [`RCV_LOWAT_MIN`]); under
-/// `-w`, at most a quarter of the buffer, so the window the sender sees
-/// stays open.
+/// `-w`, at most [`RCV_LOWAT_HELD`] and a quarter of the buffer, so the
+/// window the sender sees stays open.
 fn recv_mark(streams: u32, window: Option<u64>) -> u64 {
     let per_stream = (RCV_LOWAT_TOTAL / u64::from(streams.max(1))).max(RCV_LOWAT_MIN);
     let mark = RCV_LOWAT.min(per_stream);
     match window {
-        Some(granted) => mark.min(granted / 4),
+        Some(granted) => mark.min(RCV_LOWAT_HELD).min(granted / 4),
         None => mark,
     }
 }
@@ -1129,8 +1133,9 @@ mod tests {
             (128, None, 256 << 10),
             (1024, None, 32 << 10),
             (4096, None, RCV_LOWAT_MIN),
-            (1, Some(8 * mib), mib / 2),
+            (1, Some(8 * mib), 256 << 10), // -w: as before
             (1, Some(mib), 256 << 10),
+            (1, Some(mib / 2), 128 << 10),
             (1024, Some(mib), 32 << 10),
         ];
         for (streams, window, mark) in table {
