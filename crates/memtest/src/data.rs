@@ -50,8 +50,30 @@ use fatpipe_schema::units;
 
 mod tls;
 
-/// Bytes a TCP receiver lets accumulate before it wakes (`SO_RCVLOWAT`).
-const RCV_LOWAT: u64 = 256 * 1024;
+/// Most bytes a TCP receiver lets accumulate before it wakes
+/// (`SO_RCVLOWAT`; see [`recv_mark`]). A receiver's CPU goes with its
+/// wake-ups: each costs a context switch, an `epoll_wait`, a `recv` and,
+/// as the read opens the window, an ACK; over veth or loopback the
+/// sender's handling of that ACK runs in the receiver's softirq too,
+/// unless the sender holds its socket then (the ACK waits in its backlog).
+/// A thread-per-stream receiver sleeping in `recv` reads the moment it is
+/// woken, mostly while the sender is still in its `write`; the runner's
+/// receiver returns through `epoll_wait` first, and pays for most of those
+/// ACKs itself. At 256 KiB that was 1.2 to 1.4 times the receiver's CPU
+/// per byte of the thread-per-stream build (`bench/cpu.sh`: one stream
+/// paced at 10 Gbit/s over veth, same count of wake-ups, `recv` calls and
+/// ACKs); at 512 KiB it wakes half as often and matched it. Not more: at
+/// 1 MiB the receiver used less again, but what it leaves queued, with
+/// what is in flight, no longer fits a core's L2 cache (1 MiB here), and
+/// the sender's copies into fresh socket buffers looked slower (noisy).
+const RCV_LOWAT: u64 = 512 << 10;
+
+/// The least mark, however many streams share the total.
+const RCV_LOWAT_MIN: u64 = 16 * 1024;
+
+/// Most bytes a TCP receiver under `-w` lets accumulate: what it leaves
+/// queued shrinks the window the sender sees, which `-w` sets exactly.
+const RCV_LOWAT_HELD: u64 = 256 * 1024;
 
 /// Bytes all TCP receivers of one end may park below their marks together.
 const RCV_LOWAT_TOTAL: u64 = 32 << 20;
@@ -268,22 +290,16 @@ fn publish_sent(c: &Counters, t: &SendTotals, test_ns: u64) {
 /// A TCP receiver's socket settings; returns the length to ask per call,
 /// the window hold (`-w`) and the low-water mark it set.
 fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::WindowHold>, u64) {
-    // Wake the receiver per quarter megabyte, not per segment: on a
-    // 2-core host the wakeups cost more than the discarding. A receiver
-    // that found fewer bytes than the mark looks again RECV_TICK later,
-    // which bounds how late a slow stream's bytes are counted; one that
-    // keeps finding nothing looks less often, up to RECV_TICK_MAX
-    // (`RecvTick`). The kernel wakes it early anyway under memory
-    // pressure or at end of file.
-    // With hundreds of streams the parked bytes add up against the host's
-    // TCP memory limit (tcp_mem), so the mark shrinks as streams grow.
+    // Wake the receiver per half megabyte, not per segment: on a 2-core host
+    // the wakeups cost more than the discarding. A receiver that found
+    // fewer bytes than the mark looks again RECV_TICK later, which bounds
+    // how late a slow stream's bytes are counted; one that keeps finding
+    // nothing looks less often, up to RECV_TICK_MAX (`RecvTick`). The
+    // kernel wakes it early anyway under memory pressure, when the
+    // window left is below one segment, or at end of file.
     let granted = fatpipe_sys::get_recv_buffer(s).unwrap_or(0);
-    let per_stream = (RCV_LOWAT_TOTAL / u64::from(sh.params.total_streams())).max(16 * 1024);
-    let lowat = if sh.params.window.is_some() {
-        (granted / 4).min(RCV_LOWAT).min(per_stream)
-    } else {
-        RCV_LOWAT.min(per_stream)
-    };
+    let window = sh.params.window.map(|_| granted);
+    let lowat = recv_mark(sh.params.total_streams(), window);
     let _ = set_rcvlowat(s, lowat);
     // `-w` (or a plan) sets the window the sender may fill, exactly: the
     // kernel would otherwise let a multiple of the buffer be in flight.
@@ -299,6 +315,22 @@ fn tcp_recv_setup(s: &TcpStream, sh: &Shared) -> (usize, Option<fatpipe_sys::Win
     // calls is the whole point.
     let len = (sh.params.length as usize).max(4 << 20);
     (len, hold, lowat)
+}
+
+/// A TCP receiver's low-water mark among `streams` streams of its end,
+/// `window` the receive buffer granted under `-w` (`None`: autotuned).
+/// [`RCV_LOWAT`] for a few streams; with hundreds the parked bytes add up
+/// against the host's TCP memory limit (tcp_mem), so the mark shrinks to
+/// a share of [`RCV_LOWAT_TOTAL`] (at least [`RCV_LOWAT_MIN`]); under
+/// `-w`, at most [`RCV_LOWAT_HELD`] and a quarter of the buffer, so the
+/// window the sender sees stays open.
+fn recv_mark(streams: u32, window: Option<u64>) -> u64 {
+    let per_stream = (RCV_LOWAT_TOTAL / u64::from(streams.max(1))).max(RCV_LOWAT_MIN);
+    let mark = RCV_LOWAT.min(per_stream);
+    match window {
+        Some(granted) => mark.min(RCV_LOWAT_HELD).min(granted / 4),
+        None => mark,
+    }
 }
 
 /// A stream on the runner: its socket (non-blocking), counters and the
@@ -1088,6 +1120,27 @@ mod tests {
         rx.publish(&c, 13_000_000);
         assert_eq!(c.last_ns.load(Ordering::Relaxed), 12_000_000, "nothing new");
         assert_eq!(c.packets.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn the_receive_mark_is_half_a_megabyte_for_a_few_streams_a_share_for_many() {
+        let mib = 1u64 << 20;
+        // (streams, -w buffer granted, mark)
+        let table = [
+            (1, None, mib / 2),
+            (0, None, mib / 2), // no stream counted: one
+            (64, None, mib / 2),
+            (128, None, 256 << 10),
+            (1024, None, 32 << 10),
+            (4096, None, RCV_LOWAT_MIN),
+            (1, Some(8 * mib), 256 << 10), // -w: as before
+            (1, Some(mib), 256 << 10),
+            (1, Some(mib / 2), 128 << 10),
+            (1024, Some(mib), 32 << 10),
+        ];
+        for (streams, window, mark) in table {
+            assert_eq!(recv_mark(streams, window), mark, "{streams} {window:?}");
+        }
     }
 
     #[test]
