@@ -174,6 +174,19 @@ impl Conn for LegConn {
     fn open_greeted(&self, tag: u32, hello: &[u8]) -> Result<Stream, CopyError> {
         self.inner.open_greeted(tag, hello).map(|s| self.noted(s))
     }
+
+    /// The engine's dialer, on the calling thread (the default would
+    /// take a thread per connection).
+    fn open_many(
+        &self,
+        tags: &[u32],
+        push: bool,
+        hello: &[u8],
+        ready: &mut dyn FnMut(Result<Stream, CopyError>),
+    ) {
+        self.inner
+            .open_many(tags, push, hello, &mut |r| ready(r.map(|s| self.noted(s))));
+    }
 }
 
 /// Plans probed for peers (the copy port's address), kept for
