@@ -28,7 +28,7 @@
 # printed at the end.
 #
 # Environment:
-#   FUZZ_SECONDS  seconds per fuzz target (default 4: 20 targets, two at a
+#   FUZZ_SECONDS  seconds per fuzz target (default 4: 21 targets, two at a
 #                 time, fit the 15-minute CI; 0 skips fuzzing)
 #   FUZZ_JOBS     fuzz targets run at once (default: the number of cores)
 #   FATPIPE_TEST_POSTGRES  postgres:// URL of a server to test the archive
