@@ -13,9 +13,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use fatpipe_proto::{
-    ClientConfig, ClientConn, ClientEvent, ConnError, Cookie, Key, Message, VERSION,
-};
+use fatpipe_proto::{ClientConfig, ClientConn, ClientEvent, ConnError, Cookie, Key, Message};
 use fatpipe_secure::tls::ClientTls;
 use fatpipe_secure::{Encryption, Stream};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -326,13 +324,7 @@ impl ClientSession {
     /// handshake timeout.
     fn hello_data(&self, tcp: TcpStream, tag: u32) -> Result<Stream> {
         let mut stream = secure(tcp, self.tls.as_ref(), self.options.handshake_timeout)?;
-        let mut hello = Vec::new();
-        Message::DataHello {
-            version: VERSION,
-            cookie: self.cookie,
-            tag,
-        }
-        .encode(&mut hello)?;
+        let hello = self.data_hello(tag)?;
         let t = Some(self.options.handshake_timeout);
         let _ = stream.set_read_timeout(t);
         let _ = stream.set_write_timeout(t);

@@ -89,7 +89,7 @@ impl ClientSession {
     }
 
     /// The data hello of connection `tag`.
-    fn data_hello(&self, tag: u32) -> Result<Vec<u8>> {
+    pub(crate) fn data_hello(&self, tag: u32) -> Result<Vec<u8>> {
         let mut hello = Vec::new();
         Message::DataHello {
             version: VERSION,

@@ -795,17 +795,7 @@ fn handle_conn(shared: &Protocol, ticket: Conn, stream: TcpStream) {
                 }
                 ServerEvent::Closed(err) => {
                     let _ = flush(&mut conn, &mut stream);
-                    if err.is_auth() {
-                        ticket.observer().auth_failed();
-                    }
-                    // A flood makes thousands of these: summaries, not lines.
-                    match err {
-                        fatpipe_proto::ConnError::Eof => {}
-                        fatpipe_proto::ConnError::Timeout(_) => {
-                            ticket.summarise(Event::PreauthTimeout)
-                        }
-                        _ => ticket.summarise(Event::HandshakeFailed),
-                    }
+                    handshake_closed(&ticket, &err);
                     return;
                 }
                 ServerEvent::Payload(_) => {}
@@ -1139,6 +1129,20 @@ fn secure_or_plain(
             tls_refused(shared, peer, &e, why.as_ref());
             None
         }
+    }
+}
+
+/// Counts a connection whose protocol handshake ended with `err` before
+/// it was a session or a data connection. A flood makes thousands of
+/// these: summaries, not lines.
+fn handshake_closed(ticket: &Conn, err: &fatpipe_proto::ConnError) {
+    if err.is_auth() {
+        ticket.observer().auth_failed();
+    }
+    match err {
+        fatpipe_proto::ConnError::Eof => {}
+        fatpipe_proto::ConnError::Timeout(_) => ticket.summarise(Event::PreauthTimeout),
+        _ => ticket.summarise(Event::HandshakeFailed),
     }
 }
 

@@ -26,13 +26,12 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::{
-    attach_data, identity_for, open_session, server_conn, tls_refused, Opened, Protocol,
-    CONN_STACK, PROTOCOL,
+    attach_data, handshake_closed, identity_for, open_session, server_conn, tls_refused, Opened,
+    Protocol, CONN_STACK, PROTOCOL,
 };
 use crate::control::lock;
 use crate::front::Conn;
 use crate::keyed::Keyed;
-use crate::logsum::Event;
 
 /// Pre-authentication threads: one per core, at most this many.
 pub(super) const LANES: usize = 4;
@@ -421,16 +420,7 @@ fn advance(
                             out.extend_from_slice(&bytes);
                         }
                         let _ = push(&stream, &out, &mut sent);
-                        if err.is_auth() {
-                            t.observer().auth_failed();
-                        }
-                        match err {
-                            fatpipe_proto::ConnError::Eof => {}
-                            fatpipe_proto::ConnError::Timeout(_) => {
-                                t.summarise(Event::PreauthTimeout)
-                            }
-                            _ => t.summarise(Event::HandshakeFailed),
-                        }
+                        handshake_closed(t, &err);
                         return Done;
                     }
                     ServerEvent::Payload(_) => {}
