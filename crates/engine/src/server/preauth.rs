@@ -348,9 +348,7 @@ fn advance(
             mut out,
             mut sent,
         } => {
-            while let Some(bytes) = conn.poll_transmit() {
-                out.extend_from_slice(&bytes);
-            }
+            queue(&mut conn, &mut out);
             match push(&stream, &out, &mut sent) {
                 Ok(true) => {
                     out.clear();
@@ -416,9 +414,7 @@ fn advance(
                     }
                     ServerEvent::Closed(err) => {
                         forget();
-                        while let Some(bytes) = conn.poll_transmit() {
-                            out.extend_from_slice(&bytes);
-                        }
+                        queue(&mut conn, &mut out);
                         let _ = push(&stream, &out, &mut sent);
                         handshake_closed(t, &err);
                         return Done;
@@ -428,9 +424,7 @@ fn advance(
             }
             if conn.is_closed() {
                 forget();
-                while let Some(bytes) = conn.poll_transmit() {
-                    out.extend_from_slice(&bytes);
-                }
+                queue(&mut conn, &mut out);
                 let _ = push(&stream, &out, &mut sent);
                 return Done;
             }
@@ -487,6 +481,13 @@ fn proto(shared: &Protocol, stream: Stream, started: Instant, keyed: Option<Keye
         keyed,
         out: Vec::new(),
         sent: 0,
+    }
+}
+
+/// Appends what the protocol has to send to `out`.
+fn queue(conn: &mut ServerConn, out: &mut Vec<u8>) {
+    while let Some(bytes) = conn.poll_transmit() {
+        out.extend_from_slice(&bytes);
     }
 }
 
